@@ -1,0 +1,3 @@
+from manager.cli import app
+
+app(prog_name="vllm-manager")

@@ -1,0 +1,47 @@
+"""The FastAPI application: wiring only. Logic lives in manager.services and friends."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from manager import __version__
+from manager.db import make_engine, migrate
+from manager.deps import require_token_for_changes
+from manager.errors import ManagerError
+from manager.routes import health, models, profiles, transfer
+from manager.settings import Settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        settings.ensure_dirs()
+        engine = make_engine(settings.db_path)
+        migrate(engine)
+        app.state.settings = settings
+        app.state.engine = engine
+        try:
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(
+        title="vllm-manager",
+        version=__version__,
+        description="Supervise vLLM servers, plan their memory honestly, and watch them live.",
+        lifespan=lifespan,
+        dependencies=[Depends(require_token_for_changes)],
+    )
+
+    @app.exception_handler(ManagerError)
+    async def _manager_error(_request: Request, exc: ManagerError) -> JSONResponse:
+        return JSONResponse(status_code=exc.status, content={"detail": exc.message, **exc.detail})
+
+    for module in (health, models, profiles, transfer):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,249 @@
+"""The `vllm-manager` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from manager.settings import DEFAULT_PORT, Settings, is_loopback
+
+app = typer.Typer(help="Run and manage vLLM servers.", no_args_is_help=True, add_completion=False)
+models_app = typer.Typer(help="Model configs.", no_args_is_help=True)
+profiles_app = typer.Typer(help="Offload profiles.", no_args_is_help=True)
+token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(profiles_app, name="profiles")
+app.add_typer(token_app, name="token")
+
+DataDir = Annotated[Optional[Path], typer.Option("--data-dir", help="Data folder (default ~/.local/share/vllm-manager).")]
+
+
+def _settings(data_dir: Path | None = None, **overrides) -> Settings:
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    return Settings(**overrides)
+
+
+def _open_db(settings: Settings):
+    from manager.db import make_engine, migrate, session
+
+    settings.ensure_dirs()
+    engine = make_engine(settings.db_path)
+    migrate(engine)
+    return session(engine)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    typer.secho(message, fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def _print(data) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind. Public addresses need an API token.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = DEFAULT_PORT,
+    data_dir: DataDir = None,
+) -> None:
+    """Run the manager's web server and API."""
+    import uvicorn
+
+    from manager.app import create_app
+    from manager.services import tokens
+
+    settings = _settings(data_dir, host=host, port=port)
+    if not is_loopback(host):
+        with _open_db(settings) as db:
+            has_token = tokens.auth_required(db, settings.env_token)
+        if not has_token:
+            _fail(
+                f"refusing to listen on {host} without an API token: anyone who can reach it could start "
+                "processes. Create one with `vllm-manager token create` (or set VLLM_MANAGER_API_TOKEN), "
+                "or bind 127.0.0.1.",
+                code=2,
+            )
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+
+
+@token_app.command("create")
+def token_create(name: Annotated[str, typer.Option(help="A label for the token.")] = "default", data_dir: DataDir = None) -> None:
+    """Create an API token. It is printed once; only its hash is stored."""
+    from manager.services import tokens
+
+    with _open_db(_settings(data_dir)) as db:
+        token = tokens.create_token(db, name)
+    typer.echo(token)
+    typer.secho("Store it now: it is not shown again. Send it as 'Authorization: Bearer <token>'.", err=True)
+
+
+def _run(fn, *args, **kwargs):
+    """Call a library function and turn a user error into a message and exit code 1."""
+    from manager.errors import ManagerError
+
+    try:
+        return fn(*args, **kwargs)
+    except ManagerError as exc:
+        _fail(exc.message)
+
+
+def _load_structured(path: Path) -> dict:
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        _fail(f"cannot read {path}: {exc}")
+
+
+def _validation_message(exc) -> str:
+    first = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in first['loc']) or 'input'}: {first['msg']}"
+
+
+@models_app.command("list")
+def models_list(data_dir: DataDir = None) -> None:
+    from manager.services import models
+
+    with _open_db(_settings(data_dir)) as db:
+        for m in models.list_models(db):
+            profile = models.profile_of(db, m)
+            typer.echo(f"{m.name}\t{m.model}\t{profile.name if profile else '-'}")
+
+
+@models_app.command("show")
+def models_show(name: str, data_dir: DataDir = None) -> None:
+    from manager.services import models
+
+    with _open_db(_settings(data_dir)) as db:
+        _print(_run(lambda: models.to_public(db, models.get_model(db, name))).model_dump(mode="json"))
+
+
+@models_app.command("add")
+def models_add(file: Annotated[Path, typer.Argument(help="YAML or JSON file with the config's fields, name included.")], data_dir: DataDir = None) -> None:
+    from pydantic import ValidationError
+
+    from manager.schemas.model_config import ModelConfigCreate
+    from manager.services import models
+
+    settings = _settings(data_dir)
+    try:
+        data = ModelConfigCreate.model_validate(_load_structured(file))
+    except ValidationError as exc:
+        _fail(_validation_message(exc))
+    with _open_db(settings) as db:
+        _run(models.create_model, db, data, allow_code_flags=settings.allow_code_flags)
+    typer.echo(f"added model config {data.name}")
+
+
+@models_app.command("rm")
+def models_rm(name: str, data_dir: DataDir = None) -> None:
+    from manager.services import models
+
+    with _open_db(_settings(data_dir)) as db:
+        _run(models.delete_model, db, name)
+    typer.echo(f"removed model config {name}")
+
+
+@profiles_app.command("list")
+def profiles_list(data_dir: DataDir = None) -> None:
+    from manager.services import profiles
+
+    with _open_db(_settings(data_dir)) as db:
+        for p in profiles.list_profiles(db):
+            typer.echo(f"{p.name}\tkv_offload_gib={p.kv_offload_gib}\tmoe_offload={p.moe_expert_offload}")
+
+
+@profiles_app.command("show")
+def profiles_show(name: str, data_dir: DataDir = None) -> None:
+    from manager.services import profiles
+
+    with _open_db(_settings(data_dir)) as db:
+        _print(_run(lambda: profiles.to_public(profiles.get_profile(db, name))).model_dump(mode="json"))
+
+
+@profiles_app.command("add")
+def profiles_add(file: Annotated[Path, typer.Argument(help="YAML or JSON file with the profile's fields, name included.")], data_dir: DataDir = None) -> None:
+    from pydantic import ValidationError
+
+    from manager.schemas.offload_profile import OffloadProfileCreate
+    from manager.services import profiles
+
+    try:
+        data = OffloadProfileCreate.model_validate(_load_structured(file))
+    except ValidationError as exc:
+        _fail(_validation_message(exc))
+    with _open_db(_settings(data_dir)) as db:
+        _run(profiles.create_profile, db, data)
+    typer.echo(f"added offload profile {data.name}")
+
+
+@profiles_app.command("rm")
+def profiles_rm(name: str, data_dir: DataDir = None) -> None:
+    from manager.services import profiles
+
+    with _open_db(_settings(data_dir)) as db:
+        _run(profiles.delete_profile, db, name)
+    typer.echo(f"removed offload profile {name}")
+
+
+@app.command("command")
+def command(name: str, validate: Annotated[bool, typer.Option(help="Check it with vLLM's own parser.")] = True, data_dir: DataDir = None) -> None:
+    """Show the exact argv and environment a model config launches."""
+    from manager.services import models
+    from manager.services.command import build_command
+    from manager.services.validation import validate_engine_argv
+
+    settings = _settings(data_dir)
+    with _open_db(settings) as db:
+        config = _run(models.get_model, db, name)
+        cmd = _run(build_command, config, models.profile_of(db, config), engine_python=settings.engine_python,
+                   port=config.port or settings.worker_port_range.start, gpus=config.gpu_ids,
+                   run_dir=settings.run_dir / "preview")
+    result = {"argv": cmd.argv, "env": cmd.env, "notes": cmd.notes}
+    if validate:
+        check = validate_engine_argv(settings.engine_python, cmd.engine_argv, cmd.env, settings.validation_timeout_s)
+        result["validation"] = check.__dict__
+    _print(result)
+    if validate and result["validation"]["status"] == "rejected":
+        raise typer.Exit(1)
+
+
+@app.command("export")
+def export(file: Annotated[Path, typer.Argument(help="Where to write the YAML ('-' for stdout).")], data_dir: DataDir = None) -> None:
+    """Export every model config and offload profile as one YAML file."""
+    from manager.services import transfer
+
+    with _open_db(_settings(data_dir)) as db:
+        text = transfer.export_yaml(db)
+    if str(file) == "-":
+        sys.stdout.write(text)
+    else:
+        file.write_text(text)
+        typer.echo(f"wrote {file}")
+
+
+@app.command("import")
+def import_(
+    file: Annotated[Path, typer.Argument(help="A YAML file from `vllm-manager export`.")],
+    overwrite: Annotated[bool, typer.Option(help="Replace stored items with the same names.")] = True,
+    data_dir: DataDir = None,
+) -> None:
+    """Import model configs and offload profiles from an export file."""
+    from manager.services import transfer
+
+    settings = _settings(data_dir)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        _fail(f"cannot read {file}: {exc}")
+    with _open_db(settings) as db:
+        data = _run(transfer.parse_yaml, text)
+        result = _run(transfer.import_data, db, data, overwrite=overwrite, allow_code_flags=settings.allow_code_flags)
+    _print(result)

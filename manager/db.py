@@ -1,0 +1,45 @@
+"""The SQLite database: one engine per data dir, WAL and foreign keys on, schema by Alembic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, create_engine
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def _on_connect(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    # FULL: an acknowledged commit is on disk before the reply leaves, even across a power cut.
+    cur.execute("PRAGMA synchronous=FULL")
+    cur.execute("PRAGMA busy_timeout=5000")
+    cur.close()
+
+
+def make_engine(db_path: Path) -> Engine:
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(
+        f"sqlite:///{db_path}", connect_args={"check_same_thread": False}
+    )
+    event.listen(engine, "connect", _on_connect)
+    return engine
+
+
+def migrate(engine: Engine) -> None:
+    """Create or upgrade the schema to the newest Alembic revision."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+def session(engine: Engine) -> Session:
+    return Session(engine, expire_on_commit=False)

@@ -1,0 +1,30 @@
+"""Errors the library raises for things a user did; the web layer maps each to one HTTP status."""
+
+from __future__ import annotations
+
+
+class ManagerError(Exception):
+    status = 400
+
+    def __init__(self, message: str, **detail):
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+
+class NotFound(ManagerError):
+    status = 404
+
+
+class Conflict(ManagerError):
+    status = 409
+
+
+class Invalid(ManagerError):
+    """Input that is well-formed but not acceptable (a refused flag, vLLM rejecting the argv, ...)."""
+
+    status = 422
+
+
+class Unauthorized(ManagerError):
+    status = 401

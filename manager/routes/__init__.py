@@ -1,0 +1,1 @@
+"""HTTP routes: translation between requests and the library in manager.services."""

@@ -1,0 +1,63 @@
+from fastapi import APIRouter, Response
+from fastapi.concurrency import run_in_threadpool
+
+from manager.deps import SessionDep, SettingsDep
+from manager.errors import Invalid
+from manager.schemas.model_config import ModelConfigCreate, ModelConfigPublic, ModelConfigUpdate
+from manager.services import models
+from manager.services.command import build_command
+from manager.services.validation import validate_engine_argv
+
+router = APIRouter(prefix="/api/models", tags=["model configs"])
+
+
+@router.get("", response_model=list[ModelConfigPublic])
+def list_models(db: SessionDep):
+    return [models.to_public(db, m) for m in models.list_models(db)]
+
+
+@router.post("", response_model=ModelConfigPublic, status_code=201)
+def create_model(data: ModelConfigCreate, db: SessionDep, settings: SettingsDep):
+    config = models.create_model(db, data, allow_code_flags=settings.allow_code_flags)
+    return models.to_public(db, config)
+
+
+@router.get("/{name}", response_model=ModelConfigPublic)
+def get_model(name: str, db: SessionDep):
+    return models.to_public(db, models.get_model(db, name))
+
+
+@router.put("/{name}", response_model=ModelConfigPublic)
+def replace_model(name: str, data: ModelConfigUpdate, db: SessionDep, settings: SettingsDep):
+    config = models.replace_model(db, name, data, allow_code_flags=settings.allow_code_flags)
+    return models.to_public(db, config)
+
+
+@router.delete("/{name}", status_code=204)
+def delete_model(name: str, db: SessionDep) -> Response:
+    models.delete_model(db, name)
+    return Response(status_code=204)
+
+
+@router.get("/{name}/command")
+async def command(name: str, db: SessionDep, settings: SettingsDep, validate: bool = True) -> dict:
+    """The argv and environment this config launches, checked by the engine's own vLLM parser."""
+    config = models.get_model(db, name)
+    cmd = build_command(
+        config,
+        models.profile_of(db, config),
+        engine_python=settings.engine_python,
+        port=config.port or settings.worker_port_range.start,
+        gpus=config.gpu_ids,
+        run_dir=settings.run_dir / "preview",
+    )
+    body = {"argv": cmd.argv, "env": cmd.env, "notes": cmd.notes}
+    if not validate:
+        return {**body, "validation": {"status": "skipped", "message": "not asked for"}}
+    result = await run_in_threadpool(
+        validate_engine_argv, settings.engine_python, cmd.engine_argv, cmd.env, settings.validation_timeout_s
+    )
+    if result.status == "rejected":
+        raise Invalid(f"vLLM {result.vllm_version or ''} rejects this command: {result.message}".replace("  ", " "),
+                      argv=cmd.argv, vllm_message=result.message)
+    return {**body, "validation": result.__dict__}

@@ -1,0 +1,9 @@
+"""Database tables and API shapes, one module per thing."""
+
+from manager.schemas.event import Event
+from manager.schemas.model_config import ModelConfig
+from manager.schemas.offload_profile import OffloadProfile
+from manager.schemas.token import ApiToken
+from manager.schemas.worker import Worker
+
+__all__ = ["ApiToken", "Event", "ModelConfig", "OffloadProfile", "Worker"]

@@ -1,0 +1,105 @@
+"""Model configs: one stored recipe for one vLLM server."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import field_validator, model_validator
+from sqlalchemy import JSON, Column
+from sqlmodel import Field, SQLModel
+
+from manager.schemas.common import check_slug, utcnow
+
+ENV_NAME_RULE = "letters, digits and '_', not starting with a digit"
+
+
+class ModelConfigFields(SQLModel):
+    model: str = Field(min_length=1, description="Local folder or Hugging Face id")
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    quantization: str | None = None
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    gpu_ids: list[int] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_model_len: int | None = Field(default=None, gt=0)
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    kv_cache_dtype: str = "auto"
+    enforce_eager: bool = False
+    enable_prefix_caching: bool | None = None
+    enable_lora: bool = False
+    max_loras: int | None = Field(default=None, gt=0)
+    max_lora_rank: int | None = Field(default=None, gt=0)
+    max_cpu_loras: int | None = Field(default=None, gt=0)
+    extra_args: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    env: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    autostart: bool = False
+    start_timeout_s: int = Field(default=900, gt=0)
+    port: int | None = Field(default=None, ge=1, le=65535)
+
+    @field_validator("gpu_ids")
+    @classmethod
+    def _gpu_ids(cls, v: list[int]) -> list[int]:
+        if any(i < 0 for i in v):
+            raise ValueError("GPU ids are non-negative integers")
+        if len(set(v)) != len(v):
+            raise ValueError(f"GPU ids repeat: {v}")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not key or key[0].isdigit() or not all(c.isalnum() or c == "_" for c in key):
+                raise ValueError(f"environment variable name {key!r} is invalid ({ENV_NAME_RULE})")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            if not isinstance(arg, str) or arg == "":
+                raise ValueError("extra_args is a list of non-empty strings, one argv element each")
+        return v
+
+    @model_validator(mode="after")
+    def _gpus_match_tp(self):
+        if self.gpu_ids and len(self.gpu_ids) < self.tensor_parallel_size:
+            raise ValueError(
+                f"tensor_parallel_size {self.tensor_parallel_size} needs at least that many GPUs, "
+                f"but gpu_ids lists {len(self.gpu_ids)}"
+            )
+        return self
+
+
+class ModelConfig(ModelConfigFields, table=True):
+    __tablename__ = "model_config"
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True, unique=True)
+    offload_profile_id: int | None = Field(
+        default=None, foreign_key="offload_profile.id", ondelete="RESTRICT"
+    )
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class ModelConfigIn(ModelConfigFields):
+    offload_profile: str | None = Field(default=None, description="Name of an offload profile")
+
+
+class ModelConfigCreate(ModelConfigIn):
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, v: str) -> str:
+        return check_slug(v)
+
+
+class ModelConfigUpdate(ModelConfigIn):
+    """A full replacement of the config's fields (PUT); the name stays."""
+
+
+class ModelConfigPublic(ModelConfigIn):
+    name: str
+    created_at: datetime
+    updated_at: datetime

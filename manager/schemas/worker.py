@@ -1,0 +1,28 @@
+"""Workers: a vLLM server the manager runs (or adopted), remembered across manager restarts."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, Column
+from sqlmodel import Field, SQLModel
+
+from manager.schemas.common import utcnow
+
+
+class Worker(SQLModel, table=True):
+    __tablename__ = "worker"
+    id: int | None = Field(default=None, primary_key=True)
+    model_name: str
+    gpus: list[int] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    port: int | None = None
+    # What the manager wants: "running" or "stopped". Re-adoption and autostart read it.
+    desired: str = "running"
+    state: str = "stopped"
+    pid: int | None = None
+    pid_create_time: float | None = None
+    cmdline: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    restart_count: int = 0
+    last_error: str | None = None
+    started_at: datetime | None = None
+    created_at: datetime = Field(default_factory=utcnow)

@@ -1,0 +1,155 @@
+"""The exact command a model config launches: an argv list and an environment, never a shell string."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine_patches.settings import PatchSettings
+
+from manager.errors import Invalid
+from manager.schemas.model_config import ModelConfig
+from manager.schemas.offload_profile import OffloadProfile
+
+GIB = 1 << 30
+ENTRY_MODULE = "vllm.entrypoints.openai.api_server"
+PLUGIN_NAME = "offload_patches"  # the entry point engine_patches declares in vllm.general_plugins
+VLLM_BLOCK_SIZE = 16  # vLLM's default GPU block size, which an offloaded CPU block mirrors
+
+
+@dataclass
+class LaunchCommand:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def engine_argv(self) -> list[str]:
+        """The arguments after `python -m vllm.entrypoints.openai.api_server`."""
+        return self.argv[3:]
+
+
+def served_name(config: ModelConfig) -> str:
+    return config.served_model_name or config.name
+
+
+def kv_offload_bytes(config: ModelConfig, profile: OffloadProfile) -> tuple[int | None, str | None]:
+    """Bytes of CPU KV offload the profile asks for, and a note when it came from num_cpu_blocks."""
+    if profile.kv_offload_gib is not None:
+        return int(profile.kv_offload_gib * GIB), None
+    if profile.kv_offload_num_cpu_blocks is None:
+        return None, None
+    from manager.planner.kv import kv_page_bytes, offload_cpu_bytes
+    from manager.planner.model_files import find_model_folder
+
+    blocks = profile.kv_offload_num_cpu_blocks
+    try:
+        folder = find_model_folder(config.model)
+        hf_config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise Invalid(
+            f"offload profile {profile.name!r} sizes KV offload as {blocks} num_cpu_blocks, which vLLM 0.32 "
+            "does not accept (it takes bytes: cpu_bytes_to_use). Converting blocks to bytes needs the "
+            f"model's config.json, which could not be read ({exc}). Set kv_offload_gib in the profile instead.",
+            field="kv_offload_num_cpu_blocks",
+        ) from exc
+    tp = config.tensor_parallel_size
+    page = kv_page_bytes(hf_config, config.kv_cache_dtype, VLLM_BLOCK_SIZE, tp)
+    total = offload_cpu_bytes(blocks, hf_config, config.kv_cache_dtype, VLLM_BLOCK_SIZE, tp)
+    note = (
+        f"KV offload: {blocks} num_cpu_blocks x {page} bytes per block ({VLLM_BLOCK_SIZE} tokens, all "
+        f"layers, all TP ranks, page-aligned) = {total} bytes ({total / GIB:.3f} GiB) of prefix-cache "
+        "capacity in host RAM; it does not raise max_model_len"
+    )
+    return total, note
+
+
+def patch_settings(profile: OffloadProfile | None, config: ModelConfig, run_dir: Path | None) -> PatchSettings:
+    if profile is None:
+        return PatchSettings(run_dir=str(run_dir) if run_dir else None)
+    return PatchSettings(
+        run_dir=str(run_dir) if run_dir else None,
+        pin_budget_bytes=int(profile.pinned_budget_gib * GIB) if profile.pinned_budget_gib else None,
+        lora_pool=profile.lora_cpu_pooling,
+        lora_pool_bytes=int(profile.lora_pool_gib * GIB) if profile.lora_pool_gib else None,
+        max_cpu_loras=config.max_cpu_loras,
+        moe_offload=profile.moe_expert_offload,
+        moe_gpu_cache_gib=profile.moe_gpu_cache_gib,
+    )
+
+
+def build_command(
+    config: ModelConfig,
+    profile: OffloadProfile | None,
+    *,
+    engine_python: str,
+    port: int,
+    gpus: list[int] | None = None,
+    run_dir: Path | None = None,
+) -> LaunchCommand:
+    argv = [engine_python, "-m", ENTRY_MODULE, "--model", config.model]
+    notes: list[str] = []
+    argv += ["--served-model-name", served_name(config), "--host", "127.0.0.1", "--port", str(port)]
+    if config.dtype != "auto":
+        argv += ["--dtype", config.dtype]
+    if config.quantization:
+        argv += ["--quantization", config.quantization]
+    if config.tensor_parallel_size != 1:
+        argv += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
+    argv += ["--gpu-memory-utilization", repr(config.gpu_memory_utilization)]
+    if config.max_model_len is not None:
+        argv += ["--max-model-len", str(config.max_model_len)]
+    if config.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(config.max_num_seqs)]
+    if config.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", config.kv_cache_dtype]
+    if config.enforce_eager:
+        argv.append("--enforce-eager")
+    if config.enable_prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching")
+    if config.enable_lora:
+        argv.append("--enable-lora")
+        for flag, value in (
+            ("--max-loras", config.max_loras),
+            ("--max-lora-rank", config.max_lora_rank),
+            ("--max-cpu-loras", config.max_cpu_loras),
+        ):
+            if value is not None:
+                argv += [flag, str(value)]
+    if profile is not None:
+        kv_bytes, note = kv_offload_bytes(config, profile)
+        if note:
+            notes.append(note)
+        if kv_bytes is not None:
+            if profile.kv_eviction_policy == "lru":
+                argv += ["--kv-offloading-size", _gib_text(kv_bytes), "--kv-offloading-backend", "native"]
+            else:
+                # Only the connector's extra config carries a policy other than the default LRU.
+                argv += ["--kv-transfer-config", json.dumps({
+                    "kv_connector": "OffloadingConnector",
+                    "kv_role": "kv_both",
+                    "kv_connector_extra_config": {
+                        "cpu_bytes_to_use": kv_bytes,
+                        "eviction_policy": profile.kv_eviction_policy,
+                    },
+                })]
+    argv += config.extra_args
+
+    env = dict(config.env)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    # VLLM_PLUGINS is an allow-list: keep what the config already allows and add ours.
+    plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
+    env["VLLM_PLUGINS"] = ",".join(plugins + [PLUGIN_NAME] * (PLUGIN_NAME not in plugins))
+    env.update(patch_settings(profile, config, run_dir).to_env())
+    if config.enable_lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+    return LaunchCommand(argv=argv, env=env, notes=notes)
+
+
+def _gib_text(n_bytes: int) -> str:
+    # n / 2**30 is exact in a float for any realistic size, and vLLM multiplies it back by 2**30,
+    # so the engine gets exactly n_bytes.
+    gib = n_bytes / GIB
+    return str(int(gib)) if gib.is_integer() else repr(gib)

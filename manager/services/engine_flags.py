@@ -1,0 +1,82 @@
+"""Rules for the extra engine arguments a model config may carry."""
+
+from __future__ import annotations
+
+from manager.errors import Invalid
+
+# Flags that make vLLM import or run code named by the user (a class path, a module, a plugin file,
+# remote model code). Refused unless the operator turns on allow_code_flags.
+CODE_FLAGS = {
+    "--trust-remote-code": "runs Python code shipped with the model",
+    "--worker-cls": "loads a worker class from a module path",
+    "--worker-extension-cls": "loads a worker extension class from a module path",
+    "--scheduler-cls": "loads a scheduler class from a module path",
+    "--middleware": "imports ASGI middleware from a module path",
+    "--tool-parser-plugin": "executes a Python file as a tool parser plugin",
+    "--reasoning-parser-plugin": "executes a Python file as a reasoning parser plugin",
+    "--logits-processors": "imports logits processors from module paths",
+    "--io-processor-plugin": "loads an IO processor plugin",
+    "--model-class-overrides": "replaces model classes with ones from module paths",
+    "--logging-config": "loads a logging configuration that can name handler classes",
+    "--log-config-file": "loads a logging configuration that can name handler classes",
+    "--kv-transfer-config": "can name a connector module path (kv_connector_module_path)",
+    "--ec-transfer-config": "can name a connector module path",
+    "--distributed-executor-backend": "can name an executor class path",
+}
+
+# Flags the manager sets from the config's own fields or from the worker it starts.
+MANAGED_FLAGS = {
+    "--model": "model",
+    "--served-model-name": "served_model_name",
+    "--host": "(set by the manager: workers listen on 127.0.0.1)",
+    "--port": "port",
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--max-model-len": "max_model_len",
+    "--max-num-seqs": "max_num_seqs",
+    "--kv-cache-dtype": "kv_cache_dtype",
+    "--dtype": "dtype",
+    "--quantization": "quantization",
+    "-q": "quantization",
+    "--enable-lora": "enable_lora",
+    "--max-loras": "max_loras",
+    "--max-lora-rank": "max_lora_rank",
+    "--max-cpu-loras": "max_cpu_loras",
+    "--kv-offloading-size": "the offload profile's kv_offload_gib",
+    "--kv-offloading-backend": "the offload profile",
+}
+
+
+def flag_name(arg: str) -> str | None:
+    if not arg.startswith("-") or arg == "-" or _is_number(arg):
+        return None
+    return arg.split("=", 1)[0]
+
+
+def _is_number(arg: str) -> bool:
+    try:
+        float(arg)
+    except ValueError:
+        return False
+    return True
+
+
+def check_extra_args(args: list[str], allow_code_flags: bool) -> None:
+    """Refuse flags that run user-chosen code (unless allowed) and flags the config already owns."""
+    for arg in args:
+        flag = flag_name(arg)
+        if flag is None:
+            continue
+        if flag in MANAGED_FLAGS:
+            field = MANAGED_FLAGS[flag]
+            raise Invalid(
+                f"extra_args: {flag} is set by the manager; use the config field {field} instead",
+                field="extra_args",
+            )
+        if flag in CODE_FLAGS and not allow_code_flags:
+            raise Invalid(
+                f"extra_args: {flag} is refused because it {CODE_FLAGS[flag]}; an operator can allow "
+                "such flags with VLLM_MANAGER_ALLOW_CODE_FLAGS=1",
+                field="extra_args",
+            )

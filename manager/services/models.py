@@ -1,0 +1,78 @@
+"""Model configs: create, read, replace, delete, with the offload profile named by its name."""
+
+from __future__ import annotations
+
+from sqlmodel import Session, select
+
+from manager.errors import Conflict, NotFound
+from manager.schemas.common import utcnow
+from manager.schemas.model_config import (
+    ModelConfig,
+    ModelConfigCreate,
+    ModelConfigIn,
+    ModelConfigPublic,
+)
+from manager.schemas.offload_profile import OffloadProfile
+from manager.services import profiles
+from manager.services.engine_flags import check_extra_args
+
+
+def list_models(db: Session) -> list[ModelConfig]:
+    return list(db.exec(select(ModelConfig).order_by(ModelConfig.name)))
+
+
+def get_model(db: Session, name: str) -> ModelConfig:
+    config = db.exec(select(ModelConfig).where(ModelConfig.name == name)).first()
+    if config is None:
+        raise NotFound(f"no model config named {name!r}")
+    return config
+
+
+def profile_of(db: Session, config: ModelConfig) -> OffloadProfile | None:
+    if config.offload_profile_id is None:
+        return None
+    return db.get(OffloadProfile, config.offload_profile_id)
+
+
+def _fields(db: Session, data: ModelConfigIn, allow_code_flags: bool) -> dict:
+    check_extra_args(data.extra_args, allow_code_flags)
+    fields = data.model_dump(exclude={"offload_profile", "name"})
+    fields["offload_profile_id"] = (
+        profiles.get_profile(db, data.offload_profile).id if data.offload_profile else None
+    )
+    return fields
+
+
+def create_model(db: Session, data: ModelConfigCreate, *, allow_code_flags: bool = False) -> ModelConfig:
+    if db.exec(select(ModelConfig).where(ModelConfig.name == data.name)).first():
+        raise Conflict(f"a model config named {data.name!r} already exists")
+    config = ModelConfig(name=data.name, **_fields(db, data, allow_code_flags))
+    db.add(config)
+    db.commit()
+    db.refresh(config)
+    return config
+
+
+def replace_model(
+    db: Session, name: str, data: ModelConfigIn, *, allow_code_flags: bool = False
+) -> ModelConfig:
+    config = get_model(db, name)
+    for key, value in _fields(db, data, allow_code_flags).items():
+        setattr(config, key, value)
+    config.updated_at = utcnow()
+    db.add(config)
+    db.commit()
+    db.refresh(config)
+    return config
+
+
+def delete_model(db: Session, name: str) -> None:
+    db.delete(get_model(db, name))
+    db.commit()
+
+
+def to_public(db: Session, config: ModelConfig) -> ModelConfigPublic:
+    profile = profile_of(db, config)
+    return ModelConfigPublic.model_validate(
+        {**config.model_dump(), "offload_profile": profile.name if profile else None}
+    )

@@ -1,0 +1,37 @@
+"""API tokens: created once, stored as a SHA-256 hash, checked in constant time."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from sqlmodel import Session, select
+
+from manager.schemas.token import ApiToken
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(db: Session, name: str = "default") -> str:
+    token = "vmt_" + secrets.token_urlsafe(32)
+    db.add(ApiToken(name=name, sha256=_digest(token)))
+    db.commit()
+    return token
+
+
+def stored_token_count(db: Session) -> int:
+    return len(db.exec(select(ApiToken.id)).all())
+
+
+def auth_required(db: Session, env_token: str | None) -> bool:
+    return bool(env_token) or stored_token_count(db) > 0
+
+
+def token_is_valid(db: Session, token: str, env_token: str | None) -> bool:
+    if env_token and hmac.compare_digest(token.encode(), env_token.encode()):
+        return True
+    digest = _digest(token)
+    return any(hmac.compare_digest(digest, row) for row in db.exec(select(ApiToken.sha256)))

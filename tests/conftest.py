@@ -1,0 +1,56 @@
+"""Shared fixtures: a fresh manager per test, one pair of tiny local models per run."""
+
+from __future__ import annotations
+
+import fcntl
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from manager.app import create_app
+from manager.settings import Settings
+from tests.support.tiny_model import make_tiny_llama, make_tiny_qwen3_moe
+
+ENGINE_LOCK = Path("/tmp/vllm-engine.lock")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_b(tmp_path_factory) -> Path:
+    """A second, different tiny model, for switching."""
+    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama-3l", layers=3)
+
+
+@pytest.fixture(scope="session")
+def tiny_moe(tmp_path_factory) -> Path:
+    return make_tiny_qwen3_moe(tmp_path_factory.mktemp("models") / "tiny-qwen3-moe")
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    return Settings(data_dir=tmp_path / "data", engine_python=sys.executable, api_token=None)
+
+
+@pytest.fixture
+def client(settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+@pytest.fixture
+def engine_slot() -> Iterator[None]:
+    """One real engine at a time on this machine (2 cores): hold the lock while one runs."""
+    ENGINE_LOCK.touch(exist_ok=True)
+    with ENGINE_LOCK.open() as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

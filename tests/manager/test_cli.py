@@ -1,0 +1,109 @@
+"""The `vllm-manager` command: serve safety, tokens, export/import, durability across kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+CLI = [sys.executable, "-m", "manager"]
+
+
+def _run(args, data_dir: Path, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        CLI + args + ["--data-dir", str(data_dir)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "VLLM_MANAGER_API_TOKEN": "", **env},
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(data_dir: Path, port: int, *extra: str) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        CLI + ["serve", "--port", str(port), "--data-dir", str(data_dir), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "VLLM_MANAGER_API_TOKEN": ""},
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.2)
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read())
+    proc.kill()
+    raise AssertionError("the manager did not answer within 60 s")
+
+
+def test_public_bind_without_token_is_refused(tmp_path):
+    result = _run(["serve", "--host", "0.0.0.0", "--port", str(_free_port())], tmp_path)
+    assert result.returncode == 2
+    assert "token create" in result.stderr
+
+
+def test_token_create_prints_once_and_guards_the_api(tmp_path):
+    created = _run(["token", "create"], tmp_path)
+    assert created.returncode == 0, created.stderr
+    token = created.stdout.strip()
+    assert token.startswith("vmt_") and "not shown again" in created.stderr
+    port = _free_port()
+    proc = _serve(tmp_path, port)
+    try:
+        url = f"http://127.0.0.1:{port}/api/profiles"
+        assert httpx.post(url, json={"name": "p"}).status_code == 401
+        assert httpx.post(url, json={"name": "p"}, headers={"Authorization": f"Bearer {token}"}).status_code == 201
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_models_profiles_export_import(tmp_path):
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"name": "kv", "kv_offload_gib": 4}))
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"name": "m1", "model": "/x", "offload_profile": "kv"}))
+    data = tmp_path / "a"
+    assert _run(["profiles", "add", str(tmp_path / "p.yaml")], data).returncode == 0
+    assert _run(["models", "add", str(tmp_path / "m.yaml")], data).returncode == 0
+    dup = _run(["models", "add", str(tmp_path / "m.yaml")], data)
+    assert dup.returncode == 1 and "already exists" in dup.stderr
+    assert "m1" in _run(["models", "list"], data).stdout
+    assert json.loads(_run(["models", "show", "m1"], data).stdout)["offload_profile"] == "kv"
+    in_use = _run(["profiles", "rm", "kv"], data)
+    assert in_use.returncode == 1 and "m1" in in_use.stderr
+
+    export = tmp_path / "all.yaml"
+    assert _run(["export", str(export)], data).returncode == 0
+    other = tmp_path / "b"
+    assert _run(["import", str(export)], other).returncode == 0
+    assert _run(["export", "-"], other).stdout == export.read_text()
+    shown = _run(["command", "m1", "--no-validate"], other)
+    assert json.loads(shown.stdout)["argv"][-2:] == ["--kv-offloading-size", "4"] or "--kv-offloading-size" in shown.stdout
+
+
+def test_acknowledged_write_survives_kill_9(tmp_path):
+    port = _free_port()
+    proc = _serve(tmp_path, port)
+    resp = httpx.post(f"http://127.0.0.1:{port}/api/models", json={"name": "durable", "model": "/x"})
+    assert resp.status_code == 201
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    proc = _serve(tmp_path, port)
+    try:
+        assert httpx.get(f"http://127.0.0.1:{port}/api/models/durable").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -1,0 +1,116 @@
+"""Model configs and offload profiles through the REST API, as a user (or a script) would use it."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from manager.app import create_app
+
+PROFILE = {"name": "kv-8g", "kv_offload_gib": 8, "kv_eviction_policy": "lru"}
+MODEL = {
+    "name": "llama-8b",
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "gpu_memory_utilization": 0.85,
+    "max_model_len": 32768,
+    "max_num_seqs": 16,
+    "gpu_ids": [0],
+    "env": {"HF_HUB_OFFLINE": "1"},
+    "extra_args": ["--enable-chunked-prefill"],
+}
+
+
+def test_create_list_show_edit_delete(client):
+    assert client.post("/api/profiles", json=PROFILE).status_code == 201
+    created = client.post("/api/models", json={**MODEL, "offload_profile": "kv-8g"})
+    assert created.status_code == 201, created.text
+    assert created.json()["offload_profile"] == "kv-8g"
+
+    assert [m["name"] for m in client.get("/api/models").json()] == ["llama-8b"]
+    shown = client.get("/api/models/llama-8b").json()
+    assert shown["max_model_len"] == 32768 and shown["env"] == {"HF_HUB_OFFLINE": "1"}
+
+    edited = client.put("/api/models/llama-8b", json={**MODEL, "max_model_len": 8192})
+    assert edited.status_code == 200
+    assert client.get("/api/models/llama-8b").json()["max_model_len"] == 8192
+    assert client.get("/api/models/llama-8b").json()["offload_profile"] is None
+
+    assert client.delete("/api/models/llama-8b").status_code == 204
+    assert client.get("/api/models/llama-8b").status_code == 404
+
+
+def test_invalid_fields_are_named(client):
+    bad = client.post(
+        "/api/models",
+        json={**MODEL, "name": "Has Spaces", "gpu_memory_utilization": 1.5, "max_model_len": 0,
+              "tensor_parallel_size": 0},
+    )
+    assert bad.status_code == 422
+    fields = {err["loc"][-1] for err in bad.json()["detail"]}
+    assert {"name", "gpu_memory_utilization", "max_model_len", "tensor_parallel_size"} <= fields
+    rule = next(e["msg"] for e in bad.json()["detail"] if e["loc"][-1] == "name")
+    assert "slug" in rule
+
+
+def test_tp_needs_enough_gpus(client):
+    bad = client.post("/api/models", json={**MODEL, "tensor_parallel_size": 2, "gpu_ids": [0]})
+    assert bad.status_code == 422
+    assert "tensor_parallel_size 2" in bad.text
+
+
+def test_duplicate_unknown_and_profile_in_use(client):
+    client.post("/api/profiles", json=PROFILE)
+    client.post("/api/models", json={**MODEL, "offload_profile": "kv-8g"})
+    dup = client.post("/api/models", json=MODEL)
+    assert dup.status_code == 409 and "already exists" in dup.json()["detail"]
+    assert client.get("/api/profiles/nope").status_code == 404
+    missing_profile = client.post("/api/models", json={**MODEL, "name": "other", "offload_profile": "nope"})
+    assert missing_profile.status_code == 404 and "nope" in missing_profile.json()["detail"]
+
+    in_use = client.delete("/api/profiles/kv-8g")
+    assert in_use.status_code == 409
+    assert in_use.json()["users"] == ["llama-8b"]
+    assert client.get("/api/profiles/kv-8g").status_code == 200  # nothing lost
+
+
+def test_profile_rules(client):
+    both = client.post("/api/profiles", json={**PROFILE, "kv_offload_num_cpu_blocks": 1000})
+    assert both.status_code == 422 and "not both" in both.text
+    policy = client.post("/api/profiles", json={**PROFILE, "kv_eviction_policy": "fifo"})
+    assert policy.status_code == 422 and "lru, arc" in policy.text
+    pool = client.post("/api/profiles", json={"name": "p", "lora_cpu_pooling": True})
+    assert pool.status_code == 422 and "lora_pool_gib" in pool.text
+
+
+def test_code_loading_flags_refused_unless_allowed(client, settings):
+    refused = client.post("/api/models", json={**MODEL, "extra_args": ["--trust-remote-code"]})
+    assert refused.status_code == 422
+    assert "VLLM_MANAGER_ALLOW_CODE_FLAGS" in refused.json()["detail"]
+    worker_cls = client.post("/api/models", json={**MODEL, "extra_args": ["--worker-cls=my.mod.Worker"]})
+    assert worker_cls.status_code == 422
+    managed = client.post("/api/models", json={**MODEL, "extra_args": ["--port", "9000"]})
+    assert managed.status_code == 422 and "set by the manager" in managed.json()["detail"]
+
+    allowed = settings.model_copy(update={"allow_code_flags": True})
+    with TestClient(create_app(allowed)) as c:
+        ok = c.post("/api/models", json={**MODEL, "name": "remote", "extra_args": ["--trust-remote-code"]})
+        assert ok.status_code == 201
+
+
+def test_config_survives_restart_on_same_database(settings):
+    with TestClient(create_app(settings)) as c:
+        c.post("/api/profiles", json=PROFILE)
+        c.post("/api/models", json={**MODEL, "offload_profile": "kv-8g"})
+    with TestClient(create_app(settings)) as c:
+        again = c.get("/api/models/llama-8b")
+        assert again.status_code == 200
+        assert again.json()["offload_profile"] == "kv-8g"
+        assert again.json()["extra_args"] == ["--enable-chunked-prefill"]
+
+
+def test_openapi_lists_the_paths(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in ("/api/health", "/api/models", "/api/models/{name}", "/api/models/{name}/command",
+                 "/api/profiles", "/api/profiles/{name}", "/api/export", "/api/import"):
+        assert path in paths
+    assert client.get("/docs").status_code == 200
+    assert client.get("/api/health").json()["status"] == "ok"
