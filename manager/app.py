@@ -11,8 +11,10 @@ from manager import __version__
 from manager.db import make_engine, migrate
 from manager.deps import require_token_for_changes
 from manager.errors import ManagerError
-from manager.routes import health, models, profiles, transfer
+from manager.routes import health, models, plan, profiles, transfer, workers
+from manager.services.preflight import refuse_if_it_cannot_fit
 from manager.settings import Settings
+from manager.supervisor.supervisor import Supervisor
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -25,9 +27,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         migrate(engine)
         app.state.settings = settings
         app.state.engine = engine
+        supervisor = Supervisor(settings, engine)
+        supervisor.preflight = refuse_if_it_cannot_fit
+        app.state.supervisor = supervisor
+        await supervisor.start_up()
         try:
             yield
         finally:
+            await supervisor.shut_down()
             engine.dispose()
 
     app = FastAPI(
@@ -42,6 +49,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _manager_error(_request: Request, exc: ManagerError) -> JSONResponse:
         return JSONResponse(status_code=exc.status, content={"detail": exc.message, **exc.detail})
 
-    for module in (health, models, profiles, transfer):
+    for module in (health, models, profiles, transfer, workers, plan):
         app.include_router(module.router)
     return app

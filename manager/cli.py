@@ -19,6 +19,22 @@ app.add_typer(models_app, name="models")
 app.add_typer(profiles_app, name="profiles")
 app.add_typer(token_app, name="token")
 
+
+def _plan_command():
+    from manager.cli_plan import plan
+
+    return plan
+
+
+def _register_worker_commands() -> None:
+    from manager.cli_workers import register
+
+    register(app)
+
+
+_register_worker_commands()
+app.command("plan", help="Plan memory for a model: what fits, why, and what would extend it.")(_plan_command())
+
 DataDir = Annotated[Optional[Path], typer.Option("--data-dir", help="Data folder (default ~/.local/share/vllm-manager).")]
 
 
@@ -48,8 +64,8 @@ def _print(data) -> None:
 
 @app.command()
 def serve(
-    host: Annotated[str, typer.Option(help="Address to bind. Public addresses need an API token.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = DEFAULT_PORT,
+    host: Annotated[Optional[str], typer.Option(help="Address to bind (default 127.0.0.1, or VLLM_MANAGER_HOST). Public addresses need an API token.")] = None,
+    port: Annotated[Optional[int], typer.Option(help=f"Port to listen on (default {DEFAULT_PORT}, or VLLM_MANAGER_PORT).")] = None,
     data_dir: DataDir = None,
 ) -> None:
     """Run the manager's web server and API."""
@@ -58,7 +74,9 @@ def serve(
     from manager.app import create_app
     from manager.services import tokens
 
-    settings = _settings(data_dir, host=host, port=port)
+    overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    settings = _settings(data_dir, **overrides)
+    host, port = settings.host, settings.port
     if not is_loopback(host):
         with _open_db(settings) as db:
             has_token = tokens.auth_required(db, settings.env_token)

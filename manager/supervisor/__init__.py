@@ -1,0 +1,1 @@
+"""Worker supervision: one owner task per vLLM server, with a state machine nobody else changes."""

@@ -1,0 +1,110 @@
+"""An engine's output: a file per start (the engine writes it directly, so it outlives the manager),
+tailed into an in-memory ring buffer that API calls and live streams read."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import deque
+from datetime import UTC, datetime
+from pathlib import Path
+
+KEEP_STARTS = 10  # log files kept per worker; older starts are deleted
+RING_LINES = 5000
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# vLLM's prefix: "(EngineCore pid=123) ERROR 11-21 03:40:01 [core.py:123] message"
+_PREFIX = re.compile(r"^(\(\w+(?: pid=\d+)?\)\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s*")
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt))(:\s.*)?$")
+# Summaries vLLM prints after the real cause ("See root cause above"): quote the cause instead.
+_WRAPPERS = ("see root cause above", "see stack trace for root cause", "engine core initialization failed",
+             "initialization failed due to an exception in a background process")
+_NOISE = ("Traceback (most recent call last)", "File \"", "^^^", "~~~", "raise ", "During handling")
+
+
+def new_log_file(worker_dir: Path) -> Path:
+    worker_dir.mkdir(parents=True, exist_ok=True)
+    old = sorted(worker_dir.glob("start-*.log"))
+    for stale in old[: max(0, len(old) - (KEEP_STARTS - 1))]:
+        stale.unlink(missing_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+    return worker_dir / f"start-{stamp}.log"
+
+
+def clean(line: str) -> str:
+    return _ANSI.sub("", line).rstrip()
+
+
+def meaningful_error(lines: list[str]) -> str | None:
+    """The line a person would quote as the reason an engine died: its last exception line."""
+    stripped = [_PREFIX.sub("", clean(line)).strip() for line in lines]
+    stripped = [line for line in stripped if line]
+    exceptions = [i for i, line in enumerate(stripped) if _EXCEPTION.match(line) and not line.startswith(_NOISE)]
+    causes = [i for i in exceptions if not any(w in stripped[i].lower() for w in _WRAPPERS)]
+    if causes or exceptions:
+        i = (causes or exceptions)[-1]
+        line = stripped[i]
+        if "validation error" in line and i + 1 < len(stripped):
+            # pydantic puts the reason on the next line ("Value error, User-specified max_model_len ...")
+            line = f"{line}: {stripped[i + 1].removeprefix('Value error, ')}"
+        return line
+    for line in reversed(stripped):
+        if ("error" in line.lower() or "failed" in line.lower()) and not line.startswith(_NOISE):
+            return line
+    return stripped[-1] if stripped else None
+
+
+class LogTail:
+    """Follows one worker's current log file; keeps the last lines and feeds live subscribers."""
+
+    def __init__(self) -> None:
+        self.ring: deque[str] = deque(maxlen=RING_LINES)
+        self.path: Path | None = None
+        self._offset = 0
+        self._partial = ""
+        self._subscribers: set[asyncio.Queue[str]] = set()
+
+    def follow(self, path: Path, from_start: bool = True) -> None:
+        self.poll()  # keep what the previous file said up to now
+        self.path = path
+        self._offset = 0 if from_start or not path.exists() else path.stat().st_size
+        self._partial = ""
+
+    def poll(self) -> list[str]:
+        """Read what was appended since the last call; returns the new complete lines."""
+        if self.path is None or not self.path.exists():
+            return []
+        with self.path.open("rb") as fh:
+            fh.seek(self._offset)
+            chunk = fh.read(4 << 20)
+        if not chunk:
+            return []
+        self._offset += len(chunk)
+        text = self._partial + chunk.decode("utf-8", errors="replace")
+        *lines, self._partial = re.split(r"\r?\n|\r", text)
+        lines = [clean(line) for line in lines]
+        for line in lines:
+            self.ring.append(line)
+            for queue in list(self._subscribers):
+                if queue.qsize() < 10_000:
+                    queue.put_nowait(line)
+        return lines
+
+    def tail(self, n: int) -> list[str]:
+        if n <= 0:
+            return []
+        return list(self.ring)[-n:]
+
+    def latest(self) -> str | None:
+        for line in reversed(self.ring):
+            if line.strip():
+                return _PREFIX.sub("", line).strip()
+        return None
+
+    def subscribe(self) -> asyncio.Queue[str]:
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        self._subscribers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[str]) -> None:
+        self._subscribers.discard(queue)

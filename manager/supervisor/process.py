@@ -1,0 +1,215 @@
+"""Engine processes: start one in its own session, recognise it again later, and end its whole group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+ENGINE_MARKERS = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What makes a pid ours: the pid alone can be reused, pid + start time + argv cannot."""
+
+    pid: int
+    create_time: float
+    cmdline: tuple[str, ...]
+
+
+def spawn(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path | None = None) -> subprocess.Popen:
+    """Start the engine in a new session (its own process group), writing straight to its log file.
+
+    The engine writes to the file, not to a pipe: a pipe to the manager would break (and kill the
+    engine with SIGPIPE) when the manager restarts, and engines must outlive the manager.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def identity(pid: int) -> Identity | None:
+    try:
+        proc = psutil.Process(pid)
+        return Identity(pid, proc.create_time(), tuple(proc.cmdline()))
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def matches(pid: int | None, create_time: float | None, cmdline: list[str] | tuple[str, ...]) -> bool:
+    if not pid or create_time is None:
+        return False
+    found = identity(pid)
+    return (
+        found is not None
+        and abs(found.create_time - create_time) < 0.05
+        and list(found.cmdline) == list(cmdline)
+        and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.info["pid"]) == pgid:
+                members.append(proc.info["pid"])
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def tree(pid: int) -> list[int]:
+    try:
+        root = psutil.Process(pid)
+        return [pid] + [c.pid for c in root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@dataclass
+class StopReport:
+    graceful: bool
+    killed: list[int]
+    leftover: list[int]
+    seconds: float
+
+
+def stop_group(pid: int, grace_s: float, popen: subprocess.Popen | None = None) -> StopReport:
+    """SIGTERM to the group, wait up to grace_s, SIGKILL to the group, then check nothing is left.
+
+    Descendants that left the group (a new session) are found through the process tree first, so
+    they are ended too.
+    """
+    started = time.monotonic()
+    pgid = pid  # the engine is a session leader: its pgid is its pid
+    pids = set(tree(pid)) | set(group_members(pgid))
+    _signal_all(pgid, pids, signal.SIGTERM)
+    deadline = started + grace_s
+    while time.monotonic() < deadline:
+        if popen is not None:
+            popen.poll()
+        if not _any_alive(pids | set(group_members(pgid))):
+            return StopReport(True, [], [], time.monotonic() - started)
+        time.sleep(0.1)
+    remaining = {p for p in pids | set(group_members(pgid)) if alive(p)}
+    _signal_all(pgid, remaining, signal.SIGKILL)
+    end = time.monotonic() + 10
+    while time.monotonic() < end and _any_alive(remaining):
+        if popen is not None:
+            popen.poll()
+        time.sleep(0.05)
+    if popen is not None:
+        popen.poll()
+    leftover = sorted(p for p in remaining | set(group_members(pgid)) if alive(p))
+    return StopReport(False, sorted(remaining), leftover, time.monotonic() - started)
+
+
+def _signal_all(pgid: int, pids: set[int], sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _any_alive(pids: set[int]) -> bool:
+    return any(alive(p) for p in pids)
+
+
+@dataclass(frozen=True)
+class Unmanaged:
+    pid: int
+    cmdline: list[str]
+    model: str | None
+    port: int | None
+    create_time: float
+
+
+def _arg(cmdline: list[str], flag: str) -> str | None:
+    for i, part in enumerate(cmdline):
+        if part == flag and i + 1 < len(cmdline):
+            return cmdline[i + 1]
+        if part.startswith(flag + "="):
+            return part.split("=", 1)[1]
+    return None
+
+
+def is_engine_cmdline(cmdline: list[str]) -> bool:
+    text = " ".join(cmdline)
+    if any(marker in text for marker in ENGINE_MARKERS):
+        return True
+    # `vllm serve MODEL` through the console script
+    return len(cmdline) >= 2 and any(Path(p).name == "vllm" for p in cmdline[:2]) and "serve" in cmdline[1:3]
+
+
+def find_engines(exclude: set[int]) -> list[Unmanaged]:
+    """vLLM API servers on this box that are not in `exclude` (managed pids and their children)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "create_time", "ppid"]):
+        info = proc.info
+        cmd = info.get("cmdline") or []
+        if info["pid"] in exclude or not cmd or not is_engine_cmdline(cmd):
+            continue
+        try:
+            parent_cmd = psutil.Process(info["ppid"]).cmdline() if info["ppid"] else []
+        except psutil.Error:
+            parent_cmd = []
+        if parent_cmd and is_engine_cmdline(parent_cmd):
+            continue  # a child of another engine (its engine core), not a server of its own
+        model = _arg(cmd, "--model")
+        if model is None and "serve" in cmd:
+            idx = cmd.index("serve")
+            model = cmd[idx + 1] if idx + 1 < len(cmd) and not cmd[idx + 1].startswith("-") else None
+        port = _arg(cmd, "--port")
+        found.append(Unmanaged(info["pid"], cmd, model, int(port) if port and port.isdigit() else 8000,
+                               info["create_time"]))
+    return found
+
+
+def stale_offload_files(shm: Path = Path("/dev/shm")) -> list[Path]:
+    """vLLM KV-offload regions that no live process maps or holds open (left by a killed engine)."""
+    candidates = sorted(shm.glob("vllm_offload_*"))
+    if not candidates:
+        return []
+    in_use: set[str] = set()
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            maps = Path(f"/proc/{proc.info['pid']}/maps").read_text(errors="replace")
+        except OSError:
+            continue
+        in_use.update(str(c) for c in candidates if str(c) in maps)
+        for fd in Path(f"/proc/{proc.info['pid']}/fd").glob("*") if len(in_use) < len(candidates) else ():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith(str(shm)):
+                in_use.add(target)
+    return [c for c in candidates if str(c) not in in_use]

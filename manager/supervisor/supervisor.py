@@ -1,0 +1,231 @@
+"""The supervisor: owns the set of workers, adopts engines after a manager restart, autostarts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from pathlib import Path
+
+import httpx
+from sqlalchemy.engine import Engine
+from sqlmodel import select
+
+from manager.db import session
+from manager.errors import Conflict, Invalid, NotFound
+from manager.schemas.model_config import ModelConfig
+from manager.schemas.worker import Worker
+from manager.services import models
+from manager.services.command import build_command, served_name
+from manager.settings import Settings
+from manager.supervisor import gpu_cleanup, process
+from manager.supervisor.events import EventLog
+from manager.supervisor.runner import Launch, RunnerDeps, WorkerRunner
+from manager.supervisor.states import State
+
+log = logging.getLogger("vllm_manager.supervisor")
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, engine: Engine) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.events = EventLog(engine)
+        self.runners: dict[int, WorkerRunner] = {}
+        self._lock = asyncio.Lock()
+        self._http: httpx.AsyncClient | None = None
+        # Set by the planner integration: (config, profile, force) -> None, raising Invalid if it can't fit.
+        self.preflight = None
+
+    # ---- life cycle ----------------------------------------------------------------------------
+    async def start_up(self) -> None:
+        self._http = httpx.AsyncClient()
+        with session(self.engine) as db:
+            rows = list(db.exec(select(Worker).order_by(Worker.id)))
+        for row in rows:
+            runner = self._make_runner(row)
+            if row.pid and process.matches(row.pid, row.pid_create_time, row.cmdline):
+                runner.adopt(self._served_name(row.model_name))
+                self.events.record("adopted", f"re-adopted pid {row.pid} after a manager restart", row.id)
+            elif row.state != State.STOPPED.value:
+                runner.state = State.STOPPED
+                row.pid = None
+                runner._save()
+                self.events.record("stopped", "its process was gone after a manager restart; marked stopped",
+                                   row.id, previous=row.state)
+            runner.begin()
+        await self._autostart()
+
+    async def shut_down(self) -> None:
+        """Leave engines running (they outlive the manager) unless told to stop them on exit."""
+        if self.settings.stop_workers_on_exit:
+            running = [r for r in self.runners.values() if r.state != State.STOPPED]
+            await asyncio.gather(*(r.send("stop") for r in running), return_exceptions=True)
+        for runner in self.runners.values():
+            await runner.halt()
+        if self._http:
+            await self._http.aclose()
+
+    async def _autostart(self) -> None:
+        with session(self.engine) as db:
+            wanted = [c.name for c in db.exec(select(ModelConfig).where(ModelConfig.autostart == True))]  # noqa: E712
+        for name in wanted:
+            if self._active_for(name):
+                continue
+            try:
+                await self.create_worker(name)
+                self.events.record("autostart", f"autostarted {name}")
+            except Exception as exc:  # one bad config must not stop the manager from starting
+                self.events.record("autostart_failed", f"could not autostart {name}: {exc}")
+
+    # ---- workers ---------------------------------------------------------------------------------
+    def runner(self, worker_id: int) -> WorkerRunner:
+        try:
+            return self.runners[worker_id]
+        except KeyError:
+            raise NotFound(f"no worker with id {worker_id}") from None
+
+    def list(self) -> list[dict]:
+        return [r.snapshot() for r in sorted(self.runners.values(), key=lambda r: r.id)]
+
+    def _active_for(self, model_name: str) -> WorkerRunner | None:
+        for runner in self.runners.values():
+            if runner.row.model_name == model_name and runner.state in (State.STARTING, State.READY, State.CRASHED):
+                return runner
+        return None
+
+    async def create_worker(self, model: str, gpus: list[int] | None = None, port: int | None = None,
+                            force: bool = False) -> tuple[dict, bool]:
+        """Start a worker for a model config. One config runs at most once: a second call for the same
+        config returns the worker already running it (created=False)."""
+        async with self._lock:
+            existing = self._active_for(model)
+            if existing is not None:
+                return existing.snapshot(), False
+            with session(self.engine) as db:
+                config = models.get_model(db, model)
+            chosen_gpus = gpus if gpus is not None else list(config.gpu_ids)
+            chosen_port = port or config.port or self._free_port()
+            self._check_port(chosen_port)
+            with session(self.engine) as db:
+                row = Worker(model_name=model, gpus=chosen_gpus, port=chosen_port, state=State.STOPPED.value)
+                db.add(row)
+                db.commit()
+                db.refresh(row)
+            runner = self._make_runner(row)
+            runner.begin()
+            self.events.record("created", f"worker for {model} on port {chosen_port}", row.id)
+        try:
+            snapshot = await runner.send("start", force=force)
+        except Exception:
+            await runner.send("delete")
+            self.runners.pop(row.id, None)
+            raise
+        return snapshot, True
+
+    async def command(self, worker_id: int, kind: str, model: str | None = None, force: bool = False) -> dict:
+        runner = self.runner(worker_id)
+        result = await runner.send(kind, model, force)
+        if kind == "delete":
+            self.runners.pop(worker_id, None)
+        return result
+
+    def _make_runner(self, row: Worker) -> WorkerRunner:
+        deps = RunnerDeps(self.settings, self.engine, self.events, self._http, self._prepare,
+                          lambda gpus, pids: gpu_cleanup.end_gpu_orphans(gpus, pids))
+        runner = WorkerRunner(row, deps)
+        self.runners[row.id] = runner
+        return runner
+
+    def _served_name(self, model_name: str) -> str | None:
+        with session(self.engine) as db:
+            try:
+                return served_name(models.get_model(db, model_name))
+            except NotFound:
+                return None
+
+    def _prepare(self, model_name: str, port: int, gpus: list[int], run_dir: Path, force: bool) -> Launch:
+        with session(self.engine) as db:
+            config = models.get_model(db, model_name)
+            profile = models.profile_of(db, config)
+        if self.preflight is not None:
+            self.preflight(config, profile, force)
+        cmd = build_command(config, profile, engine_python=self.settings.engine_python, port=port,
+                            gpus=gpus or list(config.gpu_ids), run_dir=run_dir,
+                            host=self.settings.worker_host)
+        return Launch(config.name, served_name(config), cmd, float(config.start_timeout_s))
+
+    # ---- ports -----------------------------------------------------------------------------------
+    def _ports_in_use(self) -> set[int]:
+        return {r.row.port for r in self.runners.values() if r.row.port and r.state != State.STOPPED}
+
+    def _free_port(self) -> int:
+        used = self._ports_in_use() | {r.row.port for r in self.runners.values() if r.row.port}
+        for port in self.settings.worker_port_range:
+            if port not in used and _bindable(port):
+                return port
+        raise Conflict(f"no free port left in {self.settings.worker_ports}; stop or delete a worker first")
+
+    def _check_port(self, port: int) -> None:
+        if port in self._ports_in_use():
+            raise Conflict(f"port {port} is already used by another worker")
+        if not _bindable(port):
+            raise Conflict(f"port {port} is taken by another program on this machine")
+
+    # ---- engines the manager did not start -------------------------------------------------------
+    def managed_pids(self) -> set[int]:
+        pids: set[int] = set()
+        for runner in self.runners.values():
+            if runner.row.pid:
+                pids.update(process.tree(runner.row.pid))
+        return pids
+
+    def unmanaged(self) -> list[dict]:
+        return [u.__dict__ for u in process.find_engines(self.managed_pids())]
+
+    async def stop_unmanaged(self, pid: int) -> dict:
+        target = self._find_unmanaged(pid)
+        report = await asyncio.to_thread(process.stop_group, target.pid, self.settings.stop_grace_s)
+        self.events.record("unmanaged_stopped", f"stopped unmanaged vLLM server pid {pid}", None,
+                           graceful=report.graceful, leftover=report.leftover)
+        return {"pid": pid, "graceful": report.graceful, "leftover": report.leftover}
+
+    async def adopt_unmanaged(self, pid: int, model: str) -> dict:
+        """Put a hand-started engine under supervision, as a worker of an existing model config."""
+        target = self._find_unmanaged(pid)
+        with session(self.engine) as db:
+            models.get_model(db, model)
+        async with self._lock:
+            if self._active_for(model):
+                raise Conflict(f"model config {model!r} already has a running worker")
+            with session(self.engine) as db:
+                row = Worker(model_name=model, gpus=[], port=target.port, pid=target.pid,
+                             pid_create_time=target.create_time, cmdline=target.cmdline,
+                             state=State.STARTING.value)
+                db.add(row)
+                db.commit()
+                db.refresh(row)
+            runner = self._make_runner(row)
+            runner.adopt(self._served_name(model))
+            runner.begin()
+        self.events.record("adopted", f"adopted hand-started vLLM server pid {pid} as {model}", row.id)
+        return runner.snapshot()
+
+    def _find_unmanaged(self, pid: int) -> process.Unmanaged:
+        for found in process.find_engines(self.managed_pids()):
+            if found.pid == pid:
+                return found
+        raise NotFound(f"no unmanaged vLLM server with pid {pid}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+__all__ = ["Supervisor", "Invalid"]

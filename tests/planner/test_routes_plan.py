@@ -1,0 +1,49 @@
+"""POST /api/plan and GET /api/plan/gpus through FastAPI's test client (thin: the logic is tested above)."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from manager.routes.plan import router
+from tests.planner.conftest import load_config
+
+
+
+def _client() -> TestClient:
+    app = FastAPI()
+    app.include_router(router)
+    return TestClient(app)
+
+
+def test_post_plan_returns_lines_and_verdict():
+    body = {"model": "Qwen3-Coder", "hf_config": load_config("Qwen3-Coder-30B-A3B-Instruct-AWQ"),
+            "max_model_len": 52000, "gpu_memory_utilization": 0.88, "gpu": "rtx-4090", "host_ram_gib": 128,
+            "kv_offload_gib": 32}
+    response = _client().post("/api/plan", json=body)
+    assert response.status_code == 200
+    plan = response.json()
+    assert plan["verdict"]["fits"] is False
+    assert plan["prefix_cache_tokens_from_offload"] > 0
+    keys = {line["key"] for line in plan["lines"]}
+    assert {"kv_budget", "max_context", "offload_prefix_tokens", "way_fp8_kv"} <= keys
+    assert all(line["unit"] and line["explanation"] for line in plan["lines"])
+
+
+def test_unknown_model_is_a_422_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    response = _client().post("/api/plan", json={"model": "nobody/nothing", "gpu": "h100-80"})
+    assert response.status_code == 422
+    assert "never downloads" in response.json()["detail"]
+
+
+def test_bad_settings_are_rejected_by_validation():
+    response = _client().post("/api/plan", json={"model": "x", "gpu_memory_utilization": 1.5})
+    assert response.status_code == 422
+
+
+def test_gpu_list_has_detection_and_catalogue():
+    data = _client().get("/api/plan/gpus").json()
+    assert "available" in data["detected"]
+    keys = {g["key"] for g in data["catalogue"]}
+    assert {"rtx-4090", "h100-80", "cpu"} <= keys

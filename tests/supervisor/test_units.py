@@ -1,0 +1,135 @@
+"""The supervisor's parts on their own: backoff, error lines, log tailing, process groups."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from manager.supervisor import process
+from manager.supervisor.logs import LogTail, meaningful_error, new_log_file
+from manager.supervisor.states import backoff_delay
+
+VLLM_FAILURE = """\
+(APIServer pid=15879) INFO 11-21 03:41:33 [api_server.py:1] vLLM API server version 0.32.0
+(Worker pid=16122) ERROR 11-21 03:41:51 [multiproc_executor.py:953] WorkerProc failed to start.
+(Worker pid=16122) ERROR 11-21 03:41:51 [multiproc_executor.py:953] Traceback (most recent call last):
+(Worker pid=16122) ERROR 11-21 03:41:51 [multiproc_executor.py:953]   File "/x/vllm/model_loader/base_loader.py", line 88, in load_model
+(Worker pid=16122) ERROR 11-21 03:41:51 [multiproc_executor.py:953]     self.load_weights(model, model_config)
+(Worker pid=16122) ERROR 11-21 03:41:51 [multiproc_executor.py:953] RuntimeError: Cannot find any model weights with `/tmp/tm/a`
+(EngineCore pid=16018) ERROR 11-21 03:41:53 [core.py:1510] Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}
+"""
+
+
+def test_backoff_doubles_from_ten_seconds_up_to_five_minutes():
+    assert [backoff_delay(n) for n in range(1, 8)] == [10, 20, 40, 80, 160, 300, 300]
+    assert backoff_delay(3, base_s=1, cap_s=3) == 3
+
+
+def test_error_line_is_the_root_cause_not_the_summary():
+    assert meaningful_error(VLLM_FAILURE.splitlines()) == "RuntimeError: Cannot find any model weights with `/tmp/tm/a`"
+    device = ["INFO starting", "RuntimeError: Failed to infer device type", "  File \"x\", line 1"]
+    assert meaningful_error(device) == "RuntimeError: Failed to infer device type"
+    assert meaningful_error(["all good", "last words"]) == "last words"
+    assert meaningful_error([]) is None
+
+
+def test_log_tail_follows_appends_and_feeds_subscribers(tmp_path):
+    path = new_log_file(tmp_path / "w")
+    tail = LogTail()
+    tail.follow(path)
+    queue = tail.subscribe()
+    with path.open("a") as fh:
+        fh.write("one\ntwo\npart")
+    assert tail.poll() == ["one", "two"]
+    with path.open("a") as fh:
+        fh.write("ial\n\x1b[32mgreen\x1b[0m\n")
+    assert tail.poll() == ["partial", "green"]
+    assert tail.tail(2) == ["partial", "green"]
+    assert [queue.get_nowait() for _ in range(4)] == ["one", "two", "partial", "green"]
+
+
+def test_log_files_rotate_per_start(tmp_path):
+    for _ in range(15):
+        new_log_file(tmp_path).write_text("x")
+        time.sleep(0.001)
+    assert len(list(tmp_path.glob("start-*.log"))) == 10
+
+
+STUBBORN = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_stop_group_kills_a_tree_that_ignores_sigterm(tmp_path):
+    log = tmp_path / "out.log"
+    popen = process.spawn([sys.executable, "-c", STUBBORN], {}, log)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not log.read_text().strip():
+        time.sleep(0.05)
+    child = int(log.read_text().split()[0])
+    assert os.getpgid(popen.pid) == popen.pid  # its own session and group
+    report = process.stop_group(popen.pid, grace_s=0.5, popen=popen)
+    assert not report.graceful
+    assert set(report.killed) >= {popen.pid, child}
+    assert report.leftover == []
+    assert not process.alive(child) and popen.poll() == -signal.SIGKILL
+
+
+def test_stop_group_is_graceful_when_the_engine_listens(tmp_path):
+    popen = process.spawn([sys.executable, "-c", "import time; time.sleep(600)"], {}, tmp_path / "l.log")
+    time.sleep(0.3)
+    report = process.stop_group(popen.pid, grace_s=10, popen=popen)
+    assert report.graceful and report.seconds < 5
+
+
+def test_identity_matches_only_the_same_process(tmp_path):
+    popen = process.spawn([sys.executable, "-c", "import time; time.sleep(600)"], {}, tmp_path / "l.log")
+    try:
+        me = process.identity(popen.pid)
+        assert process.matches(me.pid, me.create_time, me.cmdline)
+        assert not process.matches(me.pid, me.create_time + 5, me.cmdline)  # a reused pid
+        assert not process.matches(me.pid, me.create_time, [*me.cmdline, "--other"])
+    finally:
+        process.stop_group(popen.pid, 5, popen)
+    assert not process.matches(me.pid, me.create_time, me.cmdline)
+
+
+def test_engine_command_lines_are_recognised():
+    assert process.is_engine_cmdline(["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"])
+    assert process.is_engine_cmdline(["/usr/bin/vllm", "serve", "Qwen/Qwen3-8B"])
+    assert not process.is_engine_cmdline(["python", "-m", "http.server"])
+
+
+def test_stale_offload_files_are_the_unmapped_ones(tmp_path):
+    stale = tmp_path / "vllm_offload_dead.mmap"
+    stale.write_bytes(b"\0" * 4096)
+    held = tmp_path / "vllm_offload_live.mmap"
+    held.write_bytes(b"\0" * 4096)
+    holder = subprocess.Popen([sys.executable, "-c",
+                               f"import mmap,time; f=open({str(held)!r},'r+b'); m=mmap.mmap(f.fileno(),0); f.close(); print('ok',flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ok"
+        assert process.stale_offload_files(tmp_path) == [stale]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_pydantic_reason_is_kept():
+    lines = [
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+        "  Value error, User-specified max_model_len (100000) is greater than the derived max_model_len",
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error",
+    ]
+    reason = meaningful_error(lines)
+    assert reason.startswith("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig: ")
+    assert "User-specified max_model_len (100000)" in reason
