@@ -1,0 +1,249 @@
+"""GPU readings through NVML (nvidia-ml-py), as plain records.
+
+Every reading may be missing: a GPU that does not report a value (NotSupported on consumer cards,
+NoPermission in some containers) gives ``None`` for that field, which the pages show as "n/a".
+Without the NVML library or driver the report says "no NVIDIA GPU detected" and why; nothing here
+raises into the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from types import ModuleType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+NO_GPU = "no NVIDIA GPU detected"
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding GPU memory; ``worker_id`` is set when it belongs to one of our workers."""
+
+    pid: int
+    used_memory_bytes: int | None
+    worker_id: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    index: int
+    name: str | None
+    uuid: str | None
+    utilization_pct: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    temperature_c: float | None
+    power_w: float | None
+    power_limit_w: float | None
+    sm_clock_mhz: int | None
+    memory_clock_mhz: int | None
+    pcie_rx_bytes_per_s: float | None
+    pcie_tx_bytes_per_s: float | None
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    """All GPUs at one moment. ``available`` is False when NVML cannot be used; ``reason``
+    says why."""
+
+    available: bool
+    reason: str | None = None
+    driver_version: str | None = None
+    gpus: tuple[GpuSample, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def unavailable(cls, why: str) -> GpuReport:
+        return cls(available=False, reason=f"{NO_GPU}: {why}")
+
+
+def _load_pynvml() -> ModuleType:
+    import pynvml  # from the nvidia-ml-py package
+
+    return pynvml
+
+
+class GpuCollector:
+    """Reads NVML lazily and caches the report briefly: several readers in a second cost one read.
+
+    ``nvml`` is the pynvml module, or an object with the same function names (tests use a stand-in).
+    After a failed initialisation it tries again only every ``retry_s`` seconds: a machine without a
+    driver does not get a driver by itself, and probing costs a dlopen each time.
+    """
+
+    def __init__(
+        self,
+        nvml: ModuleType | Any | None = None,
+        *,
+        cache_s: float = 0.5,
+        retry_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._nvml = nvml
+        self._cache_s = cache_s
+        self._retry_s = retry_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._ready = False
+        self._failed: tuple[float, str] | None = None  # (when, why) of the last failed init
+        self._cached: tuple[float, GpuReport] | None = None
+        self._driver: str | None = None
+
+    def sample(self, pid_to_worker: Mapping[int, str] | None = None) -> GpuReport:
+        """The current report; processes whose pid is in ``pid_to_worker`` are tagged with it."""
+        with self._lock:
+            now = self._clock()
+            if self._cached and now - self._cached[0] < self._cache_s:
+                return _tag_workers(self._cached[1], pid_to_worker or {})
+            report = self._read(now)
+            self._cached = (now, report)
+            return _tag_workers(report, pid_to_worker or {})
+
+    def close(self) -> None:
+        with self._lock:
+            if self._ready and self._nvml is not None:
+                try:
+                    self._nvml.nvmlShutdown()
+                except (
+                    Exception
+                ):  # shutting down a broken driver must not stop the manager's shutdown
+                    pass
+            self._ready = False
+            self._cached = None
+
+    def _init(self, now: float) -> str | None:
+        """Initialise NVML once; returns the reason it cannot be used, or None."""
+        if self._ready:
+            return None
+        if self._failed and now - self._failed[0] < self._retry_s:
+            return self._failed[1]
+        try:
+            if self._nvml is None:
+                self._nvml = _load_pynvml()
+            self._nvml.nvmlInit()
+        except ImportError:
+            why = "the nvidia-ml-py package is not installed (pip install nvidia-ml-py)"
+        except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, _NoPermission, ...
+            why = (
+                f"NVML could not start ({type(exc).__name__}: {exc}); "
+                "is the NVIDIA driver installed?"
+            )
+        else:
+            self._ready = True
+            self._failed = None
+            self._driver = _optional(self._nvml.nvmlSystemGetDriverVersion)
+            return None
+        self._failed = (now, why)
+        log.info("GPU metrics off: %s", why)
+        return why
+
+    def _read(self, now: float) -> GpuReport:
+        why = self._init(now)
+        if why is not None:
+            return GpuReport.unavailable(why)
+        nvml = self._nvml
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except Exception as exc:
+            # The driver went away under us (GPU lost, driver reload): start over next time.
+            self._ready = False
+            self._failed = (now, f"NVML stopped answering ({type(exc).__name__}: {exc})")
+            return GpuReport.unavailable(self._failed[1])
+        if count == 0:
+            return GpuReport.unavailable("NVML found no devices")
+        gpus = []
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            except Exception as exc:
+                log.warning("GPU %d cannot be read: %s", index, exc)
+                gpus.append(_empty_sample(index))
+                continue
+            gpus.append(_read_device(nvml, index, handle))
+        return GpuReport(available=True, driver_version=self._driver, gpus=tuple(gpus))
+
+
+def _optional(fn: Callable[..., Any], *args: Any) -> Any:
+    """One NVML call; any NVMLError (NotSupported, NoPermission, ...) means "this value is n/a"."""
+    try:
+        value = fn(*args)
+    except Exception:
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _read_device(nvml: Any, index: int, handle: Any) -> GpuSample:
+    util = _optional(nvml.nvmlDeviceGetUtilizationRates, handle)
+    mem = _optional(nvml.nvmlDeviceGetMemoryInfo, handle)
+    power_mw = _optional(nvml.nvmlDeviceGetPowerUsage, handle)
+    limit_mw = _optional(nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+    # NVML reports PCIe throughput in KB/s over a 20 ms window.
+    rx_kb = _optional(nvml.nvmlDeviceGetPcieThroughput, handle, nvml.NVML_PCIE_UTIL_RX_BYTES)
+    tx_kb = _optional(nvml.nvmlDeviceGetPcieThroughput, handle, nvml.NVML_PCIE_UTIL_TX_BYTES)
+    procs = _optional(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
+    return GpuSample(
+        index=index,
+        name=_optional(nvml.nvmlDeviceGetName, handle),
+        uuid=_optional(nvml.nvmlDeviceGetUUID, handle),
+        utilization_pct=None if util is None else float(util.gpu),
+        memory_used_bytes=None if mem is None else int(mem.used),
+        memory_total_bytes=None if mem is None else int(mem.total),
+        temperature_c=_as_float(
+            _optional(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
+        ),
+        power_w=None if power_mw is None else power_mw / 1000.0,
+        power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
+        sm_clock_mhz=_optional(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
+        memory_clock_mhz=_optional(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_MEM),
+        pcie_rx_bytes_per_s=None if rx_kb is None else rx_kb * 1024.0,
+        pcie_tx_bytes_per_s=None if tx_kb is None else tx_kb * 1024.0,
+        processes=tuple(
+            # pynvml gives usedGpuMemory=None where the driver cannot attribute memory (WDDM, MIG).
+            GpuProcess(pid=int(p.pid), used_memory_bytes=_as_int(getattr(p, "usedGpuMemory", None)))
+            for p in procs
+        ),
+    )
+
+
+def _empty_sample(index: int) -> GpuSample:
+    return GpuSample(index, None, None, None, None, None, None, None, None, None, None, None, None)
+
+
+def _as_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _as_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _tag_workers(report: GpuReport, pid_to_worker: Mapping[int, str]) -> GpuReport:
+    if not report.available or not pid_to_worker:
+        return report
+    gpus = tuple(
+        replace(
+            g,
+            processes=tuple(
+                GpuProcess(p.pid, p.used_memory_bytes, pid_to_worker.get(p.pid))
+                for p in g.processes
+            ),
+        )
+        for g in report.gpus
+    )
+    return replace(report, gpus=gpus)
+
+
+def worker_gpu_memory(report: GpuReport) -> dict[str, int]:
+    """GPU memory per worker id, summed over its processes and GPUs (what NVML attributes)."""
+    totals: dict[str, int] = {}
+    for gpu in report.gpus:
+        for proc in gpu.processes:
+            if proc.worker_id is not None and proc.used_memory_bytes is not None:
+                totals[proc.worker_id] = totals.get(proc.worker_id, 0) + proc.used_memory_bytes
+    return totals

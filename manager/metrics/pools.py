@@ -1,0 +1,101 @@
+"""Pool stats the engine_patches plugin publishes (pinned memory, LoRA pool, expert cache).
+
+Each engine process of a worker writes ``{run_dir}/stats-{pid}.json``; ``engine_patches.stats``
+reads them (it needs no torch). Without the plugin, or before a worker publishes anything, the
+report says "not available" and why, so the panel can say so instead of showing zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Per-process figures that must not be summed over processes: ratios and flags.
+_NOT_SUMMED = ("rate", "per_token", "pct")
+
+
+@dataclass(frozen=True)
+class ProcessPools:
+    pid: int
+    role: str
+    updated_at: float | None
+    sections: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class PoolReport:
+    """``totals`` holds, per section ("pinned", "lora_pool", "expert_cache"), the numeric fields
+    summed over the worker's processes, plus ``hit_rate`` recomputed from summed hits and misses."""
+
+    available: bool
+    reason: str | None = None
+    processes: tuple[ProcessPools, ...] = ()
+    totals: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+StatsReader = Callable[[Path], list[dict[str, Any]]]
+
+
+class PoolsReader:
+    """``reader`` is ``engine_patches.stats.read_stats`` or a stand-in; None: no plugin."""
+
+    def __init__(self, reader: StatsReader | None) -> None:
+        self._reader = reader
+
+    @classmethod
+    def from_plugin(cls) -> PoolsReader:
+        try:
+            from engine_patches.stats import read_stats
+        except ImportError:
+            return cls(None)
+        return cls(read_stats)
+
+    def sample(self, run_dir: Path | str | None) -> PoolReport:
+        if self._reader is None:
+            return PoolReport(False, "not available: the engine_patches plugin is not installed")
+        if run_dir is None:
+            return PoolReport(False, "not available: this worker has no run directory")
+        try:
+            docs = self._reader(Path(run_dir))
+        except Exception as exc:  # a reader bug must not take the dashboard down
+            return PoolReport(False, f"not available: reading {run_dir} failed ({exc})")
+        processes = tuple(_process(d) for d in docs if isinstance(d, dict))
+        if not any(p.sections for p in processes):
+            return PoolReport(
+                False,
+                "not available: no pool stats published yet "
+                "(is the offload_patches plugin enabled for this worker?)",
+                processes,
+            )
+        return PoolReport(True, None, processes, _totals(processes))
+
+
+def _process(doc: dict[str, Any]) -> ProcessPools:
+    sections = {k: dict(v) for k, v in doc.items() if isinstance(v, dict)}
+    updated = doc.get("updated_at")
+    return ProcessPools(
+        pid=int(doc.get("pid", 0)),
+        role=str(doc.get("role", "?")),
+        updated_at=float(updated) if isinstance(updated, (int, float)) else None,
+        sections=sections,
+    )
+
+
+def _totals(processes: tuple[ProcessPools, ...]) -> dict[str, dict[str, float]]:
+    totals: dict[str, dict[str, float]] = {}
+    for proc in processes:
+        for section, values in proc.sections.items():
+            out = totals.setdefault(section, {})
+            for key, value in values.items():
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                if any(tag in key for tag in _NOT_SUMMED):
+                    continue
+                out[key] = out.get(key, 0) + value
+    for out in totals.values():
+        if "hits" in out and "misses" in out:
+            looked_up = out["hits"] + out["misses"]
+            out["hit_rate"] = out["hits"] / looked_up if looked_up else 0.0
+    return totals

@@ -1,0 +1,64 @@
+"""Pool stats read through engine_patches' own reader, from files in its documented format."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from manager.metrics.pools import PoolsReader
+
+
+def _write(run_dir, pid, **sections):
+    doc = {"pid": pid, "role": "worker", "updated_at": 1.0, **sections}
+    (run_dir / f"stats-{pid}.json").write_text(json.dumps(doc))
+
+
+def test_pools_of_all_live_engine_processes_are_summed(tmp_path):
+    # Two live pids (this test and its parent), as an API server and an engine core would be.
+    _write(
+        tmp_path,
+        os.getpid(),
+        pinned={"pinned_bytes": 3 << 30, "pageable_fallbacks": 1, "pinned": True},
+    )
+    _write(
+        tmp_path,
+        os.getppid(),
+        pinned={"pinned_bytes": 1 << 30, "pageable_fallbacks": 0},
+        expert_cache={"hits": 90, "misses": 10, "hit_rate": 0.9},
+    )
+    report = PoolsReader.from_plugin().sample(tmp_path)
+    assert report.available and len(report.processes) == 2
+    assert report.totals["pinned"]["pinned_bytes"] == 4 << 30
+    assert (
+        report.totals["pinned"]["pageable_fallbacks"] == 1
+    )  # a fallback is visible, not averaged away
+    assert "pinned" not in report.totals["pinned"]  # flags are not summed
+    assert report.totals["expert_cache"]["hit_rate"] == 0.9
+
+
+def test_hit_rate_is_recomputed_over_processes_not_added(tmp_path):
+    _write(tmp_path, os.getpid(), expert_cache={"hits": 10, "misses": 90, "hit_rate": 0.1})
+    _write(tmp_path, os.getppid(), expert_cache={"hits": 90, "misses": 10, "hit_rate": 0.9})
+    report = PoolsReader.from_plugin().sample(tmp_path)
+    assert report.totals["expert_cache"]["hit_rate"] == 0.5
+
+
+def test_files_of_dead_processes_are_ignored(tmp_path):
+    _write(
+        tmp_path, 2**22 + 12345, pinned={"pinned_bytes": 1}
+    )  # above Linux's pid_max: never alive
+    report = PoolsReader.from_plugin().sample(tmp_path)
+    assert not report.available and "no pool stats published yet" in report.reason
+
+
+def test_without_the_plugin_the_panel_says_not_available(tmp_path):
+    report = PoolsReader(None).sample(tmp_path)
+    assert not report.available and "engine_patches plugin is not installed" in report.reason
+
+
+def test_a_failing_reader_does_not_raise(tmp_path):
+    def broken(_run_dir):
+        raise PermissionError("permission denied")
+
+    report = PoolsReader(broken).sample(tmp_path)
+    assert not report.available and "permission denied" in report.reason
