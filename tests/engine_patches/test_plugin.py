@@ -1,0 +1,87 @@
+"""register(): version guard, switches, idempotence, never a crash."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from engine_patches import plugin  # noqa: E402
+from engine_patches.settings import ENV_VAR  # noqa: E402
+from engine_patches.vllm_adapters.patching import unwrap_all  # noqa: E402
+
+
+@pytest.fixture
+def fresh_plugin(monkeypatch, tmp_path):
+    monkeypatch.setattr(plugin, "_installed", None)
+    monkeypatch.setenv(ENV_VAR, json.dumps({"run_dir": str(tmp_path)}))
+    yield
+    unwrap_all()
+
+
+def test_registers_every_switched_on_patch_once(fresh_plugin):
+    import vllm.v1.core.kv_cache_utils as utils
+
+    plugin.register()
+    first = plugin.installed_patches()
+    assert "LoRAModelManager._create_merged_loras_inplace" in first
+    assert "engine.core.get_kv_cache_configs" in first
+    assert "SharedOffloadRegion.__init__" in first
+    wrapped = utils._check_enough_kv_cache_memory
+    plugin._installed = None  # vLLM may call register() again in the same process
+    plugin.register()
+    assert utils._check_enough_kv_cache_memory is wrapped  # not wrapped twice
+    assert not hasattr(wrapped.__wrapped__, "__wrapped__")
+
+
+def test_each_patch_can_be_switched_off(fresh_plugin, monkeypatch):
+    monkeypatch.setenv(ENV_VAR, json.dumps({"pinned": False, "kv_check": False,
+                                            "offload_config": False}))
+    plugin.register()
+    assert plugin.installed_patches() == ["SharedOffloadRegion.__init__"]
+
+
+def test_other_vllm_versions_get_a_warning_and_no_patches(fresh_plugin, monkeypatch, caplog):
+    monkeypatch.setattr(plugin, "vllm_version", lambda: "0.33.0")
+    plugin.register()
+    assert plugin.installed_patches() == []
+    assert "supports vLLM 0.32.x and this is vLLM 0.33.0" in caplog.text
+
+
+def test_bad_settings_never_crash_the_engine(fresh_plugin, monkeypatch, caplog):
+    monkeypatch.setenv(ENV_VAR, "{not json")
+    plugin.register()  # no exception
+    assert plugin.installed_patches() == []
+    assert "not valid JSON" in caplog.text
+
+
+def test_a_failing_patch_costs_only_itself(fresh_plugin, monkeypatch, caplog):
+    def broken():
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(plugin, "_kv_check", broken)
+    plugin.register()
+    assert "SharedOffloadRegion.__init__" in plugin.installed_patches()
+    assert "the kv_check patch failed to install" in caplog.text
+
+
+def test_importing_the_plugin_loads_no_torch():
+    code = "import sys, engine_patches.plugin; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_moe_offload_calls_the_moe_adapter_when_present(fresh_plugin, monkeypatch):
+    import types
+
+    calls = []
+    fake = types.ModuleType("engine_patches.moe.vllm_adapter")
+    fake.install = lambda settings: calls.append(settings.moe_mode) or ["FusedMoE.moe"]
+    monkeypatch.setitem(sys.modules, "engine_patches.moe.vllm_adapter", fake)
+    monkeypatch.setenv(ENV_VAR, json.dumps({"moe_offload": True, "moe_mode": "copy_all"}))
+    plugin.register()
+    assert calls == ["copy_all"] and "FusedMoE.moe" in plugin.installed_patches()
