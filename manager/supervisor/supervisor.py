@@ -98,7 +98,7 @@ class Supervisor:
                             force: bool = False) -> tuple[dict, bool]:
         """Start a worker for a model config. One config runs at most once: a second call for the same
         config returns the worker already running it (created=False)."""
-        async with self._lock:
+        async with self._lock:  # held until the start is under way, so a second call sees it
             existing = self._active_for(model)
             if existing is not None:
                 return existing.snapshot(), False
@@ -115,12 +115,12 @@ class Supervisor:
             runner = self._make_runner(row)
             runner.begin()
             self.events.record("created", f"worker for {model} on port {chosen_port}", row.id)
-        try:
-            snapshot = await runner.send("start", force=force)
-        except Exception:
-            await runner.send("delete")
-            self.runners.pop(row.id, None)
-            raise
+            try:
+                snapshot = await runner.send("start", force=force)
+            except Exception:
+                await runner.send("delete")
+                self.runners.pop(row.id, None)
+                raise
         return snapshot, True
 
     async def command(self, worker_id: int, kind: str, model: str | None = None, force: bool = False) -> dict:
