@@ -7,7 +7,7 @@ data_dir="${VLLM_MANAGER_DATA_DIR:?VLLM_MANAGER_DATA_DIR is not set: it names th
 model_dir="$data_dir/models/tiny-llama"
 config_name="${VLLM_MANAGER_DEMO_CONFIG:-tiny-llama-demo}"
 
-python3 "$(dirname "$0")/make_tiny_model.py" "$model_dir"
+python3 -m manager.tiny_model "$model_dir"
 
 # The config the dashboard shows on first visit. Left alone once it exists, so edits made in
 # the dashboard survive restarts. --load-format dummy: random weights, nothing to download.
