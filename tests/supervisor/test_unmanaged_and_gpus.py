@@ -1,0 +1,79 @@
+"""Engines the manager did not start, and GPU processes left after a stop."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+from manager.supervisor import process
+from manager.supervisor.gpu_cleanup import end_gpu_orphans
+
+
+def test_hand_started_server_is_listed_and_can_be_stopped(client):
+    # A process whose command line is a hand-started vLLM server's (it only sleeps: discovery
+    # works from the command line, and stopping from the process group).
+    fake = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "-m", "vllm.entrypoints.openai.api_server",
+         "--model", "/models/hand-started", "--port", "18777"],
+        start_new_session=True,
+    )
+    try:
+        time.sleep(0.3)
+        listed = client.get("/api/workers/unmanaged").json()
+        mine = [u for u in listed if u["pid"] == fake.pid]
+        assert mine and mine[0]["model"] == "/models/hand-started" and mine[0]["port"] == 18777
+        assert client.post("/api/workers/unmanaged/999999/stop").status_code == 404
+        stopped = client.post(f"/api/workers/unmanaged/{fake.pid}/stop")
+        assert stopped.status_code == 200 and stopped.json()["leftover"] == []
+        assert fake.wait(5) is not None
+        assert all(u["pid"] != fake.pid for u in client.get("/api/workers/unmanaged").json())
+        kinds = [e["kind"] for e in client.get("/api/events").json()]
+        assert "unmanaged_stopped" in kinds
+    finally:
+        fake.kill()
+        fake.wait()
+
+
+class FakeNVML:
+    """pynvml's names and shapes: the processes NVML lists on each GPU."""
+
+    def __init__(self, procs_by_gpu):
+        self.procs_by_gpu = procs_by_gpu
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return len(self.procs_by_gpu)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=mib << 20) for pid, mib in self.procs_by_gpu[handle]]
+
+
+def test_engine_processes_still_on_the_gpu_are_ended_and_others_only_reported(tmp_path):
+    straggler = process.spawn([sys.executable, "-c", "import time; time.sleep(60)"], {}, tmp_path / "l.log")
+    try:
+        nvml = FakeNVML({0: [(straggler.pid, 1200), (4242, 500)], 1: []})
+        notes = end_gpu_orphans([0], [straggler.pid], nvml=nvml)
+        assert straggler.wait(5) is not None
+        assert f"ended pid {straggler.pid} still holding GPU 0" in notes
+        assert any("pid 4242" in n and "not ours" in n for n in notes)
+    finally:
+        straggler.kill()
+        straggler.wait()
+
+
+def test_no_driver_means_nothing_to_check():
+    class NoDriver:
+        def nvmlInit(self):
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    assert end_gpu_orphans([0], [1], nvml=NoDriver()) == []
