@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from manager import __version__
+from manager import __version__, web
 from manager.db import make_engine, migrate
 from manager.deps import require_token_for_changes
 from manager.errors import ManagerError
@@ -31,9 +31,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         supervisor.preflight = refuse_if_it_cannot_fit
         app.state.supervisor = supervisor
         await supervisor.start_up()
+        web.start_metrics(app, settings, engine, supervisor)
         try:
             yield
         finally:
+            await web.stop_metrics(app)
             await supervisor.shut_down()
             engine.dispose()
 
@@ -51,4 +53,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for module in (health, models, profiles, transfer, workers, plan):
         app.include_router(module.router)
+    web.install(app)
     return app

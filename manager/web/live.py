@@ -1,0 +1,96 @@
+"""What the dashboard's SSE stream sends: HTML fragments and one small JSON per snapshot.
+
+Fragments are rendered once per snapshot, however many browsers are connected: the cache is keyed
+by the snapshot's sequence number and dropped when a newer one arrives. Every message carries the
+snapshot's sample time (JSON ``taken_at`` or ``data-taken-at``) so a page, and the SSE bench, can
+tell how old its data is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from manager.metrics import Snapshot, WorkerMetrics
+from manager.web.render import render
+
+Event = tuple[str, str]  # (SSE event name, data)
+
+
+def worker_signature(snap: Snapshot) -> tuple:
+    """What decides the worker cards' frame (buttons, state badge); numbers change inside it."""
+    return tuple((w.id, w.state, w.model, w.port) for w in snap.workers)
+
+
+def chart_payload(snap: Snapshot) -> dict[str, Any]:
+    """The JSON the charts and the staleness check read: series values by name, as in history."""
+    return {
+        "seq": snap.seq,
+        "taken_at": snap.taken_at,
+        "gpu_available": snap.gpu.available,
+        "workers": [{"id": w.id, "model": w.model, "state": w.state} for w in snap.workers],
+        "series": snap.series_values(),
+    }
+
+
+class LiveViews:
+    """Renders the stream's messages; ``model_names`` lists model configs for the Switch menus."""
+
+    def __init__(self, model_names: Callable[[], list[str]]) -> None:
+        self._model_names = model_names
+        self._seq: int | None = None
+        self._cache: dict[Any, Any] = {}
+
+    def _once(self, snap: Snapshot, key: Any, make: Callable[[], Any]) -> Any:
+        if snap.seq != self._seq:
+            self._seq, self._cache = snap.seq, {}
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def snapshot_event(self, snap: Snapshot) -> Event:
+        return self._once(
+            snap, "json", lambda: ("snapshot", json.dumps(chart_payload(snap), separators=(",", ":")))
+        )
+
+    def overview(self, snap: Snapshot) -> list[Event]:
+        """Everything the overview page swaps each second (not the worker cards' frame)."""
+
+        def make() -> list[Event]:
+            events = [
+                ("gpus", render("fragments/gpus.html", snap=snap)),
+                ("host", render("fragments/host.html", snap=snap)),
+            ]
+            for w in snap.workers:
+                events.append((f"worker-{w.id}", render("fragments/worker_stats.html", w=w, snap=snap)))
+            return events
+
+        return [self.snapshot_event(snap), *self._once(snap, "overview", make)]
+
+    def worker_cards(self, snap: Snapshot) -> Event:
+        """The worker cards with their buttons; sent when a worker appears, goes or changes state."""
+        return self._once(
+            snap,
+            "cards",
+            lambda: (
+                "worker-cards",
+                render("fragments/worker_cards.html", snap=snap, model_names=self._model_names()),
+            ),
+        )
+
+    def worker_detail(self, snap: Snapshot, worker_id: str) -> list[Event]:
+        """The worker page: its state line and its engine's and pools' numbers."""
+        w = find_worker(snap, worker_id)
+
+        def make() -> list[Event]:
+            return [
+                ("worker-head", render("fragments/worker_head.html", w=w, snap=snap)),
+                ("worker-engine", render("fragments/worker_engine.html", w=w, snap=snap)),
+            ]
+
+        return [self.snapshot_event(snap), *self._once(snap, ("detail", worker_id), make)]
+
+
+def find_worker(snap: Snapshot, worker_id: str) -> WorkerMetrics | None:
+    return next((w for w in snap.workers if w.id == worker_id), None)

@@ -1,0 +1,147 @@
+"""HTTP for live metrics: the manager's Prometheus endpoint, a JSON snapshot, chart history, and
+the dashboard's SSE stream. Translation only; the numbers come from manager.metrics."""
+
+from __future__ import annotations
+
+import re
+from fnmatch import fnmatchcase
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from sse_starlette.sse import EventSourceResponse
+
+from manager.metrics import ManagerExposition, MetricsCollector
+from manager.web.live import LiveViews, worker_signature
+
+router = APIRouter(tags=["metrics"])
+
+WINDOWS = {"15m": 900, "1h": 3600, "24h": 86400}
+MAX_SERIES = 64  # a chart with more lines is unreadable; a glob that matches more is a mistake
+_WINDOW = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_window(text: str, longest_s: float) -> float:
+    """'15m', '1h', '24h', '7d' or plain seconds; raises ValueError with what is accepted."""
+    match = _WINDOW.match(text.strip().lower())
+    if not match:
+        raise ValueError(
+            f"window {text!r} is not a duration: use seconds or a number with s, m, h or d "
+            "(15m, 1h, 24h)"
+        )
+    seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+    if seconds <= 0:
+        raise ValueError("window must be longer than 0 s")
+    if seconds > longest_s:
+        raise ValueError(
+            f"window {text!r} is longer than the history kept ({longest_s / 86400:g} days); "
+            "raise VLLM_MANAGER_METRICS_RETENTION_DAYS to keep more"
+        )
+    return seconds
+
+
+def match_series(patterns: list[str], known: list[str]) -> tuple[list[str], list[str]]:
+    """Series names matching any pattern (exact names or globs such as worker.*.kv_cache_usage_pct),
+    and the patterns that matched nothing."""
+    names: list[str] = []
+    unmatched: list[str] = []
+    for pattern in patterns:
+        hits = [n for n in known if fnmatchcase(n, pattern)]
+        if not hits:
+            unmatched.append(pattern)
+        names.extend(n for n in hits if n not in names)
+    return names, unmatched
+
+
+def _collector(request: Request) -> MetricsCollector:
+    return request.app.state.metrics
+
+
+@router.get("/metrics", include_in_schema=False)
+def prometheus(request: Request) -> Response:
+    """Worker states and restarts, GPU and host gauges, for Prometheus and Grafana."""
+    exposition: ManagerExposition = request.app.state.exposition
+    return Response(exposition.render(), media_type=exposition.content_type)
+
+
+@router.get("/api/metrics")
+def snapshot(request: Request) -> Response:
+    """The latest sample of every GPU, the host and each worker, as one JSON object."""
+    latest = _collector(request).latest
+    if latest is None:
+        raise HTTPException(503, "the first metrics sample is not taken yet; try again in a second")
+    return Response(latest.json, media_type="application/json")
+
+
+@router.get("/api/metrics/series")
+async def series_names(request: Request) -> list[str]:
+    """Names accepted by /api/metrics/history (live ones and those still in the history)."""
+    return await run_in_threadpool(_collector(request).known_series)
+
+
+@router.get("/api/metrics/history")
+async def history(
+    request: Request,
+    series: Annotated[list[str], Query(description="names or globs, e.g. worker.*.kv_cache_usage_pct")],
+    window: str = "15m",
+) -> dict:
+    """Points of each series over the window: 1 s apart up to 1 h, one per minute beyond."""
+    collector = _collector(request)
+    retention_s = request.app.state.settings.metrics_retention_days * 86400
+    try:
+        window_s = parse_window(window, retention_s)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    patterns = [p.strip() for item in series for p in item.split(",") if p.strip()]
+    if not patterns:
+        raise HTTPException(422, "give at least one series name, e.g. series=host.ram_used_bytes")
+
+    def read() -> dict:
+        names, unmatched = match_series(patterns, collector.known_series())
+        if len(names) > MAX_SERIES:
+            raise HTTPException(
+                422, f"{len(names)} series match; narrow the pattern to at most {MAX_SERIES}"
+            )
+        return {
+            "window_s": window_s,
+            "series": {n: collector.points(n, window_s) for n in names},
+            "unmatched": unmatched,
+        }
+
+    return await run_in_threadpool(read)
+
+
+@router.get("/api/metrics/stream")
+async def stream(
+    request: Request,
+    view: Literal["overview", "worker"] = "overview",
+    worker: str | None = None,
+) -> EventSourceResponse:
+    """Server-sent events, once a second: a JSON ``snapshot`` for the charts and HTML fragments
+    for the page (``view=overview``, or ``view=worker&worker=ID`` for one worker's page)."""
+    if view == "worker" and not worker:
+        raise HTTPException(422, "view=worker needs worker=<id>")
+    collector = _collector(request)
+    views: LiveViews = request.app.state.live_views
+
+    async def messages():
+        cards_sent = None
+        first = True
+        async for snap in collector.broadcast.subscribe():
+            if view == "worker":
+                events = views.worker_detail(snap, worker or "")
+            else:
+                events = views.overview(snap)
+                signature = worker_signature(snap)
+                if signature != cards_sent:  # frames first, so the numbers have somewhere to go
+                    events = [events[0], views.worker_cards(snap), *events[1:]]
+                    cards_sent = signature
+            for name, data in events:
+                message = {"event": name, "data": data}
+                if first:  # a browser whose connection drops retries after 1 s, not 3
+                    message["retry"] = 1000
+                    first = False
+                yield message
+
+    return EventSourceResponse(messages(), ping=15, send_timeout=10)

@@ -1,0 +1,263 @@
+"""The Models page: model configs and offload profiles in forms, and the command preview.
+
+Forms post to /ui/... routes that validate with the same schemas and services as /api/models and
+/api/profiles; on an error the form comes back with each message next to its field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse
+from pydantic import BaseModel
+
+from manager.deps import SessionDep, SettingsDep
+from manager.errors import ManagerError, NotFound
+from manager.schemas.model_config import ModelConfigCreate, ModelConfigUpdate
+from manager.schemas.offload_profile import (
+    EVICTION_POLICIES,
+    OffloadProfileCreate,
+    OffloadProfileUpdate,
+)
+from manager.services import models, profiles
+from manager.services.command import build_command
+from manager.services.validation import validate_engine_argv
+from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, to_text, validate
+from manager.web.render import render
+
+router = APIRouter(include_in_schema=False)
+
+# Shown under a field; the offload ones say what the memory is for, never "more context".
+HELP = {
+    "name": "letters, digits, '-', '_' and '.'; used in URLs and the CLI",
+    "model": "a local folder or a Hugging Face id already in the local cache",
+    "gpu_ids": "comma separated, e.g. 0, 1; empty: the GPUs the worker is started with",
+    "gpu_memory_utilization": "share of each GPU's memory vLLM may take (0-1]",
+    "extra_args": "more vLLM flags as a shell line, e.g. --load-format dummy",
+    "env": "one KEY=VALUE per line",
+    "enable_prefix_caching": "true or false; empty: vLLM's default",
+    "offload_profile": "host-memory settings for this model",
+    "kv_offload_gib": "host RAM for a CPU prefix-cache tier; it does not raise max_model_len",
+    "kv_offload_num_cpu_blocks": "the same size in KV blocks (instead of GiB)",
+    "lora_pool_gib": "pinned host memory kept for LoRA adapters",
+    "moe_gpu_cache_gib": "GPU memory for the hottest experts when experts live in host RAM",
+    "pinned_budget_gib": "cap on pinned host buffers of the engine_patches plugin",
+}
+TEXTAREAS = {"extra_args", "env", "description"}
+
+
+def _fields(
+    schema: type[BaseModel], values: dict[str, Any], choices: dict[str, list[str]], posted: bool
+):
+    """The form's fields in schema order, with their text, input kind and help. ``posted``:
+    ``values`` is the submitted form itself, where an unticked checkbox is simply absent."""
+    out = []
+    for name, info in schema.model_fields.items():
+        default = None if info.is_required() else info.get_default(call_default_factory=True)
+        value = values.get(name, default)
+        if posted and info.annotation is bool:
+            value = name in values
+        kind = "checkbox" if info.annotation is bool else "text"
+        if name in TEXTAREAS:
+            kind = "textarea"
+        if name in choices:
+            kind = "select"
+        out.append(
+            {
+                "name": name,
+                "label": name.replace("_", " "),
+                "kind": kind,
+                "text": to_text(value, info.annotation),
+                "checked": bool(value) if kind == "checkbox" else False,
+                "choices": choices.get(name, []),
+                "help": HELP.get(name, info.description or ""),
+            }
+        )
+    return out
+
+
+def _model_form(
+    db, *, name: str | None, values: dict, errors: FormErrors, saved: bool = False, posted: bool = False
+) -> str:
+    schema = ModelConfigCreate if name is None else ModelConfigUpdate
+    choices = {"offload_profile": [""] + [p.name for p in profiles.list_profiles(db)]}
+    return render(
+        "fragments/config_form.html",
+        kind="model",
+        name=name,
+        fields=_fields(schema, values, choices, posted),
+        errors=errors,
+        form_errors=errors.get(FORM_LEVEL),
+        saved=saved,
+        action="/ui/models/new" if name is None else f"/ui/models/{name}",
+    )
+
+
+def _profile_form(
+    *, name: str | None, values: dict, errors: FormErrors, saved: bool = False, posted: bool = False
+) -> str:
+    schema = OffloadProfileCreate if name is None else OffloadProfileUpdate
+    choices = {"kv_eviction_policy": list(EVICTION_POLICIES)}
+    return render(
+        "fragments/config_form.html",
+        kind="profile",
+        name=name,
+        fields=_fields(schema, values, choices, posted),
+        errors=errors,
+        form_errors=errors.get(FORM_LEVEL),
+        saved=saved,
+        action="/ui/profiles/new" if name is None else f"/ui/profiles/{name}",
+    )
+
+
+def _service_error(exc: ManagerError, errors: FormErrors, creating: bool) -> None:
+    """Put a service's refusal on the field it is about."""
+    where = exc.detail.get("field")
+    if where is None and isinstance(exc, NotFound) and "offload profile" in exc.message:
+        where = "offload_profile"
+    if where is None and creating and "already exists" in exc.message:
+        where = "name"
+    errors.add(str(where or FORM_LEVEL).split("[")[0], exc.message)
+
+
+def _page(template: str, **context: Any) -> HTMLResponse:
+    return HTMLResponse(render(template, **context))
+
+
+@router.get("/models", response_class=HTMLResponse)
+def models_page(db: SessionDep) -> HTMLResponse:
+    return _page(
+        "models.html",
+        page="models",
+        configs=[models.to_public(db, m) for m in models.list_models(db)],
+        profiles=[profiles.to_public(p) for p in profiles.list_profiles(db)],
+    )
+
+
+@router.get("/models/new", response_class=HTMLResponse)
+def new_model_page(db: SessionDep) -> HTMLResponse:
+    form = _model_form(db, name=None, values={}, errors=FormErrors())
+    return _page("config_edit.html", page="models", title="New model config", form=form, preview=None)
+
+
+@router.get("/models/{name}", response_class=HTMLResponse)
+def edit_model_page(name: str, db: SessionDep) -> HTMLResponse:
+    try:
+        config = models.to_public(db, models.get_model(db, name))
+    except NotFound as exc:
+        return HTMLResponse(render("error.html", page="models", message=exc.message), 404)
+    form = _model_form(db, name=name, values=config.model_dump(), errors=FormErrors())
+    return _page(
+        "config_edit.html", page="models", title=f"Model config {name}", form=form, preview=name
+    )
+
+
+async def _save_model(request: Request, db, settings, name: str | None) -> HTMLResponse:
+    form = dict(await request.form())
+    errors = FormErrors()
+    schema = ModelConfigCreate if name is None else ModelConfigUpdate
+    data = validate(schema, parse_form(form, schema, errors), errors)
+    if data is not None:
+        try:
+            if name is None:
+                config = models.create_model(db, data, allow_code_flags=settings.allow_code_flags)
+            else:
+                config = models.replace_model(db, name, data, allow_code_flags=settings.allow_code_flags)
+        except ManagerError as exc:
+            db.rollback()
+            _service_error(exc, errors, creating=name is None)
+        else:
+            if name is None:  # a new config gets its own page, with the command preview
+                return HTMLResponse("", headers={"HX-Redirect": f"/models/{config.name}"})
+            values = models.to_public(db, config).model_dump()
+            form_html = _model_form(db, name=name, values=values, errors=errors, saved=True)
+            # The command preview beside the form listens for this and redraws itself.
+            return HTMLResponse(form_html, headers={"HX-Trigger": "config-saved"})
+    return HTMLResponse(_model_form(db, name=name, values=form, errors=errors, posted=True))
+
+
+@router.post("/ui/models/new", response_class=HTMLResponse)
+async def create_model(request: Request, db: SessionDep, settings: SettingsDep) -> HTMLResponse:
+    return await _save_model(request, db, settings, None)
+
+
+@router.post("/ui/models/{name}", response_class=HTMLResponse)
+async def update_model(name: str, request: Request, db: SessionDep, settings: SettingsDep) -> HTMLResponse:
+    return await _save_model(request, db, settings, name)
+
+
+@router.get("/ui/models/{name}/command", response_class=HTMLResponse)
+async def command_preview(name: str, db: SessionDep, settings: SettingsDep, check: bool = False):
+    """The argv and environment a start would use; with check=1, also vLLM's own verdict."""
+    config = models.get_model(db, name)
+    try:
+        cmd = build_command(
+            config,
+            models.profile_of(db, config),
+            engine_python=settings.engine_python,
+            port=config.port or settings.worker_port_range.start,
+            gpus=config.gpu_ids,
+            run_dir=settings.run_dir / "preview",
+        )
+    except ManagerError as exc:
+        return HTMLResponse(render("fragments/command.html", error=exc.message, name=name))
+    result = None
+    if check:
+        result = await run_in_threadpool(
+            validate_engine_argv,
+            settings.engine_python,
+            cmd.engine_argv,
+            cmd.env,
+            settings.validation_timeout_s,
+        )
+    return HTMLResponse(render("fragments/command.html", cmd=cmd, result=result, name=name))
+
+
+@router.get("/profiles/new", response_class=HTMLResponse)
+def new_profile_page() -> HTMLResponse:
+    form = _profile_form(name=None, values={}, errors=FormErrors())
+    return _page("config_edit.html", page="models", title="New offload profile", form=form, preview=None)
+
+
+@router.get("/profiles/{name}", response_class=HTMLResponse)
+def edit_profile_page(name: str, db: SessionDep) -> HTMLResponse:
+    try:
+        profile = profiles.to_public(profiles.get_profile(db, name))
+    except NotFound as exc:
+        return HTMLResponse(render("error.html", page="models", message=exc.message), 404)
+    form = _profile_form(name=name, values=profile.model_dump(), errors=FormErrors())
+    return _page("config_edit.html", page="models", title=f"Offload profile {name}", form=form, preview=None)
+
+
+async def _save_profile(request: Request, db, name: str | None) -> HTMLResponse:
+    form = dict(await request.form())
+    errors = FormErrors()
+    schema = OffloadProfileCreate if name is None else OffloadProfileUpdate
+    data = validate(schema, parse_form(form, schema, errors), errors)
+    if data is not None:
+        try:
+            if name is None:
+                profiles.create_profile(db, data)
+            else:
+                profile = profiles.replace_profile(db, name, data)
+        except ManagerError as exc:
+            db.rollback()
+            _service_error(exc, errors, creating=name is None)
+        else:
+            if name is None:
+                return HTMLResponse("", headers={"HX-Redirect": "/models"})
+            values = profiles.to_public(profile).model_dump()
+            return HTMLResponse(_profile_form(name=name, values=values, errors=errors, saved=True))
+    return HTMLResponse(_profile_form(name=name, values=form, errors=errors, posted=True))
+
+
+@router.post("/ui/profiles/new", response_class=HTMLResponse)
+async def create_profile(request: Request, db: SessionDep) -> HTMLResponse:
+    return await _save_profile(request, db, None)
+
+
+@router.post("/ui/profiles/{name}", response_class=HTMLResponse)
+async def update_profile(name: str, request: Request, db: SessionDep) -> HTMLResponse:
+    return await _save_profile(request, db, name)
