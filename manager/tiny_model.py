@@ -41,6 +41,7 @@ def make_tiny_llama(folder: Path, *, layers: int = 2, vocab_size: int = 1024) ->
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     LlamaConfig(
+        architectures=["LlamaForCausalLM"],  # without it vLLM may resolve a pooling model
         vocab_size=vocab_size,
         hidden_size=128,
         intermediate_size=256,
@@ -66,6 +67,7 @@ def make_tiny_qwen3_moe(folder: Path, *, layers: int = 2, vocab_size: int = 1024
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     Qwen3MoeConfig(
+        architectures=["Qwen3MoeForCausalLM"],
         vocab_size=vocab_size,
         hidden_size=128,
         intermediate_size=256,

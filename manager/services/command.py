@@ -105,8 +105,12 @@ def build_command(
         argv += ["--max-num-seqs", str(config.max_num_seqs)]
     if config.kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", config.kv_cache_dtype]
-    if config.enforce_eager:
+    moe_offload = profile is not None and profile.moe_expert_offload
+    if config.enforce_eager or moe_offload:
         argv.append("--enforce-eager")
+        if moe_offload and not config.enforce_eager:
+            # The expert cache reads the router's choices on the host: no CUDA graph may capture it.
+            notes.append("--enforce-eager added: MoE expert offload cannot run inside CUDA graphs")
     if config.enable_prefix_caching is not None:
         argv.append("--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching")
     if config.enable_lora:

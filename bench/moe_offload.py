@@ -1,0 +1,360 @@
+"""Benchmark: MoE decode with experts in host memory (engine_patches.moe) against its limits.
+
+A Qwen3-30B-A3B-shaped stack (48 layers, 128 experts, top-8, hidden 2048, moe_intermediate 768,
+bf16) with an attention stand-in (the q/k/v/o projections, no KV read) and realistic routing
+(skewed expert popularity per layer, each sequence keeping part of its previous token's experts).
+Per batch size it reports tokens/s for: all experts resident on the GPU (upper bound), copy-all
+(the seed's way, with ping-pong), and the LRU cache at several budgets, plus the link bound: the
+bytes the cache really missed over the pinned host-to-GPU bandwidth measured in the same run.
+
+    python bench/moe_offload.py --out results.json            # full run (needs a GPU, ~60 GB RAM)
+    python bench/moe_offload.py --smoke                        # tiny sizes on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine_patches.moe.experts import auto_experts, looped_experts, reference_moe  # noqa: E402
+from engine_patches.moe.gather import copy_experts  # noqa: E402
+from engine_patches.moe.offload import ExpertOffload  # noqa: E402
+from engine_patches.moe.sizing import slots_for_budget  # noqa: E402
+from engine_patches.moe.store import ExpertStore  # noqa: E402
+
+
+REGISTERED: set[int] = set()
+
+
+def registered_host_empty(shape, dtype):
+    """Exact-size pinned memory: a plain allocation registered with cudaHostRegister."""
+    t = torch.empty(shape, dtype=dtype)
+    if torch.cuda.is_available():
+        try:
+            rc = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0))
+        except Exception as exc:  # binding missing in this torch build
+            rc = repr(exc)
+        if rc != 0:
+            print(f"cudaHostRegister failed ({rc}); falling back to pin_memory()", flush=True)
+            t = t.pin_memory()
+        else:
+            REGISTERED.add(t.data_ptr())
+    return t
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def pinned_bandwidth(device, nbytes) -> float:
+    """Host-to-GPU GB/s of one large pinned copy, median of 5."""
+    src = registered_host_empty((nbytes,), torch.uint8)
+    src.fill_(1)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    times = []
+    for _ in range(6):
+        sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    if src.data_ptr() in REGISTERED:
+        # A registered range must be unregistered before it is freed: a later registration of
+        # the reused address would fail with "resource already mapped".
+        torch.cuda.cudart().cudaHostUnregister(src.data_ptr())
+        REGISTERED.discard(src.data_ptr())
+    return nbytes / statistics.median(times[1:]) / 1e9
+
+
+def make_trace(gen, steps, layers, batch, experts, top_k, alpha, reuse):
+    """Expert ids [steps, layers, batch, top_k]: Zipf(alpha) popularity per layer, and each
+    sequence keeps each of its previous token's experts with probability ``reuse``."""
+    ids = torch.empty(steps, layers, batch, top_k, dtype=torch.long)
+    for layer in range(layers):
+        pop = torch.empty(experts)
+        pop[torch.randperm(experts, generator=gen)] = 1.0 / torch.arange(1, experts + 1) ** alpha
+        prev = torch.multinomial(pop.expand(batch, experts), top_k, generator=gen)
+        for step in range(steps):
+            keep = torch.rand(batch, top_k, generator=gen) < reuse
+            weights = pop.repeat(batch, 1)
+            weights.scatter_(1, prev, torch.where(keep, 0.0, pop[prev]))
+            new = torch.multinomial(weights, top_k, generator=gen)
+            cand = torch.cat([torch.where(keep, prev, -1), new], dim=1)
+            order = torch.argsort((cand < 0).int(), dim=1, stable=True)[:, :top_k]
+            prev = torch.gather(cand, 1, order)
+            ids[step, layer] = prev
+    return ids
+
+
+class Stack:
+    """Dense per-layer weights (attention stand-in, router) shared by every variant."""
+
+    def __init__(self, a, device, dtype, gen_device):
+        h = a.hidden
+        qkv = a.heads * a.head_dim + 2 * a.kv_heads * a.head_dim
+
+        def rnd(*shape):
+            return (torch.randn(*shape, device=device, generator=gen_device) / shape[0] ** 0.5).to(dtype)
+
+        self.layers = [(rnd(h, qkv), rnd(a.heads * a.head_dim, h), rnd(h, a.experts))
+                       for _ in range(a.layers)]
+        self.q_dim = a.heads * a.head_dim
+
+    def step(self, x, topk_weights, ids, moe):
+        """One decode step through every layer; ``moe(layer, h, w, ids)`` runs the experts."""
+        for layer, (wqkv, wo, wg) in enumerate(self.layers):
+            h = F.rms_norm(x, (x.shape[-1],))
+            x = x + (h @ wqkv)[:, : self.q_dim] @ wo
+            h = F.rms_norm(x, (x.shape[-1],))
+            _router_logits = h @ wg  # the router's cost; the ids come from the trace
+            x = x + moe(layer, h, topk_weights[layer], ids[layer])
+        return x
+
+
+def time_steps(device, stack, x, tw, trace, moe, warmup, timed):
+    for s in range(warmup):
+        stack.step(x, tw, trace[s % len(trace)], moe)
+    sync(device)
+    t0 = time.perf_counter()
+    for s in range(warmup, warmup + timed):
+        stack.step(x, tw, trace[s % len(trace)], moe)
+    sync(device)
+    return (time.perf_counter() - t0) / timed
+
+
+def check_experts_fn(device, dtype, a, experts_fn):
+    """The GPU expert math against the float64 reference, on fresh random inputs."""
+    g = torch.Generator().manual_seed(11)
+    e, h, i = 16, a.hidden, a.inter
+    w13 = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(dtype)
+    w2 = (torch.randn(e, h, i, generator=g) / i**0.5).to(dtype)
+    x = torch.randn(8, h, generator=g).to(dtype)
+    ids = torch.stack([torch.randperm(e, generator=g)[: a.top_k] for _ in range(8)])
+    ids[0, 0] = -1
+    tw = torch.rand(8, a.top_k, generator=g)
+    ref = reference_moe(x.float(), w13.float(), w2.float(), tw, ids).double()
+    got = experts_fn(x.to(device), w13.to(device), w2.to(device), tw.to(device), ids.to(device))
+    return float((got.double().cpu() - ref).norm() / ref.norm())
+
+
+def check_offload_matches_resident(store, gpu_experts, device, a, method, experts_fn):
+    """Cached mode with the smallest cache (rounds, evictions) and copy-all against resident."""
+    g = torch.Generator().manual_seed(9)
+    worst = 0.0
+    for mode in ("cached", "copy_all"):
+        off = ExpertOffload(store, device=device, mode=mode, copy_method=method,
+                            slots_per_layer=a.top_k if mode == "cached" else None,
+                            experts_fn=experts_fn)
+        for _ in range(3):
+            for layer in range(min(4, a.layers)):
+                ids = torch.stack([torch.randperm(a.experts, generator=g)[: a.top_k]
+                                   for _ in range(8)]).to(device)
+                tw = torch.rand(8, a.top_k, generator=g).to(device)
+                x = torch.randn(8, a.hidden, generator=g).to(gpu_experts[0][0].dtype).to(device)
+                ref = experts_fn(x, *gpu_experts[layer], tw, ids).float()
+                got = off.forward(layer, x, tw, ids).float()
+                worst = max(worst, float((got - ref).norm() / ref.norm()))
+    return worst
+
+
+def copy_method_bandwidth(store, device, method, n_experts, repeats=10):
+    """GB/s of copying n random experts (w13 + w2) of layer 0 into slots with ``method``."""
+    lay = store.layers[0]
+    dst13 = torch.empty((n_experts, *lay.w13.shape[1:]), dtype=lay.w13.dtype, device=device)
+    dst2 = torch.empty((n_experts, *lay.w2.shape[1:]), dtype=lay.w2.dtype, device=device)
+    times, g = [], torch.Generator().manual_seed(3)
+    for r in range(repeats + 1):
+        ids = torch.randperm(lay.num_experts, generator=g)[:n_experts].tolist()
+        slots = list(range(n_experts))
+        sync(device)
+        t0 = time.perf_counter()
+        moved = copy_experts(lay.w13, dst13, ids, slots, method)
+        moved += copy_experts(lay.w2, dst2, ids, slots, method)
+        sync(device)
+        if r:
+            times.append(time.perf_counter() - t0)
+        if r == repeats:  # the last copy must be right
+            assert torch.equal(dst13[-1].cpu(), lay.w13[ids[-1]]) and torch.equal(
+                dst2[0].cpu(), lay.w2[ids[0]]), f"{method} copied the wrong experts"
+    return moved / statistics.median(times) / 1e9
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, CPU, float32")
+    p.add_argument("--layers", type=int, default=48)
+    p.add_argument("--experts", type=int, default=128)
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--inter", type=int, default=768)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    p.add_argument("--budgets", type=float, nargs="+", default=[0.10, 0.25, 0.50],
+                   help="GPU cache budget as a fraction of all expert bytes")
+    p.add_argument("--alpha", type=float, default=1.0, help="Zipf exponent of expert popularity")
+    p.add_argument("--reuse", type=float, default=0.5,
+                   help="chance a sequence keeps each expert of its previous token")
+    p.add_argument("--warmup", type=int, default=12)
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--copy-all-steps", type=int, default=4)
+    p.add_argument("--out", type=Path)
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.layers, a.experts, a.top_k, a.hidden, a.inter = 4, 16, 4, 64, 32
+        a.heads, a.kv_heads, a.head_dim, a.batches = 2, 1, 32, [1, 4]
+        a.warmup, a.steps, a.copy_all_steps = 3, 4, 2
+    device = torch.device("cuda" if torch.cuda.is_available() and not a.smoke else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    res = {"args": vars(a) | {"out": str(a.out)}, "device": str(device), "runs": []}
+    if device.type == "cuda":
+        res["gpu"] = torch.cuda.get_device_name(device)
+    log = print
+
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    try:
+        res["experts_fn_rel_err"] = check_experts_fn(device, dtype, a, auto_experts)
+        experts_fn = auto_experts
+        assert res["experts_fn_rel_err"] < tol, res["experts_fn_rel_err"]
+    except Exception as exc:  # grouped_mm missing or wrong here: use the portable loop, say so
+        res["grouped_mm_failed"] = repr(exc)[:300]
+        experts_fn = looped_experts
+        res["experts_fn_rel_err"] = check_experts_fn(device, dtype, a, looped_experts)
+        assert res["experts_fn_rel_err"] < tol
+    res["experts_fn"] = experts_fn.__name__
+    log(f"expert math ({experts_fn.__name__}) vs float64 reference: "
+        f"rel err {res['experts_fn_rel_err']:.2e}")
+
+    gdev = torch.Generator(device=device).manual_seed(0)
+    t0 = time.perf_counter()
+    store = ExpertStore(allocator=registered_host_empty)
+    gpu_experts = []
+    for _ in range(a.layers):
+        w13 = (torch.randn(a.experts, 2 * a.inter, a.hidden, device=device, generator=gdev)
+               / a.hidden**0.5).to(dtype)
+        w2 = (torch.randn(a.experts, a.hidden, a.inter, device=device, generator=gdev)
+              / a.inter**0.5).to(dtype)
+        store.add_layer(w13, w2)
+        gpu_experts.append((w13, w2))
+    res["store"] = {"host_bytes": store.host_bytes, "pinned": store.pinned,
+                    "build_s": time.perf_counter() - t0}
+    log(f"expert store: {store.host_bytes / 1e9:.2f} GB host, pinned={store.pinned}, "
+        f"built in {res['store']['build_s']:.1f} s")
+    stack = Stack(a, device, dtype, gdev)
+    expert_b = store.layers[0].expert_bytes
+
+    bw = pinned_bandwidth(device, min(1 << 30, store.host_bytes))
+    res["pinned_h2d_GBps"] = bw
+    res["copy_methods_GBps"] = {}
+    for method in ("memcpy", "triton") if device.type == "cuda" else ("memcpy",):
+        try:
+            res["copy_methods_GBps"][method] = copy_method_bandwidth(store, device, method, a.top_k)
+        except Exception as exc:  # report, do not hide
+            res["copy_methods_GBps"][method] = f"failed: {exc!r}"[:300]
+    log(f"pinned host->GPU {bw:.1f} GB/s; {a.top_k} experts by method: {res['copy_methods_GBps']}")
+    res["offload_rel_err"] = {}
+    for method in res["copy_methods_GBps"]:
+        if isinstance(res["copy_methods_GBps"][method], float):
+            try:
+                err = check_offload_matches_resident(store, gpu_experts, device, a, method,
+                                                     experts_fn)
+            except Exception as exc:  # report and go on to the timings
+                err = f"failed: {exc!r}"[:300]
+            res["offload_rel_err"][method] = err
+            if not (isinstance(err, float) and err < tol):
+                log(f"CHECK FAILED: offloaded MoE ({method}) differs from resident: {err}")
+    log(f"offloaded vs resident MoE output, rel err: {res['offload_rel_err']}")
+
+    gen = torch.Generator().manual_seed(42)
+    for batch in a.batches:
+        n_trace = a.warmup + a.steps
+        trace = make_trace(gen, n_trace, a.layers, batch, a.experts, a.top_k, a.alpha, a.reuse)
+        trace = trace.to(device)
+        tw = torch.softmax(torch.randn(a.layers, batch, a.top_k, generator=gen), -1).to(device)
+        x = torch.randn(batch, a.hidden, generator=gen).to(dtype).to(device)
+        uniq = statistics.mean(len(torch.unique(trace[s, lay]))
+                               for s in range(n_trace) for lay in range(a.layers))
+
+        def resident(layer, h, w, ids):
+            return experts_fn(h, gpu_experts[layer][0], gpu_experts[layer][1], w, ids)
+
+        dt = time_steps(device, stack, x, tw, trace, resident, a.warmup, a.steps)
+        base = {"batch": batch, "unique_experts_per_layer": uniq}
+        res["runs"].append(base | {"variant": "resident", "step_s": dt, "tokens_per_s": batch / dt})
+        log(f"b={batch:3d} resident        {batch / dt:9.1f} tok/s  (unique experts/layer {uniq:.1f})")
+
+        variants = [("copy_all", None, "memcpy")] + [("cached", f, "memcpy") for f in a.budgets]
+        if (batch == 1 and device.type == "cuda" and 0.25 in a.budgets
+                and isinstance(res["copy_methods_GBps"].get("triton"), float)):
+            variants.append(("cached", 0.25, "triton"))
+        for mode, frac, method in variants:
+            kw = dict(device=device, mode=mode, copy_method=method, measure_copy_time=True,
+                      experts_fn=experts_fn)
+            if mode == "cached":
+                gib = frac * store.host_bytes / 2**30
+                kw["slots_per_layer"] = slots_for_budget(
+                    gib, num_experts=a.experts, num_layers=a.layers, one_expert_bytes=expert_b,
+                    top_k=a.top_k)
+            off = ExpertOffload(store, **kw)
+            warm, timed = (1, a.copy_all_steps) if mode == "copy_all" else (a.warmup, a.steps)
+
+            def moe(layer, h, w, ids, _off=off):
+                return _off.forward(layer, h, w, ids)
+
+            for s in range(warm):
+                stack.step(x, tw, trace[s % n_trace], moe)
+            off.reset_stats()
+            sync(device)
+            t0 = time.perf_counter()
+            for s in range(warm, warm + timed):
+                stack.step(x, tw, trace[s % n_trace], moe)
+            sync(device)
+            dt = (time.perf_counter() - t0) / timed
+            st = off.stats()
+            link_s = st.bytes_moved / timed / (bw * 1e9)
+            run = base | {
+                "variant": mode if mode == "copy_all" else f"cached_{int(frac * 100)}pct",
+                "copy_method": method, "budget_fraction": frac, "slots_per_layer": off.slots_per_layer,
+                "gpu_cache_bytes": st.gpu_cache_bytes, "step_s": dt, "tokens_per_s": batch / dt,
+                "link_bound_step_s": link_s, "link_bound_tokens_per_s": batch / link_s if link_s else None,
+                "vs_link_bound": dt / link_s if link_s else None,
+                "stats": st.as_dict(),
+            }
+            res["runs"].append(run)
+            log(f"b={batch:3d} {run['variant']:14s}{'/' + method if method != 'memcpy' else '':8s}"
+                f"{batch / dt:9.1f} tok/s  hit {st.hit_rate:5.1%}  "
+                f"{st.bytes_per_token / 1e6:8.1f} MB/token  link bound "
+                f"{run['link_bound_tokens_per_s'] or 0:9.1f} tok/s (x{run['vs_link_bound'] or 0:.2f})  "
+                f"copy {st.copy_time_s / timed * 1e3:7.2f} ms/step, exposed "
+                f"{st.exposed_time_s / timed * 1e3:7.2f}")
+            del off
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    by = {(r["batch"], r["variant"], r.get("copy_method", "memcpy")): r for r in res["runs"]}
+    summary = {}
+    for batch in a.batches:
+        ca, c25 = by.get((batch, "copy_all", "memcpy")), by.get((batch, "cached_25pct", "memcpy"))
+        if ca and c25:
+            summary[f"b{batch}_cached25_over_copy_all"] = c25["tokens_per_s"] / ca["tokens_per_s"]
+            summary[f"b{batch}_cached25_vs_link_bound"] = c25["vs_link_bound"]
+    res["summary"] = summary
+    log("summary: " + json.dumps(summary))
+    if a.out:
+        a.out.write_text(json.dumps(res, indent=1))
+    return res
+
+
+if __name__ == "__main__":
+    main()

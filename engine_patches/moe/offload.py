@@ -1,0 +1,251 @@
+"""The runtime: run MoE layers whose experts live in host memory.
+
+Two modes, chosen per engine:
+- ``cached``: each layer owns a few GPU slots managed as an LRU (``ExpertSlotTable``). Per layer and
+  batch the router's top-k ids say which experts are needed; only the missing ones are copied, on a
+  side stream. The resident experts are computed while the copies run, and the layer waits only for
+  the experts it is missing. The ids are read on the host (one small sync per layer): the price of
+  deciding what to copy, and why this mode cannot run inside a CUDA graph.
+- ``copy_all`` (the seed's way, kept as the baseline): every expert of the layer is copied into one
+  of two staging buffers; while layer L computes from one buffer, layer L+1 is copied into the other
+  (ping-pong), so copies overlap compute but every byte still crosses the link every step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import torch
+
+from .experts import ExpertsFn, auto_experts
+from .gather import CopyMethod, copy_experts
+from .sizing import slots_for_budget
+from .slots import ExpertSlotTable
+from .stats import ExpertCacheStats
+from .store import ExpertStore
+
+OffloadMode = Literal["cached", "copy_all"]
+
+
+class ExpertOffload:
+    """GPU side of the expert store: cache slots (or staging buffers), copy stream, counters."""
+
+    def __init__(
+        self,
+        store: ExpertStore,
+        *,
+        device: torch.device | str,
+        mode: OffloadMode = "cached",
+        slots_per_layer: int | None = None,
+        copy_method: CopyMethod = "memcpy",
+        overlap: bool = True,
+        measure_copy_time: bool = False,
+        experts_fn: ExpertsFn = auto_experts,
+    ) -> None:
+        if not store.layers:
+            raise ValueError("the expert store is empty: add every MoE layer before building the cache")
+        if mode not in ("cached", "copy_all"):
+            raise ValueError(f"moe_mode must be 'cached' or 'copy_all', got {mode!r}")
+        self.store = store
+        self.device = torch.device(device)
+        self.mode = mode
+        self.copy_method = copy_method
+        self.overlap = overlap
+        self.measure = measure_copy_time
+        self.experts_fn = experts_fn
+        self._cuda = self.device.type == "cuda"
+        self._copy_stream = torch.cuda.Stream(self.device) if self._cuda else None
+        num_experts = store.layers[0].num_experts
+        self.num_experts = num_experts
+
+        if mode == "cached":
+            slots = slots_per_layer or num_experts
+            if not 1 <= slots <= num_experts:
+                raise ValueError(f"slots_per_layer must be in 1..{num_experts}, got {slots}")
+            self.slots_per_layer = slots
+            self._tables = [ExpertSlotTable(lay.num_experts, slots) for lay in store.layers]
+            self._slots = [self._empty_like_rows(lay.w13, lay.w2, slots) for lay in store.layers]
+        else:
+            first = store.layers[0]
+            for lay in store.layers:
+                if lay.w13.shape != first.w13.shape or lay.w2.shape != first.w2.shape:
+                    raise ValueError("copy_all mode needs every MoE layer to have the same expert shapes")
+            self.slots_per_layer = num_experts
+            self._buffers = [self._empty_like_rows(first.w13, first.w2, num_experts) for _ in range(2)]
+            self._buffer_layer: list[int | None] = [None, None]
+            self._buffer_ready: list[torch.cuda.Event | None] = [None, None]
+            self._last_buffer = 1
+
+        self._hits = self._misses = self._bytes = self._tokens_in = 0
+        self._copy_s = self._exposed_s = 0.0
+        self._copy_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._wait_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @classmethod
+    def from_budget(cls, store: ExpertStore, cache_gib: float, *, top_k: int,
+                    device: torch.device | str, **kwargs) -> "ExpertOffload":
+        """Size the per-layer slots from a GiB budget (the same arithmetic the planner uses)."""
+        lay = store.layers[0]
+        slots = slots_for_budget(cache_gib, num_experts=lay.num_experts,
+                                 num_layers=len(store.layers), one_expert_bytes=lay.expert_bytes,
+                                 top_k=top_k)
+        return cls(store, device=device, slots_per_layer=slots, **kwargs)
+
+    def _empty_like_rows(self, w13: torch.Tensor, w2: torch.Tensor, rows: int):
+        return (torch.empty((rows, *w13.shape[1:]), dtype=w13.dtype, device=self.device),
+                torch.empty((rows, *w2.shape[1:]), dtype=w2.dtype, device=self.device))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.store.layers)
+
+    @property
+    def gpu_cache_bytes(self) -> int:
+        pairs = self._slots if self.mode == "cached" else self._buffers
+        return sum(t.numel() * t.element_size() for pair in pairs for t in pair)
+
+    # -- copies -------------------------------------------------------------------------------
+
+    def _copy(self, layer: int, dst: tuple[torch.Tensor, torch.Tensor],
+              loads: list[tuple[int, int]]) -> torch.cuda.Event | None:
+        """Start the copies of ``loads`` into ``dst``; returns the event the compute must wait on."""
+        if not loads:
+            return None
+        src = self.store.layers[layer]
+        experts = [e for e, _ in loads]
+        slots = [s for _, s in loads]
+        if not self._cuda:
+            t0 = time.perf_counter()
+            self._bytes += copy_experts(src.w13, dst[0], experts, slots, self.copy_method)
+            self._bytes += copy_experts(src.w2, dst[1], experts, slots, self.copy_method)
+            dt = time.perf_counter() - t0
+            self._copy_s += dt
+            self._exposed_s += dt  # a synchronous copy hides nothing
+            return None
+        stream = self._copy_stream
+        # A slot may still be read by compute queued earlier on the main stream: wait for it.
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            start = torch.cuda.Event(enable_timing=True) if self.measure else None
+            if start is not None:
+                start.record(stream)
+            self._bytes += copy_experts(src.w13, dst[0], experts, slots, self.copy_method)
+            self._bytes += copy_experts(src.w2, dst[1], experts, slots, self.copy_method)
+            ready = torch.cuda.Event(enable_timing=self.measure)
+            ready.record(stream)
+        if start is not None:
+            self._copy_events.append((start, ready))
+        return ready
+
+    def _wait(self, ready: torch.cuda.Event | None) -> None:
+        if ready is None:
+            return
+        main = torch.cuda.current_stream(self.device)
+        if not self.measure:
+            main.wait_event(ready)
+            return
+        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before.record(main)
+        main.wait_event(ready)
+        after.record(main)
+        self._wait_events.append((before, after))
+
+    # -- forward ------------------------------------------------------------------------------
+
+    def forward(self, layer: int, x: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor, experts_fn: ExpertsFn | None = None) -> torch.Tensor:
+        """The MoE output of ``layer`` for hidden states ``x`` [T, H] routed by ``topk_ids`` [T, k]."""
+        fn = experts_fn or self.experts_fn
+        self._tokens_in += x.shape[0]
+        if self.mode == "copy_all":
+            return self._forward_copy_all(layer, x, topk_weights, topk_ids, fn)
+        return self._forward_cached(layer, x, topk_weights, topk_ids, fn)
+
+    def _forward_cached(self, layer, x, topk_weights, topk_ids, fn) -> torch.Tensor:
+        table = self._tables[layer]
+        slots = self._slots[layer]
+        needed = [e for e in torch.unique(topk_ids.detach().to("cpu")).tolist() if e >= 0]
+        resident = table.resident()
+        # Resident experts go first so the first round computes them while the rest load.
+        order = [e for e in needed if e in resident] + [e for e in needed if e not in resident]
+        out = None
+        for start in range(0, len(order), table.num_slots):
+            plan = table.assign(order[start:start + table.num_slots])
+            self._hits += len(plan.hits)
+            self._misses += len(plan.loads)
+            ready = self._copy(layer, slots, plan.loads)
+            loaded = {e: s for e, s in plan.loads}
+            if self.overlap and ready is not None and plan.hits:
+                passes = [{e: plan.slot_of[e] for e in plan.hits}, loaded]
+            else:
+                passes = [plan.slot_of]
+            luts = self._lookup_tables(passes)
+            for i, lut in enumerate(luts):
+                if i == len(luts) - 1:
+                    self._wait(ready)  # only the last pass reads slots that are being filled
+                y = fn(x, slots[0], slots[1], topk_weights, lut[topk_ids.long()])
+                out = y if out is None else out + y
+        return out if out is not None else torch.zeros_like(x)
+
+    def _lookup_tables(self, passes: list[dict[int, int]]) -> torch.Tensor:
+        """Expert id -> slot (-1: not in this pass), one row per pass, uploaded in one copy."""
+        lut = torch.full((len(passes), self.num_experts), -1, dtype=torch.int32)
+        for row, mapping in enumerate(passes):
+            if mapping:
+                lut[row, list(mapping)] = torch.tensor(list(mapping.values()), dtype=torch.int32)
+        if self._cuda:  # pinned + async: the host does not wait for the main stream to drain
+            return lut.pin_memory().to(self.device, non_blocking=True)
+        return lut
+
+    def _forward_copy_all(self, layer, x, topk_weights, topk_ids, fn) -> torch.Tensor:
+        all_rows = [(e, e) for e in range(self.num_experts)]
+        if layer in self._buffer_layer:
+            buf = self._buffer_layer.index(layer)
+            ready = self._buffer_ready[buf]
+        else:  # not prefetched (first call, or layers called out of order): load it now
+            buf = 1 - self._last_buffer
+            ready = self._stage(layer, buf, all_rows)
+        self._last_buffer = buf
+        # Ping-pong: the next layer goes into the other buffer while this one computes. The copy
+        # stream first waits for work already queued on the main stream, which includes the
+        # previous layer's reads of that buffer.
+        nxt = (layer + 1) % self.num_layers
+        if nxt != layer:
+            self._stage(nxt, 1 - buf, all_rows)
+        self._wait(ready)
+        w13, w2 = self._buffers[buf]
+        out = fn(x, w13, w2, topk_weights, topk_ids)
+        if nxt == layer:
+            self._buffer_layer[buf] = None  # one layer only: reload next step
+        return out
+
+    def _stage(self, layer: int, buf: int, rows) -> torch.cuda.Event | None:
+        self._buffer_layer[buf] = layer
+        self._misses += len(rows)
+        ready = self._copy(layer, self._buffers[buf], rows)
+        self._buffer_ready[buf] = ready
+        return ready
+
+    # -- stats --------------------------------------------------------------------------------
+
+    def stats(self) -> ExpertCacheStats:
+        """Counters so far. On CUDA this waits for queued work to read the copy timings."""
+        if self._copy_events or self._wait_events:
+            torch.cuda.synchronize(self.device)
+            self._copy_s += sum(a.elapsed_time(b) for a, b in self._copy_events) / 1e3
+            self._exposed_s += sum(a.elapsed_time(b) for a, b in self._wait_events) / 1e3
+            self._copy_events.clear()
+            self._wait_events.clear()
+        return ExpertCacheStats(
+            mode=self.mode, gpu_cache_bytes=self.gpu_cache_bytes, host_bytes=self.store.host_bytes,
+            pinned=self.store.pinned, hits=self._hits, misses=self._misses,
+            bytes_moved=self._bytes, tokens=self._tokens_in // self.num_layers,
+            copy_time_s=self._copy_s, exposed_time_s=self._exposed_s,
+            timed=self.measure or not self._cuda,
+        )
+
+    def reset_stats(self) -> None:
+        self.stats()
+        self._hits = self._misses = self._bytes = self._tokens_in = 0
+        self._copy_s = self._exposed_s = 0.0

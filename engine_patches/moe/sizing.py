@@ -1,0 +1,87 @@
+"""How much GPU memory MoE expert offload keeps and frees: pure arithmetic, no torch.
+
+The planner imports this to count the GPU bytes the offload gives back to the KV cache. The same
+function sizes the real cache (``ExpertOffload``), so the plan and the engine agree on the slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+GIB = 1024**3
+
+OffloadMode = Literal["cached", "copy_all"]
+
+
+@dataclass(frozen=True)
+class ExpertOffloadSizing:
+    """GPU and host bytes of the expert weights with offload on (all counts are bytes)."""
+
+    mode: OffloadMode
+    expert_bytes: int  # one expert of one layer: w13 (2*I x H) plus w2 (H x I)
+    all_expert_bytes: int  # every expert of every layer: what stays on the GPU without offload
+    slots_per_layer: int  # experts of one layer the GPU holds at once
+    gpu_bytes_kept: int  # GPU bytes the offload still uses (cache slots or copy-all staging)
+    gpu_bytes_freed: int  # all_expert_bytes - gpu_bytes_kept; negative means offload costs memory
+    host_bytes: int  # pinned host memory the expert store takes
+
+    @property
+    def cached_fraction(self) -> float:
+        """Share of all expert bytes that sit on the GPU."""
+        return self.gpu_bytes_kept / self.all_expert_bytes if self.all_expert_bytes else 0.0
+
+
+def expert_bytes(hidden_size: int, moe_intermediate_size: int, dtype_bytes: float) -> int:
+    """Bytes of one expert's weights (gate+up fused as w13, then down as w2)."""
+    return int(3 * hidden_size * moe_intermediate_size * dtype_bytes)
+
+
+def slots_for_budget(
+    cache_gib: float, *, num_experts: int, num_layers: int, one_expert_bytes: int, top_k: int
+) -> int:
+    """Cache slots per layer that fit in ``cache_gib``; at least top_k so one token fits in one pass."""
+    if num_experts <= 0 or num_layers <= 0 or one_expert_bytes <= 0:
+        raise ValueError(
+            f"expert offload needs positive sizes, got num_experts={num_experts}, "
+            f"num_layers={num_layers}, expert bytes={one_expert_bytes}"
+        )
+    if cache_gib < 0:
+        raise ValueError(f"moe_gpu_cache_gib must be >= 0, got {cache_gib}")
+    fit = int(cache_gib * GIB) // (num_layers * one_expert_bytes)
+    return max(min(top_k, num_experts), min(fit, num_experts))
+
+
+def expert_offload_sizing(
+    *,
+    num_experts: int,
+    num_layers: int,
+    hidden_size: int,
+    moe_intermediate_size: int,
+    dtype_bytes: float,
+    cache_gib: float,
+    top_k: int = 8,
+    mode: OffloadMode = "cached",
+) -> ExpertOffloadSizing:
+    """GPU bytes kept and freed when the experts of ``num_layers`` MoE layers live in host memory.
+
+    ``cached``: a per-layer LRU cache of ``slots_per_layer`` experts (budget ``cache_gib``).
+    ``copy_all``: no cache, two staging buffers of one whole layer each (ping-pong).
+    """
+    one = expert_bytes(hidden_size, moe_intermediate_size, dtype_bytes)
+    total = one * num_experts * num_layers
+    if mode == "cached":
+        slots = slots_for_budget(
+            cache_gib, num_experts=num_experts, num_layers=num_layers, one_expert_bytes=one,
+            top_k=top_k,
+        )
+        kept = slots * num_layers * one
+    elif mode == "copy_all":
+        slots = num_experts
+        kept = 2 * num_experts * one
+    else:
+        raise ValueError(f"moe_mode must be 'cached' or 'copy_all', got {mode!r}")
+    return ExpertOffloadSizing(
+        mode=mode, expert_bytes=one, all_expert_bytes=total, slots_per_layer=slots,
+        gpu_bytes_kept=kept, gpu_bytes_freed=total - kept, host_bytes=total,
+    )

@@ -1,0 +1,89 @@
+"""All expert weights of a model in exact-size host memory, one (w13, w2) pair per MoE layer.
+
+Host tensors come from an allocator callable so the store works on a CPU-only machine: by default
+the project's exact-size pinned allocator (``engine_patches.pinned``) when it is importable, else
+``torch.empty(..., pin_memory=<cuda available>)``. Pinning is worth 6x on every copy (limits.md), so
+a store that ended up pageable says so in ``pinned``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+HostAllocator = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+
+
+def _torch_host_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, pin_memory=torch.cuda.is_available())
+
+
+def default_host_allocator() -> HostAllocator:
+    """The shared exact-size pinned allocator if present, else plain torch host memory."""
+    try:
+        from engine_patches import pinned  # owned by the plugin engineer; may not exist yet
+    except ImportError:
+        return _torch_host_empty
+    for name in ("empty_pinned", "pinned_empty", "alloc_pinned", "allocate"):
+        fn = getattr(pinned, name, None)
+        if callable(fn):
+            return lambda shape, dtype, _fn=fn: _fn(shape, dtype)
+    return _torch_host_empty
+
+
+def is_pinned(t: torch.Tensor) -> bool:
+    try:
+        return bool(t.is_pinned())
+    except RuntimeError:  # no accelerator runtime: nothing can be pinned
+        return False
+
+
+@dataclass
+class LayerExperts:
+    """One MoE layer's experts in host memory: w13 [E, 2I, H] and w2 [E, H, I] (or any [E, ...])."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
+
+    @property
+    def expert_bytes(self) -> int:
+        return (self.w13[0].numel() * self.w13.element_size()
+                + self.w2[0].numel() * self.w2.element_size())
+
+
+class ExpertStore:
+    """Owns the host copies; the GPU cache only ever reads from here."""
+
+    def __init__(self, allocator: HostAllocator | None = None) -> None:
+        self._alloc = allocator or default_host_allocator()
+        self.layers: list[LayerExperts] = []
+
+    def add_layer(self, w13: torch.Tensor, w2: torch.Tensor) -> int:
+        """Copy one layer's expert weights (from any device) into host memory; returns its index."""
+        if w13.shape[0] != w2.shape[0]:
+            raise ValueError(
+                f"w13 has {w13.shape[0]} experts but w2 has {w2.shape[0]}: pass one layer's weights"
+            )
+        host = []
+        for w in (w13, w2):
+            h = self._alloc(tuple(w.shape), w.dtype)
+            h.copy_(w.detach())
+            host.append(h)
+        self.layers.append(LayerExperts(host[0], host[1]))
+        return len(self.layers) - 1
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for lay in self.layers for t in (lay.w13, lay.w2))
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.layers) and all(
+            is_pinned(lay.w13) and is_pinned(lay.w2) for lay in self.layers
+        )

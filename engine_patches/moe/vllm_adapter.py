@@ -1,0 +1,180 @@
+"""vLLM adapter: experts in host memory behind vLLM's own fused-MoE kernel.
+
+``install(settings)`` registers, with ``CustomOp.register_oot``, a subclass of vLLM's
+``UnquantizedFusedMoEMethod``; vLLM then builds it for every unquantized fused-MoE layer, so every
+model that uses ``FusedMoE`` (Qwen3-MoE, Mixtral, DeepSeek, ...) gets it, not one architecture.
+
+Per layer, after vLLM's own ``process_weights_after_loading`` (weights in the kernel's layout):
+the expert weights move into the process's ``ExpertStore`` and the layer keeps empty placeholders,
+which frees their GPU memory. The GPU cache is built at the first forward (vLLM's memory profiling
+run), once every MoE layer is known, so the profile counts the cache and the KV cache gets the rest.
+Each forward gives vLLM's kernel the cache slots and the top-k ids mapped to slots.
+
+Limits, said plainly: ``cached`` mode reads the top-k ids on the host, so it cannot run inside a
+CUDA graph (serve with ``--enforce-eager``); layers with expert biases, expert parallelism or a
+monolithic kernel (router fused into the kernel) are left as stock vLLM, with a warning.
+vLLM is imported only inside functions, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from .offload import ExpertOffload
+from .sizing import GIB
+from .stats import publish
+from .store import ExpertStore
+
+log = logging.getLogger("engine_patches.moe")
+
+OOT_NAME = "UnquantizedFusedMoEMethod"
+DEFAULT_CACHE_FRACTION = 0.25  # of all expert bytes, when the profile sets no moe_gpu_cache_gib
+PUBLISH_EVERY = 256  # forwards of the first MoE layer between two stats messages
+
+
+class _Runtime:
+    """The process's one expert store and cache (all MoE layers of the engine's model)."""
+
+    def __init__(self) -> None:
+        self.settings: Any = None
+        self.store: ExpertStore | None = None
+        self.offload: ExpertOffload | None = None
+        self.forwards = 0
+
+    def add_layer(self, w13: torch.Tensor, w2: torch.Tensor) -> int:
+        if self.offload is not None:
+            raise RuntimeError("an MoE layer finished loading after the expert cache was built")
+        if self.store is None:
+            self.store = ExpertStore()
+        return self.store.add_layer(w13, w2)
+
+    def cache(self, device: torch.device, top_k: int) -> ExpertOffload:
+        if self.offload is None:
+            assert self.store is not None
+            mode = getattr(self.settings, "moe_mode", "cached") or "cached"
+            gib = getattr(self.settings, "moe_gpu_cache_gib", None)
+            if gib is None:
+                gib = DEFAULT_CACHE_FRACTION * self.store.host_bytes / GIB
+            self.offload = ExpertOffload.from_budget(
+                self.store, float(gib), top_k=top_k, device=device, mode=mode,
+                measure_copy_time=device.type == "cuda",
+            )
+            if not self.store.pinned and torch.cuda.is_available():
+                log.warning("engine_patches: MoE experts sit in pageable host memory; every "
+                            "expert copy runs about 6x slower. Check the pinned allocator's log.")
+            log.info("engine_patches: MoE expert offload (%s): %d layers, %d of %d experts per "
+                     "layer on the GPU (%.2f GiB), %.2f GiB of experts in host memory", mode,
+                     self.offload.num_layers, self.offload.slots_per_layer,
+                     self.offload.num_experts, self.offload.gpu_cache_bytes / GIB,
+                     self.store.host_bytes / GIB)
+        return self.offload
+
+    def after_forward(self, layer_index: int) -> None:
+        if layer_index != 0 or self.offload is None:
+            return
+        self.forwards += 1
+        # The first few steps (warm-up, first requests) and then every PUBLISH_EVERY: reading the
+        # copy timings waits for the GPU, so not every step.
+        if self.forwards <= 8 or self.forwards % PUBLISH_EVERY == 0:
+            publish(self.offload.stats())
+
+
+RUNTIME = _Runtime()
+_method_cls: type | None = None
+
+
+def install(settings: Any = None) -> list[str]:
+    """Register the offloading MoE method with vLLM. Idempotent; returns what it patched."""
+    global _method_cls
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+        UnquantizedFusedMoEMethod,
+    )
+
+    RUNTIME.settings = settings
+    current = op_registry_oot.get(OOT_NAME)
+    if current is not None and current is _method_cls:
+        return [f"{OOT_NAME}.oot"]
+    if current is not None:
+        log.warning("engine_patches: %s is already replaced by %s (another plugin); MoE expert "
+                    "offload stays off", OOT_NAME, current.__qualname__)
+        return []
+    _method_cls = _make_method_class(UnquantizedFusedMoEMethod)
+    UnquantizedFusedMoEMethod.register_oot(_method_cls, name=OOT_NAME)
+    return [f"{OOT_NAME}.oot"]
+
+
+def _make_method_class(base: type) -> type:
+    class OffloadedFusedMoEMethod(base):  # type: ignore[misc, valid-type]
+        """vLLM's unquantized MoE method with the experts in host memory and a GPU cache."""
+
+        store_index: int | None = None
+
+        def process_weights_after_loading(self, layer) -> None:
+            super().process_weights_after_loading(layer)
+            reason = _unsupported(self, layer)
+            if reason:
+                log.warning("engine_patches: MoE layer %s keeps its experts on the GPU: %s",
+                            getattr(layer, "layer_name", "?"), reason)
+                return
+            self.store_index = RUNTIME.add_layer(layer.w13_weight.data, layer.w2_weight.data)
+            for name in ("w13_weight", "w2_weight"):
+                param = getattr(layer, name)
+                param.data = param.data.new_empty((0, *param.shape[1:]))
+
+        def apply(self, layer, x, topk_weights, topk_ids, shared_experts,
+                  shared_experts_input):
+            if self.store_index is None:
+                return super().apply(layer, x, topk_weights, topk_ids, shared_experts,
+                                     shared_experts_input)
+            offload = RUNTIME.cache(x.device, top_k=topk_ids.shape[1])
+            if (offload.mode == "cached" and x.is_cuda
+                    and torch.cuda.is_current_stream_capturing()):
+                raise RuntimeError(
+                    "MoE expert offload in 'cached' mode decides on the host which experts to "
+                    "copy, so it cannot run inside a CUDA graph: serve with --enforce-eager, or "
+                    "set moe_mode to 'copy_all'")
+            pending_shared = [shared_experts]
+
+            def experts_fn(h, w13, w2, weights, slot_ids):
+                # vLLM's kernels want valid ids: a skipped entry gets slot 0 with weight 0.
+                skip = slot_ids < 0
+                shared = pending_shared.pop() if pending_shared else None  # run it once
+                out = self.moe_kernel.apply(
+                    hidden_states=h, w1=w13, w2=w2,
+                    topk_weights=weights.masked_fill(skip, 0.0),
+                    topk_ids=slot_ids.clamp_min(0).to(topk_ids.dtype),
+                    activation=layer.activation,
+                    apply_router_weight_on_input=layer.apply_router_weight_on_input,
+                    global_num_experts=w13.shape[0], expert_map=None,
+                    shared_experts=shared,
+                    shared_experts_input=shared_experts_input if shared is not None else None,
+                )
+                if not isinstance(out, torch.Tensor):
+                    raise RuntimeError("MoE expert offload needs a finalized MoE output; this "
+                                       "kernel defers it. Turn moe_offload off for this model.")
+                return out
+
+            out = offload.forward(self.store_index, x, topk_weights, topk_ids, experts_fn)
+            RUNTIME.after_forward(self.store_index)
+            return out
+
+    return OffloadedFusedMoEMethod
+
+
+def _unsupported(method, layer) -> str | None:
+    """Why this layer cannot be offloaded, or None."""
+    if getattr(method, "moe_kernel", None) is None:
+        return "this platform's backend builds no modular MoE kernel"
+    if method.is_monolithic:
+        return "its kernel is monolithic (routing inside the kernel)"
+    if getattr(layer, "w13_bias", None) is not None or getattr(layer, "w2_bias", None) is not None:
+        return "expert biases are not cached"
+    parallel = getattr(method.moe, "moe_parallel_config", None)
+    if parallel is not None and (getattr(parallel, "use_ep", False)
+                                 or getattr(parallel, "enable_eplb", False)):
+        return "expert parallelism / EPLB moves experts itself"
+    return None

@@ -1,0 +1,48 @@
+import pytest
+
+from engine_patches.moe.sizing import GIB, expert_offload_sizing
+
+QWEN3_30B_A3B = dict(num_experts=128, num_layers=48, hidden_size=2048, moe_intermediate_size=768,
+                     dtype_bytes=2, top_k=8)
+
+
+def test_qwen3_30b_experts_and_a_quarter_budget():
+    all_bytes = 128 * 48 * 3 * 2048 * 768 * 2
+    s = expert_offload_sizing(cache_gib=all_bytes / 4 / GIB, **QWEN3_30B_A3B)
+    assert s.all_expert_bytes == all_bytes  # about 58 GB, as limits.md says
+    assert s.slots_per_layer == 32
+    assert s.gpu_bytes_kept + s.gpu_bytes_freed == all_bytes
+    assert s.gpu_bytes_freed == all_bytes * 3 // 4
+    assert s.host_bytes == all_bytes
+
+
+def test_tiny_budget_still_keeps_top_k_slots():
+    s = expert_offload_sizing(cache_gib=0.0, **QWEN3_30B_A3B)
+    assert s.slots_per_layer == 8
+    assert s.gpu_bytes_kept == 8 * 48 * s.expert_bytes
+
+
+def test_budget_above_all_experts_frees_nothing():
+    s = expert_offload_sizing(cache_gib=1000, **QWEN3_30B_A3B)
+    assert s.slots_per_layer == 128 and s.gpu_bytes_freed == 0
+
+
+def test_copy_all_keeps_two_layer_buffers():
+    s = expert_offload_sizing(cache_gib=0, mode="copy_all", **QWEN3_30B_A3B)
+    assert s.gpu_bytes_kept == 2 * 128 * s.expert_bytes
+
+
+def test_bad_inputs_say_what_is_wrong():
+    with pytest.raises(ValueError, match="moe_mode"):
+        expert_offload_sizing(cache_gib=1, mode="fast", **QWEN3_30B_A3B)
+    with pytest.raises(ValueError, match="moe_gpu_cache_gib"):
+        expert_offload_sizing(cache_gib=-1, **QWEN3_30B_A3B)
+
+
+def test_sizing_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, engine_patches.moe.sizing; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,0 +1,61 @@
+"""The adapter against the installed vLLM 0.32 classes, without starting an engine."""
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.model_executor.custom_op import op_registry_oot  # noqa: E402
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (  # noqa: E402
+    UnquantizedFusedMoEMethod,
+)
+
+from engine_patches.moe import vllm_adapter  # noqa: E402
+
+
+@pytest.fixture
+def clean_registry():
+    saved = op_registry_oot.pop(vllm_adapter.OOT_NAME, None)
+    yield
+    op_registry_oot.pop(vllm_adapter.OOT_NAME, None)
+    if saved is not None:
+        op_registry_oot[vllm_adapter.OOT_NAME] = saved
+
+
+class _Settings:
+    moe_gpu_cache_gib = 1.5
+    moe_mode = "cached"
+
+
+def test_install_makes_vllm_build_our_method_for_every_unquantized_moe_layer(clean_registry):
+    patched = vllm_adapter.install(_Settings())
+    assert patched == ["UnquantizedFusedMoEMethod.oot"]
+    # vLLM's CustomOp.__new__ consults the out-of-tree registry: what RoutedExperts builds is ours.
+    method = UnquantizedFusedMoEMethod.__new__(UnquantizedFusedMoEMethod)
+    assert type(method).__name__ == "OffloadedFusedMoEMethod"
+    assert isinstance(method, UnquantizedFusedMoEMethod)
+    assert vllm_adapter.RUNTIME.settings.moe_gpu_cache_gib == 1.5
+
+
+def test_install_is_idempotent(clean_registry):
+    vllm_adapter.install(_Settings())
+    cls = op_registry_oot[vllm_adapter.OOT_NAME]
+    assert vllm_adapter.install(_Settings()) == ["UnquantizedFusedMoEMethod.oot"]
+    assert op_registry_oot[vllm_adapter.OOT_NAME] is cls
+
+
+def test_install_leaves_another_plugins_method_alone(clean_registry):
+    class Other(UnquantizedFusedMoEMethod):
+        pass
+
+    op_registry_oot[vllm_adapter.OOT_NAME] = Other
+    assert vllm_adapter.install(_Settings()) == []
+    assert op_registry_oot[vllm_adapter.OOT_NAME] is Other
+
+
+def test_importing_the_adapter_does_not_import_vllm():
+    import subprocess
+    import sys
+
+    code = ("import sys, engine_patches.moe.vllm_adapter; "
+            "sys.exit(1 if 'vllm' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
