@@ -7,6 +7,8 @@ a broken patch must cost its feature, not the engine.
 
 from __future__ import annotations
 
+import importlib
+
 import logging
 import os
 from collections.abc import Callable
@@ -122,16 +124,14 @@ def _offload_config() -> list[str]:
 
 
 def _lora_pool(settings: PatchSettings, allocator) -> list[str]:
-    # The torch-only CPULoRAPool exists (engine_patches.lora_pool); its wiring into vLLM's
-    # adapter loading does not yet, so the switch says so instead of pretending.
-    logger.warning("engine_patches: lora_pool is on, but the CPU LoRA pool is not wired into "
-                   "vLLM yet; LoRA adapters use exact-size pinned memory only")
-    return []
+    from engine_patches.vllm_adapters import lora_pool
+
+    return lora_pool.install(settings, allocator)
 
 
 def _moe(settings: PatchSettings) -> list[str]:
     try:
-        from engine_patches.moe import vllm_adapter
+        vllm_adapter = importlib.import_module("engine_patches.moe.vllm_adapter")
     except ImportError:
         logger.warning("engine_patches: moe_offload is on but engine_patches.moe.vllm_adapter "
                        "is not installed; MoE offload is off")
