@@ -114,3 +114,22 @@ def test_openapi_lists_the_paths(client):
         assert path in paths
     assert client.get("/docs").status_code == 200
     assert client.get("/api/health").json()["status"] == "ok"
+
+
+def test_database_is_wal_with_foreign_keys_and_migrated(client, settings):
+    from sqlalchemy import text
+
+    from manager.db import make_engine
+
+    engine = make_engine(settings.db_path)
+    with engine.connect() as conn:
+        assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
+        head = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    engine.dispose()
+    from pathlib import Path
+
+    import manager.db
+
+    newest = sorted(p.stem for p in (Path(manager.db.__file__).parent / "migrations" / "versions").glob("0*.py"))[-1]
+    assert head == newest
