@@ -12,11 +12,12 @@ Torch only; no vllm.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import asdict, dataclass
 
 import torch
@@ -26,6 +27,7 @@ from engine_patches.pinned import PinnedAllocator, default_allocator
 logger = logging.getLogger("engine_patches.lora_pool")
 
 TensorSpec = tuple[tuple[int, ...], torch.dtype]
+AdapterId = Hashable
 
 
 class PoolFullError(MemoryError):
@@ -108,15 +110,26 @@ class PooledAdapter:
 
 
 class CPULoRAPool:
+    """Slabs of pinned memory handed out as adapter tensors, with LRU eviction of adapters.
+
+    ``can_evict(adapter_id)`` lets the owner protect adapters the pool cannot see are in use
+    (vLLM's current batch); ``on_evict(adapter_id)`` runs after the pool evicted one, so the
+    owner can drop its own references (vLLM's CPU LoRA cache) in the same step.
+    """
+
     def __init__(self, capacity_bytes: int, *, allocator: PinnedAllocator | None = None,
                  slab_bytes: int = 64 << 20,
-                 on_change: Callable[[PoolStats], None] | None = None) -> None:
+                 on_change: Callable[[PoolStats], None] | None = None,
+                 can_evict: Callable[[AdapterId], bool] | None = None,
+                 on_evict: Callable[[AdapterId], None] | None = None) -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
         self.slab_bytes = slab_bytes
         self.allocator = allocator or default_allocator()
         self.on_change = on_change
+        self.can_evict = can_evict
+        self.on_evict = on_evict
         self._lock = threading.RLock()
         self._slabs: dict[TensorSpec, list[_Slab]] = {}
         self._owner: dict[int, tuple[_Slab, int]] = {}  # data_ptr -> (slab, slot)
@@ -199,8 +212,8 @@ class CPULoRAPool:
         if need > self.capacity_bytes:
             raise AdapterTooLargeError(
                 f"LoRA adapter {adapter_id!r} needs {need / 2**30:.2f} GiB but the CPU LoRA pool "
-                f"holds {self.capacity_bytes / 2**30:.2f} GiB in all: raise lora_pool_bytes (or "
-                f"max_cpu_loras) in the offload profile, or use a smaller rank")
+                f"holds {self.capacity_bytes / 2**30:.2f} GiB in all: raise lora_pool_bytes "
+                f"(lora_pool_gib in the offload profile), or use a smaller rank")
         with self._lock:
             self.remove(adapter_id)
             self._reserve(Counter(_key(spec) for pair in modules.values() for spec in pair))
@@ -234,14 +247,24 @@ class CPULoRAPool:
                 for key, n in missing.items():
                     self._new_slab(key, slots_wanted=n)
                 return
-            victim = next((a for a in self._adapters.values() if not a.pinned), None)
+            unpinned = [a for a in self._adapters.values() if not a.pinned]
+            victim = next((a for a in unpinned
+                           if self.can_evict is None or self.can_evict(a.adapter_id)), None)
             if victim is None:
+                if not unpinned:
+                    raise PoolFullError(
+                        "the CPU LoRA pool is full and every resident adapter is pinned: unpin "
+                        "one or raise lora_pool_bytes (lora_pool_gib in the offload profile)")
                 raise PoolFullError(
-                    "the CPU LoRA pool is full and every resident adapter is pinned: unpin "
-                    "one or raise lora_pool_bytes")
+                    f"the CPU LoRA pool ({self.capacity_bytes / 2**30:.2f} GiB) is full with "
+                    f"adapters the current batch uses or that are pinned: it cannot hold one "
+                    f"batch's adapters (max_loras) plus this one; raise lora_pool_bytes "
+                    f"(lora_pool_gib in the offload profile) or lower max_loras")
             logger.info("CPU LoRA pool full: evicting adapter %r", victim.adapter_id)
             self._stats.evictions += 1
             self.remove(victim.adapter_id)
+            if self.on_evict is not None:
+                self.on_evict(victim.adapter_id)
 
     def get(self, adapter_id: int | str) -> PooledAdapter | None:
         """The resident adapter (counted as a hit and made most recent), or None (a miss)."""
@@ -264,6 +287,7 @@ class CPULoRAPool:
         self._changed()
 
     def remove(self, adapter_id: int | str) -> bool:
+        """Give the adapter's slots back; False when it is not resident (already evicted)."""
         with self._lock:
             adapter = self._adapters.pop(adapter_id, None)
             if adapter is None:
@@ -272,6 +296,11 @@ class CPULoRAPool:
             self._count_adapters()
         self._changed()
         return True
+
+    def owns(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is a slot this pool handed out and has not got back."""
+        with self._lock:
+            return tensor.data_ptr() in self._owner
 
     def resident(self) -> list[int | str]:
         with self._lock:
@@ -305,3 +334,87 @@ def _key(spec: TensorSpec) -> TensorSpec:
 
 def _nbytes(key: TensorSpec) -> int:
     return math.prod(key[0]) * _itemsize(key[1])
+
+
+# -- reading checkpoints straight into slots ----------------------------------------------------
+# A safetensors file is an 8-byte little-endian header length, a JSON header naming each tensor's
+# dtype, shape and byte range, then the raw bytes. Reading a range with readinto() into a slot
+# avoids the full-size intermediate tensor safetensors' own loader makes.
+
+_SAFETENSORS_DTYPES = {
+    "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # from the start of the file
+    nbytes: int
+
+
+class SafetensorsFile:
+    """The index of a safetensors file, and reads of single tensors into given buffers."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with open(path, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(header_len))
+        self.tensors: dict[str, StoredTensor] = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+            if dtype is None:
+                raise ValueError(f"{path}: tensor {name!r} has dtype {entry['dtype']}, which the "
+                                 f"CPU LoRA pool does not read; turn lora_pool off for it")
+            start, end = entry["data_offsets"]
+            self.tensors[name] = StoredTensor(name, dtype, tuple(entry["shape"]),
+                                              8 + header_len + start, end - start)
+        self._file = None
+
+    def __enter__(self) -> SafetensorsFile:
+        self._file = open(self.path, "rb", buffering=0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        """Fill ``out`` (same shape, any dtype) with the stored tensor ``name``."""
+        stored = self.tensors[name]
+        if tuple(out.shape) != stored.shape:
+            raise ValueError(f"{self.path}: {name} is {list(stored.shape)}, "
+                             f"the slot is {list(out.shape)}")
+        if out.dtype == stored.dtype and out.is_contiguous():
+            self._read(stored, out)
+        else:  # a cast: one tensor-sized temporary, never the whole file
+            staging = torch.empty(stored.shape, dtype=stored.dtype)
+            self._read(stored, staging)
+            out.copy_(staging)
+
+    def read(self, name: str) -> torch.Tensor:
+        stored = self.tensors[name]
+        out = torch.empty(stored.shape, dtype=stored.dtype)
+        self._read(stored, out)
+        return out
+
+    def _read(self, stored: StoredTensor, out: torch.Tensor) -> None:
+        if stored.nbytes == 0:
+            return
+        assert self._file is not None, "use SafetensorsFile as a context manager to read"
+        view = memoryview(out.view(-1).view(torch.uint8).numpy())
+        self._file.seek(stored.offset)
+        done = 0
+        while done < stored.nbytes:
+            n = self._file.readinto(view[done:])
+            if not n:
+                raise ValueError(f"{self.path} ends inside tensor {stored.name}: truncated file")
+            done += n

@@ -11,7 +11,8 @@ from manager import __version__, web
 from manager.db import make_engine, migrate
 from manager.deps import require_token_for_changes
 from manager.errors import ManagerError
-from manager.routes import health, models, plan, profiles, transfer, workers
+from manager.lora.pin_keeper import PinKeeper
+from manager.routes import health, loras, models, plan, profiles, transfer, workers
 from manager.services.preflight import refuse_if_it_cannot_fit
 from manager.settings import Settings
 from manager.supervisor.supervisor import Supervisor
@@ -32,9 +33,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.supervisor = supervisor
         await supervisor.start_up()
         web.start_metrics(app, settings, engine, supervisor)
+        app.state.lora_pin_keeper = PinKeeper(engine, supervisor)
+        app.state.lora_pin_keeper.start()
         try:
             yield
         finally:
+            await app.state.lora_pin_keeper.stop()
             await web.stop_metrics(app)
             await supervisor.shut_down()
             engine.dispose()
@@ -51,7 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _manager_error(_request: Request, exc: ManagerError) -> JSONResponse:
         return JSONResponse(status_code=exc.status, content={"detail": exc.message, **exc.detail})
 
-    for module in (health, models, profiles, transfer, workers, plan):
+    for module in (health, models, profiles, transfer, workers, plan, loras):
         app.include_router(module.router)
     web.install(app)
     return app

@@ -33,6 +33,15 @@ def _register_worker_commands() -> None:
 
 
 _register_worker_commands()
+
+
+def _register_lora_commands() -> None:
+    from manager.cli_loras import loras_app
+
+    app.add_typer(loras_app, name="loras", help="LoRA adapters: register, load on a worker, pin.")
+
+
+_register_lora_commands()
 app.command("plan", help="Plan memory for a model: what fits, why, and what would extend it.")(_plan_command())
 
 DataDir = Annotated[Optional[Path], typer.Option("--data-dir", help="Data folder (default ~/.local/share/vllm-manager).")]

@@ -21,7 +21,7 @@ def _client(url: str | None, token: str | None) -> httpx.Client:
     return httpx.Client(base_url=base, headers=headers, timeout=httpx.Timeout(60, read=600))
 
 
-def _call(url, token, method: str, path: str, **kwargs):
+def call(url, token, method: str, path: str, **kwargs):
     try:
         with _client(url, token) as client:
             resp = client.request(method, path, **kwargs)
@@ -54,31 +54,31 @@ def register(app: typer.Typer) -> None:
         body = {"model": model, "port": port, "force": force}
         if gpus:
             body["gpus"] = [int(g) for g in gpus.split(",")]
-        typer.echo(_line(_call(url, token, "POST", "/api/workers", json=body)))
+        typer.echo(_line(call(url, token, "POST", "/api/workers", json=body)))
 
     @app.command()
     def stop(worker: int, url: Url = None, token: Token = None) -> None:
         """Stop a worker (SIGTERM, grace period, SIGKILL)."""
-        typer.echo(_line(_call(url, token, "POST", f"/api/workers/{worker}/stop")))
+        typer.echo(_line(call(url, token, "POST", f"/api/workers/{worker}/stop")))
 
     @app.command()
     def restart(worker: int, url: Url = None, token: Token = None) -> None:
         """Restart a worker."""
-        typer.echo(_line(_call(url, token, "POST", f"/api/workers/{worker}/restart")))
+        typer.echo(_line(call(url, token, "POST", f"/api/workers/{worker}/restart")))
 
     @app.command()
     def switch(worker: int, model: str, url: Url = None, token: Token = None) -> None:
         """Switch a worker to another model config (rolls back if the new one does not start)."""
-        typer.echo(_line(_call(url, token, "POST", f"/api/workers/{worker}/switch", json={"model": model})))
+        typer.echo(_line(call(url, token, "POST", f"/api/workers/{worker}/switch", json={"model": model})))
 
     @app.command()
     def ps(all_: Annotated[bool, typer.Option("--all", help="Also list vLLM servers the manager did not start.")] = False,
            url: Url = None, token: Token = None) -> None:
         """List workers."""
-        for w in _call(url, token, "GET", "/api/workers"):
+        for w in call(url, token, "GET", "/api/workers"):
             typer.echo(_line(w))
         if all_:
-            for u in _call(url, token, "GET", "/api/workers/unmanaged"):
+            for u in call(url, token, "GET", "/api/workers/unmanaged"):
                 typer.echo(f"  -  unmanaged model {u['model']} port {u['port']} pid {u['pid']}")
 
     @app.command()
@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
              url: Url = None, token: Token = None) -> None:
         """Show a worker's engine output."""
         if not follow:
-            for line in _call(url, token, "GET", f"/api/workers/{worker}/logs", params={"tail": tail})["lines"]:
+            for line in call(url, token, "GET", f"/api/workers/{worker}/logs", params={"tail": tail})["lines"]:
                 typer.echo(line)
             return
         with _client(url, token) as client, client.stream(

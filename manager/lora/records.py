@@ -1,0 +1,55 @@
+"""The stored LoRA adapter and the records the API reads and writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from pydantic import field_validator
+from sqlmodel import Field, SQLModel
+
+from manager.schemas.common import check_slug, utcnow
+
+
+class LoraAdapterFields(SQLModel):
+    path: str = Field(min_length=1, description="Folder with adapter_config.json and the weights")
+    base_config: str = Field(min_length=1, description="Name of the model config it was trained for")
+
+
+class LoraAdapter(LoraAdapterFields, table=True):
+    __tablename__ = "lora_adapter"
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True, unique=True)
+    rank: int
+    pinned: bool = False  # keep it loaded: re-loaded whenever a worker of its config is ready
+    last_load_s: float | None = None  # seconds the last load into a worker took
+    last_loaded_at: datetime | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class LoraAdapterCreate(LoraAdapterFields):
+    name: str = Field(description="The name requests use as their model (vLLM's lora_name)")
+    pinned: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, v: str) -> str:
+        return check_slug(v)
+
+
+class LoraAdapterPublic(LoraAdapterFields):
+    name: str
+    rank: int
+    pinned: bool
+    last_load_s: float | None
+    last_loaded_at: datetime | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class LoadedAdapter:
+    """An adapter a worker serves now, as its /v1/models lists it."""
+
+    name: str
+    path: str  # vLLM's "root"
+    base_model: str  # vLLM's "parent"
