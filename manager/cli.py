@@ -224,15 +224,13 @@ def profiles_rm(name: str, data_dir: DataDir = None) -> None:
 def command(name: str, validate: Annotated[bool, typer.Option(help="Check it with vLLM's own parser.")] = True, data_dir: DataDir = None) -> None:
     """Show the exact argv and environment a model config launches."""
     from manager.services import models
-    from manager.services.command import build_command
+    from manager.services.command import preview_command
     from manager.services.validation import validate_engine_argv
 
     settings = _settings(data_dir)
     with _open_db(settings) as db:
         config = _run(models.get_model, db, name)
-        cmd = _run(build_command, config, models.profile_of(db, config), engine_python=settings.engine_python,
-                   port=config.port or settings.worker_port_range.start, gpus=config.gpu_ids,
-                   run_dir=settings.run_dir / "preview")
+        cmd = _run(preview_command, config, models.profile_of(db, config), settings)
     result = {"argv": cmd.argv, "env": cmd.env, "notes": cmd.notes}
     if validate:
         check = validate_engine_argv(settings.engine_python, cmd.engine_argv, cmd.env, settings.validation_timeout_s)

@@ -5,7 +5,7 @@ from manager.deps import SessionDep, SettingsDep
 from manager.errors import Invalid
 from manager.schemas.model_config import ModelConfigCreate, ModelConfigPublic, ModelConfigUpdate
 from manager.services import models
-from manager.services.command import build_command
+from manager.services.command import preview_command
 from manager.services.validation import validate_engine_argv
 
 router = APIRouter(prefix="/api/models", tags=["model configs"])
@@ -43,14 +43,7 @@ def delete_model(name: str, db: SessionDep) -> Response:
 async def command(name: str, db: SessionDep, settings: SettingsDep, validate: bool = True) -> dict:
     """The argv and environment this config launches, checked by the engine's own vLLM parser."""
     config = models.get_model(db, name)
-    cmd = build_command(
-        config,
-        models.profile_of(db, config),
-        engine_python=settings.engine_python,
-        port=config.port or settings.worker_port_range.start,
-        gpus=config.gpu_ids,
-        run_dir=settings.run_dir / "preview",
-    )
+    cmd = preview_command(config, models.profile_of(db, config), settings)
     body = {"argv": cmd.argv, "env": cmd.env, "notes": cmd.notes}
     if not validate:
         return {**body, "validation": {"status": "skipped", "message": "not asked for"}}

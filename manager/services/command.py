@@ -158,3 +158,16 @@ def _gib_text(n_bytes: int) -> str:
     # so the engine gets exactly n_bytes.
     gib = n_bytes / GIB
     return str(int(gib)) if gib.is_integer() else repr(gib)
+
+
+def preview_command(config: ModelConfig, profile: OffloadProfile | None, settings) -> LaunchCommand:
+    """The command a start of this config would run now, for previews (its own port, or the range's first)."""
+    return build_command(
+        config,
+        profile,
+        engine_python=settings.engine_python,
+        port=config.port or settings.worker_port_range.start,
+        gpus=config.gpu_ids,
+        run_dir=settings.run_dir / "preview",
+        host=settings.worker_host,
+    )

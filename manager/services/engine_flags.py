@@ -48,6 +48,16 @@ MANAGED_FLAGS = {
 }
 
 
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value given to `flag` in an argv (`--flag value` or `--flag=value`), or None."""
+    for i, part in enumerate(argv):
+        if part == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if part.startswith(flag + "="):
+            return part.split("=", 1)[1]
+    return None
+
+
 def flag_name(arg: str) -> str | None:
     if not arg.startswith("-") or arg == "-" or _is_number(arg):
         return None

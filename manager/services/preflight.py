@@ -11,23 +11,15 @@ from manager.planner.gpus import NoGPU, detect_gpu
 from manager.planner.model_files import ModelNotFound
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
+from manager.services.engine_flags import flag_value
 
 GIB = 1 << 30
-
-
-def _flag(extra_args: list[str], flag: str) -> str | None:
-    for i, arg in enumerate(extra_args):
-        if arg == flag and i + 1 < len(extra_args):
-            return extra_args[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def plan_request(config: ModelConfig, profile: OffloadProfile | None, gpu: str) -> PlanRequest:
     """A stored config (and its offload profile) in the planner's terms."""
     cpu_kv = config.env.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-    cpu_offload = _flag(config.extra_args, "--cpu-offload-gb")
+    cpu_offload = flag_value(config.extra_args, "--cpu-offload-gb")
     return PlanRequest(
         model=config.model,
         dtype=config.dtype,

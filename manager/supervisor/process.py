@@ -11,6 +11,8 @@ from pathlib import Path
 
 import psutil
 
+from manager.services.engine_flags import flag_value
+
 ENGINE_MARKERS = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
 
 
@@ -152,15 +154,6 @@ class Unmanaged:
     create_time: float
 
 
-def _arg(cmdline: list[str], flag: str) -> str | None:
-    for i, part in enumerate(cmdline):
-        if part == flag and i + 1 < len(cmdline):
-            return cmdline[i + 1]
-        if part.startswith(flag + "="):
-            return part.split("=", 1)[1]
-    return None
-
-
 def is_engine_cmdline(cmdline: list[str]) -> bool:
     text = " ".join(cmdline)
     if any(marker in text for marker in ENGINE_MARKERS):
@@ -183,11 +176,11 @@ def find_engines(exclude: set[int]) -> list[Unmanaged]:
             parent_cmd = []
         if parent_cmd and is_engine_cmdline(parent_cmd):
             continue  # a child of another engine (its engine core), not a server of its own
-        model = _arg(cmd, "--model")
+        model = flag_value(cmd, "--model")
         if model is None and "serve" in cmd:
             idx = cmd.index("serve")
             model = cmd[idx + 1] if idx + 1 < len(cmd) and not cmd[idx + 1].startswith("-") else None
-        port = _arg(cmd, "--port")
+        port = flag_value(cmd, "--port")
         found.append(Unmanaged(info["pid"], cmd, model, int(port) if port and port.isdigit() else 8000,
                                info["create_time"]))
     return found

@@ -22,7 +22,7 @@ from manager.schemas.offload_profile import (
     OffloadProfileUpdate,
 )
 from manager.services import models, profiles
-from manager.services.command import build_command
+from manager.services.command import preview_command
 from manager.services.validation import validate_engine_argv
 from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, to_text, validate
 from manager.web.render import render
@@ -193,14 +193,7 @@ async def command_preview(name: str, db: SessionDep, settings: SettingsDep, chec
     """The argv and environment a start would use; with check=1, also vLLM's own verdict."""
     config = models.get_model(db, name)
     try:
-        cmd = build_command(
-            config,
-            models.profile_of(db, config),
-            engine_python=settings.engine_python,
-            port=config.port or settings.worker_port_range.start,
-            gpus=config.gpu_ids,
-            run_dir=settings.run_dir / "preview",
-        )
+        cmd = preview_command(config, models.profile_of(db, config), settings)
     except ManagerError as exc:
         return HTMLResponse(render("fragments/command.html", error=exc.message, name=name))
     result = None
