@@ -8,8 +8,7 @@ from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 
 from manager.deps import SessionDep
-from manager.services import models
-from manager.services.preflight import prediction_vs_engine
+from manager.services.preflight import worker_kv_check
 from manager.supervisor.supervisor import Supervisor
 
 router = APIRouter(prefix="/api", tags=["workers"])
@@ -128,10 +127,7 @@ async def logs_stream(worker_id: int, request: Request, tail: int = 100) -> Even
 def kv_check(worker_id: int, request: Request, db: SessionDep) -> dict:
     """vLLM's own KV cache figures (from the engine log) beside the planner's prediction."""
     runner = _sup(request).runner(worker_id)
-    text = runner.logs.path.read_text(errors="replace") if runner.logs.path and runner.logs.path.exists() else ""
-    config = models.get_model(db, runner.row.model_name)
-    result = prediction_vs_engine(config, models.profile_of(db, config), text)
-    return result or {"reported": None, "note": "vLLM has not logged its KV cache size for this start yet"}
+    return worker_kv_check(db, runner.row.model_name, runner.logs.path)
 
 
 @router.get("/events")

@@ -67,3 +67,13 @@ def prediction_vs_engine(config: ModelConfig, profile: OffloadProfile | None, lo
     except (PlanError, ModelNotFound, OSError, ValueError) as exc:
         return {"reported": report.model_dump(), "predicted": None, "note": str(exc)}
     return {"reported": report.model_dump(), **(comparison.model_dump() if comparison else {})}
+
+
+def worker_kv_check(db, model_name: str, log_path) -> dict:
+    """For a worker: vLLM's KV figures from its current log beside the plan for its config."""
+    from manager.services import models
+
+    text = log_path.read_text(errors="replace") if log_path and log_path.exists() else ""
+    config = models.get_model(db, model_name)
+    result = prediction_vs_engine(config, models.profile_of(db, config), text)
+    return result or {"reported": None, "note": "vLLM has not logged its KV cache size for this start yet"}

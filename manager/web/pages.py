@@ -13,6 +13,7 @@ from manager.errors import NotFound
 from manager.planner import PlanError, PlanRequest, make_plan
 from manager.planner.gpus import CATALOGUE, NoGPU, detect_gpu
 from manager.services import models
+from manager.services.preflight import worker_kv_check
 from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, validate
 from manager.web.live import LiveViews
 from manager.web.render import render
@@ -57,6 +58,16 @@ def overview(request: Request, db: SessionDep) -> HTMLResponse:
 def events_fragment(request: Request, worker: int | None = None, limit: int = 20) -> HTMLResponse:
     events = request.app.state.supervisor.events.recent(worker, min(max(limit, 1), 200))
     return HTMLResponse(render("fragments/events.html", events=events))
+
+
+@router.get("/ui/workers/{worker_id}/kv-check", response_class=HTMLResponse)
+def kv_check_fragment(worker_id: int, request: Request, db: SessionDep) -> HTMLResponse:
+    runner = request.app.state.supervisor.runner(worker_id)
+    try:
+        check = worker_kv_check(db, runner.row.model_name, runner.logs.path)
+    except NotFound as exc:
+        check = {"reported": None, "note": exc.message}
+    return HTMLResponse(render("fragments/kv_check.html", check=check))
 
 
 @router.get("/workers/{worker_id}", response_class=HTMLResponse)
