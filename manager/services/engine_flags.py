@@ -22,6 +22,7 @@ CODE_FLAGS = {
     "--kv-transfer-config": "can name a connector module path (kv_connector_module_path)",
     "--ec-transfer-config": "can name a connector module path",
     "--distributed-executor-backend": "can name an executor class path",
+    "--config": "reads further arguments from a file, which could set any flag refused here",
 }
 
 # Flags the manager sets from the config's own fields or from the worker it starts.
@@ -72,21 +73,42 @@ def _is_number(arg: str) -> bool:
     return True
 
 
+def _canonical(flag: str) -> str:
+    # vLLM's parser accepts --some_flag for --some-flag.
+    return flag[:2] + flag[2:].replace("_", "-") if flag.startswith("--") else flag
+
+
+def _protected_by(flag: str, table: dict[str, str]) -> str | None:
+    """The protected flag that `flag` names: itself, or one it abbreviates (argparse accepts any
+    unambiguous prefix, so --trust-remote means --trust-remote-code)."""
+    if flag in table:
+        return flag
+    if flag.startswith("--") and len(flag) > 3:
+        for name in table:
+            if name.startswith(flag):
+                return name
+    return None
+
+
 def check_extra_args(args: list[str], allow_code_flags: bool) -> None:
     """Refuse flags that run user-chosen code (unless allowed) and flags the config already owns."""
     for arg in args:
         flag = flag_name(arg)
         if flag is None:
             continue
-        if flag in MANAGED_FLAGS:
-            field = MANAGED_FLAGS[flag]
+        flag = _canonical(flag)
+        base = "--" + flag[5:] if flag.startswith("--no-") else flag
+        managed = _protected_by(flag, MANAGED_FLAGS) or _protected_by(base, MANAGED_FLAGS)
+        if managed:
             raise Invalid(
-                f"extra_args: {flag} is set by the manager; use the config field {field} instead",
+                f"extra_args: {arg.split('=', 1)[0]} sets {managed}, which is set by the manager; "
+                f"use the config field {MANAGED_FLAGS[managed]} instead",
                 field="extra_args",
             )
-        if flag in CODE_FLAGS and not allow_code_flags:
+        code = _protected_by(flag, CODE_FLAGS)
+        if code and not allow_code_flags:
             raise Invalid(
-                f"extra_args: {flag} is refused because it {CODE_FLAGS[flag]}; an operator can allow "
-                "such flags with VLLM_MANAGER_ALLOW_CODE_FLAGS=1",
+                f"extra_args: {arg.split('=', 1)[0]} is refused because {code} {CODE_FLAGS[code]}; an "
+                "operator can allow such flags with VLLM_MANAGER_ALLOW_CODE_FLAGS=1",
                 field="extra_args",
             )

@@ -133,3 +133,13 @@ def test_database_is_wal_with_foreign_keys_and_migrated(client, settings):
 
     newest = sorted(p.stem for p in (Path(manager.db.__file__).parent / "migrations" / "versions").glob("0*.py"))[-1]
     assert head == newest
+
+
+def test_refused_flags_cannot_be_smuggled_in(client):
+    for args in (["--trust-remote"], ["--trust_remote_code"], ["--worker-cls=x.Y"], ["--config", "args.yaml"],
+                 ["--max-model", "9000"], ["--no-enable-lora"], ["--tensor_parallel_size", "2"]):
+        resp = client.post("/api/models", json={**MODEL, "name": "smuggle", "extra_args": args})
+        assert resp.status_code == 422, args
+    ok = client.post("/api/models", json={**MODEL, "name": "fine", "extra_args": ["--no-trust-remote-code",
+                                                                                  "--max-num-batched-tokens", "8192"]})
+    assert ok.status_code == 201
