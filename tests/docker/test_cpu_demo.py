@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.support.engine import free_port, running_engine
 
 from tests.docker.conftest import DOCKER
 
@@ -112,14 +112,6 @@ def test_without_a_data_dir_it_stops_and_says_which_variable_is_missing(demo):
     assert not Path(demo["SERVE_ARGS_FILE"]).exists()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.engine
 @pytest.mark.timeout(600)
 def test_vllm_cpu_serves_the_demo_model_as_the_manager_would_start_it(demo, engine_slot):
@@ -134,35 +126,11 @@ def test_vllm_cpu_serves_the_demo_model_as_the_manager_would_start_it(demo, engi
     assert command["validation"]["status"] != "rejected"
 
     log = Path(demo["VLLM_MANAGER_DATA_DIR"]) / "engine.log"
-    with log.open("w") as out:
-        engine = subprocess.Popen(
-            command["argv"], env={**demo, **command["env"]}, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert engine.poll() is None, f"the engine exited: {log.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail(f"no /health 200 within 300 s: {log.read_text()[-3000:]}")
+    with running_engine(command["argv"], port, log, {**demo, **command["env"]}):
         reply = httpx.post(
-            f"{base}/v1/chat/completions",
+            f"http://127.0.0.1:{port}/v1/chat/completions",
             json={"model": "tiny-llama", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5},
             timeout=60,
         )
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["completion_tokens"] >= 1
-    finally:
-        os.killpg(engine.pid, signal.SIGTERM)
-        try:
-            engine.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(engine.pid, signal.SIGKILL)
-            engine.wait()

@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -17,42 +12,18 @@ pytest.importorskip("vllm")
 
 from engine_patches.settings import PatchSettings  # noqa: E402
 from engine_patches.stats import read_stats  # noqa: E402
+from tests.support.engine import free_port, running_engine, tiny_engine_argv  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(400)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_plugin_is_active_in_a_real_engine(tiny_llama, engine_slot, tmp_path):
-    port = _free_port()
+    port = free_port()
     run_dir = tmp_path / "run"
-    env = dict(os.environ, VLLM_PLUGINS="offload_patches",
-               **PatchSettings(run_dir=str(run_dir)).to_env())
+    env = {"VLLM_PLUGINS": "offload_patches", **PatchSettings(run_dir=str(run_dir)).to_env()}
     log_path = tmp_path / "engine.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_llama),
-             "--load-format", "dummy", "--gpu-memory-utilization", "0.2", "--max-model-len", "4096",
-             "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        deadline = time.time() + 300
-        healthy = False
-        while time.time() < deadline and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    healthy = r.status == 200
-            except OSError:
-                pass
-            if healthy:
-                break
-            time.sleep(1)
+    with running_engine(tiny_engine_argv(tiny_llama, port), port, log_path, env):
         log_text = log_path.read_text()
-        assert healthy, f"engine did not become healthy:\n{log_text[-3000:]}"
         time.sleep(2.5)  # stats files are written at most once a second
         assert "offload_patches active in pid" in log_text
         docs = read_stats(run_dir)
@@ -69,10 +40,3 @@ def test_plugin_is_active_in_a_real_engine(tiny_llama, engine_slot, tmp_path):
                                      {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
             assert r.status == 200
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from tests.lora.peft_adapters import make_llama_adapter
 from tests.lora.test_api_and_cli import lora_app
-from tests.supervisor.test_engine import START_TIMEOUT, _config, _wait, engine_settings  # noqa: F401
+from tests.support.engine import tiny_config as _config, wait_for_state as _wait
 
 pytestmark = pytest.mark.engine
 
@@ -36,7 +36,7 @@ def _until(fetch, check, timeout: float = 30.0):
         time.sleep(0.5)
 
 
-def test_load_serve_evict_unload_and_pin_across_a_restart(engine_settings, tiny_llama, tmp_path):  # noqa: F811
+def test_load_serve_evict_unload_and_pin_across_a_restart(engine_settings, tiny_llama, tmp_path):
     sql = make_llama_adapter(tmp_path / "sql", tiny_llama, rank=8)
     chat = make_llama_adapter(tmp_path / "chat", tiny_llama, rank=16, seed=1)
     huge = make_llama_adapter(tmp_path / "huge", tiny_llama, rank=16, seed=2,
@@ -107,7 +107,7 @@ def test_load_serve_evict_unload_and_pin_across_a_restart(engine_settings, tiny_
         assert _wait(c, wid, {"stopped"}, timeout=60)["state"] == "stopped"
 
 
-def test_a_moe_adapter_is_stacked_inside_the_pool_of_a_real_worker(engine_settings, tiny_moe,  # noqa: F811
+def test_a_moe_adapter_is_stacked_inside_the_pool_of_a_real_worker(engine_settings, tiny_moe,
                                                                   tmp_path):
     """Through vLLM's real Qwen3-MoE LoRA manager: the experts' LoRAs go into the pool already
     stacked, so the pool holds exactly the adapter's bytes and nothing is loaded the stock way.

@@ -4,61 +4,23 @@ tree holds the API server and the engine core."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 
 from manager.metrics.collector import MetricsCollector, WorkerInfo
 from manager.metrics.pools import PoolsReader
+from tests.support.engine import free_port, running_engine, tiny_engine_argv
 
 pytestmark = pytest.mark.engine
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def engine(tiny_llama, engine_slot, tmp_path):
-    port = _free_port()
-    log = open(tmp_path / "engine.log", "w")
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_llama),
-            "--served-model-name", "tiny", "--load-format", "dummy",
-            "--gpu-memory-utilization", "0.2", "--max-model-len", "4096", "--port", str(port),
-        ],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"engine exited; see {tmp_path / 'engine.log'}"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail("the engine did not become healthy within 240 s")
+    port = free_port()
+    argv = tiny_engine_argv(tiny_llama, port, "--served-model-name", "tiny")
+    with running_engine(argv, port, tmp_path / "engine.log", timeout_s=240) as proc:
         yield proc, port
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 def test_tokens_per_second_moves_while_requests_run(engine):

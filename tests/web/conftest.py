@@ -18,6 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.engine import stop_leftover_engines
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -88,22 +90,7 @@ class LiveManager:
 
     def stop_engines(self) -> None:
         """Engines outlive the manager by design; a failed test must not leave one running."""
-        from sqlmodel import select
-
-        from manager.db import make_engine, session
-        from manager.schemas.worker import Worker
-        from manager.supervisor import process
-
-        db_path = self.data_dir / "manager.db"
-        if not db_path.exists():
-            return
-        engine = make_engine(db_path)
-        with session(engine) as db:
-            rows = list(db.exec(select(Worker)))
-        engine.dispose()
-        for row in rows:
-            if row.pid and process.matches(row.pid, row.pid_create_time, row.cmdline):
-                process.stop_group(row.pid, 10)
+        stop_leftover_engines(self.data_dir)
 
 
 @pytest.fixture
