@@ -14,14 +14,14 @@ from manager.db import session
 from manager.metrics import ManagerExposition, MetricsCollector
 from manager.services import models
 from manager.settings import Settings
-from manager.web import metrics_api, model_pages, pages
+from manager.web import lora_pages, metrics_api, model_pages, pages
 from manager.web.live import LiveViews
 from manager.web.paths import static_dir
 from manager.web.wiring import make_collector
 
 
 def install(app: FastAPI) -> None:
-    for module in (metrics_api, pages, model_pages):
+    for module in (metrics_api, pages, model_pages, lora_pages):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=static_dir()), name="static")
 
