@@ -26,7 +26,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine_patches.moe.experts import auto_experts, looped_experts, reference_moe  # noqa: E402
-from engine_patches.moe.gather import copy_experts  # noqa: E402
+from engine_patches.moe.device_slots import DeviceSlotTables  # noqa: E402
+from engine_patches.moe.gather import copy_experts, copy_experts_indexed  # noqa: E402
 from engine_patches.moe.offload import ExpertOffload  # noqa: E402
 from engine_patches.moe.sizing import slots_for_budget  # noqa: E402
 from engine_patches.moe.store import ExpertStore  # noqa: E402
@@ -132,35 +133,120 @@ def time_steps(device, stack, x, tw, trace, moe, warmup, timed):
     return (time.perf_counter() - t0) / timed
 
 
+def graph_steps(device, stack, x, tw, trace, moe, warmup, timed, before_timing=None):
+    """Capture one whole decode step (every layer) in a CUDA graph; time its replays.
+
+    The step reads its expert ids from a static buffer that each replay refills, so the graph is
+    the same work as the eager step with none of the per-kernel launch cost. Returns (step
+    seconds, the output of the first timed replay)."""
+    ids_buf = trace[0].clone()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm-up (compiles the kernels) off the capture stream
+        for s in range(warmup):
+            ids_buf.copy_(trace[s % len(trace)])
+            stack.step(x, tw, ids_buf, moe)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = stack.step(x, tw, ids_buf, moe)
+    if before_timing is not None:
+        before_timing()
+    first = None
+    sync(device)
+    t0 = time.perf_counter()
+    for s in range(warmup, warmup + timed):
+        ids_buf.copy_(trace[s % len(trace)])
+        graph.replay()
+        if first is None:
+            first = out.clone()
+    sync(device)
+    dt = (time.perf_counter() - t0) / timed
+    del graph
+    return dt, first
+
+
+def check_device_planner(device, a, steps=40):
+    """The Triton slot planner leaves exactly the state and plan the torch planner leaves."""
+    g = torch.Generator().manual_seed(5)
+    slots = max(a.top_k, a.experts // 4)
+    kern = DeviceSlotTables(2, a.experts, slots, device, use_triton=True)
+    ref = DeviceSlotTables(2, a.experts, slots, device, use_triton=False)
+    for step in range(steps):
+        tokens = int(torch.randint(1, slots // a.top_k + 1, (1,), generator=g))
+        ids = torch.stack([torch.randperm(a.experts, generator=g)[: a.top_k]
+                           for _ in range(tokens)]).to(device)
+        p, q = kern.plan(step % 2, ids), ref.plan(step % 2, ids)
+        for x, y in ((p.slot_ids, q.slot_ids), (p.load_experts, q.load_experts),
+                     (p.load_slots, q.load_slots), (kern.expert_slot, ref.expert_slot),
+                     (kern.last_used, ref.last_used), (kern.counts, ref.counts)):
+            if not torch.equal(x, y):
+                return f"differs at step {step}"
+    return "same"
+
+
+def gather_configs(store, device, configs, n_experts_list, repeats=10):
+    """GB/s of the device-indexed Triton gather (the device planner's copy) per (block, warps)."""
+    lay = store.layers[0]
+    out = {}
+    for n in n_experts_list:
+        dst13 = torch.empty((n, *lay.w13.shape[1:]), dtype=lay.w13.dtype, device=device)
+        dst2 = torch.empty((n, *lay.w2.shape[1:]), dtype=lay.w2.dtype, device=device)
+        g = torch.Generator().manual_seed(4)
+        for block, warps in configs:
+            times = []
+            for r in range(repeats + 1):
+                ids = torch.randperm(lay.num_experts, generator=g)[:n].int().to(device)
+                slots = torch.arange(n, dtype=torch.int32, device=device)
+                sync(device)
+                t0 = time.perf_counter()
+                copy_experts_indexed(lay.w13, dst13, ids, slots, block=block, num_warps=warps)
+                copy_experts_indexed(lay.w2, dst2, ids, slots, block=block, num_warps=warps)
+                sync(device)
+                if r:
+                    times.append(time.perf_counter() - t0)
+            e = int(ids[-1])
+            assert torch.equal(dst13[-1].cpu(), lay.w13[e]) and torch.equal(dst2[-1].cpu(), lay.w2[e])
+            out[f"{n}x{block}x{warps}"] = n * lay.expert_bytes / statistics.median(times) / 1e9
+    return out
+
+
 def check_experts_fn(device, dtype, a, experts_fn):
     """The GPU expert math against the float64 reference, on fresh random inputs."""
     g = torch.Generator().manual_seed(11)
     e, h, i = 16, a.hidden, a.inter
     w13 = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(dtype)
     w2 = (torch.randn(e, h, i, generator=g) / i**0.5).to(dtype)
-    x = torch.randn(8, h, generator=g).to(dtype)
-    ids = torch.stack([torch.randperm(e, generator=g)[: a.top_k] for _ in range(8)])
-    ids[0, 0] = -1
-    tw = torch.rand(8, a.top_k, generator=g)
-    ref = reference_moe(x.float(), w13.float(), w2.float(), tw, ids).double()
-    got = experts_fn(x.to(device), w13.to(device), w2.to(device), tw.to(device), ids.to(device))
-    return float((got.double().cpu() - ref).norm() / ref.norm())
+    worst = 0.0
+    for tokens in (8, 1, 2):  # 1 and 2: the decode-batch kernels; 8: grouped matmuls
+        x = torch.randn(tokens, h, generator=g).to(dtype)
+        ids = torch.stack([torch.randperm(e, generator=g)[: a.top_k] for _ in range(tokens)])
+        ids[0, 0] = -1
+        tw = torch.rand(tokens, a.top_k, generator=g)
+        ref = reference_moe(x.float(), w13.float(), w2.float(), tw, ids).double()
+        got = experts_fn(x.to(device), w13.to(device), w2.to(device), tw.to(device),
+                         ids.to(device))
+        worst = max(worst, float((got.double().cpu() - ref).norm() / ref.norm()))
+    return worst
 
 
 def check_offload_matches_resident(store, gpu_experts, device, a, method, experts_fn):
     """Cached mode with the smallest cache (rounds, evictions) and copy-all against resident."""
     g = torch.Generator().manual_seed(9)
     worst = 0.0
-    for mode in ("cached", "copy_all"):
+    # Host planner (8 tokens, top_k slots: rounds and evictions), copy-all, and the device planner
+    # (1-2 tokens in 2*top_k slots: evictions) with the host taking over at 8 tokens now and then.
+    for mode, planner, slots in (("cached", "host", a.top_k), ("copy_all", "auto", None),
+                                 ("cached", "auto", 2 * a.top_k)):
         off = ExpertOffload(store, device=device, mode=mode, copy_method=method,
-                            slots_per_layer=a.top_k if mode == "cached" else None,
-                            experts_fn=experts_fn)
-        for _ in range(3):
+                            slots_per_layer=slots, experts_fn=experts_fn, planner=planner)
+        for rnd in range(6 if planner == "auto" else 3):
+            tokens = 8 if planner != "auto" or rnd == 3 else 1 + rnd % 2
             for layer in range(min(4, a.layers)):
                 ids = torch.stack([torch.randperm(a.experts, generator=g)[: a.top_k]
-                                   for _ in range(8)]).to(device)
-                tw = torch.rand(8, a.top_k, generator=g).to(device)
-                x = torch.randn(8, a.hidden, generator=g).to(gpu_experts[0][0].dtype).to(device)
+                                   for _ in range(tokens)]).to(device)
+                tw = torch.rand(tokens, a.top_k, generator=g).to(device)
+                x = torch.randn(tokens, a.hidden, generator=g).to(gpu_experts[0][0].dtype).to(device)
                 ref = experts_fn(x, *gpu_experts[layer], tw, ids).float()
                 got = off.forward(layer, x, tw, ids).float()
                 worst = max(worst, float((got - ref).norm() / ref.norm()))
@@ -276,6 +362,38 @@ def main(argv=None):
                 log(f"CHECK FAILED: offloaded MoE ({method}) differs from resident: {err}")
     log(f"offloaded vs resident MoE output, rel err: {res['offload_rel_err']}")
 
+    cuda = device.type == "cuda"
+    if cuda:  # the device planner's kernels: checked, and the gather's launch shape picked
+        configs = [(2048, 4), (4096, 4), (8192, 8), (16384, 8)]
+        best = (4096, 4)
+        try:
+            res["device_planner_check"] = check_device_planner(device, a)
+            res["gather_GBps"] = gather_configs(store, device, configs, [2, 8])
+            best = max(configs, key=lambda c: sum(v for k, v in res["gather_GBps"].items()
+                                                  if k.endswith(f"x{c[0]}x{c[1]}")))
+        except Exception as exc:  # report; the device variants will fail and say so too
+            res["device_planner_check"] = f"failed: {exc!r}"[:300]
+            res["gather_GBps"] = {}
+        log(f"device planner (Triton vs torch): {res['device_planner_check']}; gather GB/s "
+            f"{ {k: round(v, 1) for k, v in res['gather_GBps'].items()} } -> block/warps {best}")
+    else:
+        best = (4096, 4)
+    res["gather_block_warps"] = best
+
+    def record(run, st, timed):
+        link_s = st.bytes_moved / timed / (bw * 1e9)
+        run |= {"link_bound_step_s": link_s,
+                "link_bound_tokens_per_s": run["batch"] / link_s if link_s else None,
+                "vs_link_bound": run["step_s"] / link_s if link_s else None,
+                "stats": st.as_dict()}
+        res["runs"].append(run)
+        copy = (f"copy {st.copy_time_s / timed * 1e3:7.2f} ms/step, exposed "
+                f"{st.exposed_time_s / timed * 1e3:7.2f}" if st.timed else "copy not timed")
+        log(f"b={run['batch']:3d} {run['variant']:22s}{run['tokens_per_s']:9.1f} tok/s  "
+            f"hit {st.hit_rate:5.1%}  {st.bytes_per_token / 1e6:8.1f} MB/token  link bound "
+            f"{run['link_bound_tokens_per_s'] or 0:9.1f} tok/s (x{run['vs_link_bound'] or 0:.2f})  "
+            f"{copy}")
+
     gen = torch.Generator().manual_seed(42)
     for batch in a.batches:
         n_trace = a.warmup + a.steps
@@ -285,70 +403,98 @@ def main(argv=None):
         x = torch.randn(batch, a.hidden, generator=gen).to(dtype).to(device)
         uniq = statistics.mean(len(torch.unique(trace[s, lay]))
                                for s in range(n_trace) for lay in range(a.layers))
+        base = {"batch": batch, "unique_experts_per_layer": uniq}
 
         def resident(layer, h, w, ids):
             return experts_fn(h, gpu_experts[layer][0], gpu_experts[layer][1], w, ids)
 
         dt = time_steps(device, stack, x, tw, trace, resident, a.warmup, a.steps)
-        base = {"batch": batch, "unique_experts_per_layer": uniq}
         res["runs"].append(base | {"variant": "resident", "step_s": dt, "tokens_per_s": batch / dt})
-        log(f"b={batch:3d} resident        {batch / dt:9.1f} tok/s  (unique experts/layer {uniq:.1f})")
+        log(f"b={batch:3d} resident              {batch / dt:9.1f} tok/s  "
+            f"(unique experts/layer {uniq:.1f})")
+        ref_out = None
+        if cuda:  # the same expert math, launched as one CUDA graph per step
+            try:
+                dt, ref_out = graph_steps(device, stack, x, tw, trace, resident, a.warmup, a.steps)
+                res["runs"].append(base | {"variant": "resident_graph", "step_s": dt,
+                                           "tokens_per_s": batch / dt})
+                log(f"b={batch:3d} resident_graph        {batch / dt:9.1f} tok/s")
+            except Exception as exc:  # report, go on with the eager figures
+                res.setdefault("graph_failed", []).append(f"resident b{batch}: {exc!r}"[:300])
+                log(f"graph capture failed (resident b{batch}): {exc!r}"[:300])
 
-        variants = [("copy_all", None, "memcpy")] + [("cached", f, "memcpy") for f in a.budgets]
-        if (batch == 1 and device.type == "cuda" and 0.25 in a.budgets
-                and isinstance(res["copy_methods_GBps"].get("triton"), float)):
-            variants.append(("cached", 0.25, "triton"))
-        for mode, frac, method in variants:
-            kw = dict(device=device, mode=mode, copy_method=method, measure_copy_time=True,
-                      experts_fn=experts_fn)
+        # (mode, budget, planner, copy method, in a CUDA graph)
+        variants = [("copy_all", None, "auto", "memcpy", False)]
+        for f in a.budgets:
+            variants.append(("cached", f, "auto", "memcpy", False))
+            if batch == 1 and f == 0.25:  # the previous runs' way: every layer planned on the host
+                variants.append(("cached", f, "host", "memcpy", False))
+                if cuda and isinstance(res["copy_methods_GBps"].get("triton"), float):
+                    variants.append(("cached", f, "host", "triton", False))
+            if cuda:
+                variants.append(("cached", f, "device", "memcpy", True))
+        for mode, frac, planner, method, graphed in variants:
+            kw = dict(device=device, mode=mode, copy_method=method, experts_fn=experts_fn,
+                      measure_copy_time=not graphed, planner=planner,
+                      gather_block=best[0], gather_warps=best[1])
             if mode == "cached":
                 gib = frac * store.host_bytes / 2**30
                 kw["slots_per_layer"] = slots_for_budget(
                     gib, num_experts=a.experts, num_layers=a.layers, one_expert_bytes=expert_b,
                     top_k=a.top_k)
+                if graphed and batch * a.top_k > kw["slots_per_layer"]:
+                    continue  # too many experts per batch for the device planner: host path only
             off = ExpertOffload(store, **kw)
+            name = mode if mode == "copy_all" else f"cached_{int(frac * 100)}pct"
+            if mode == "cached" and planner == "host":
+                name += "_host" + ("_triton" if method == "triton" else "")
+            elif mode == "cached" and off.plans_on_device(trace[0, 0]):
+                name += "_device" + ("_graph" if graphed else "")
             warm, timed = (1, a.copy_all_steps) if mode == "copy_all" else (a.warmup, a.steps)
 
             def moe(layer, h, w, ids, _off=off):
                 return _off.forward(layer, h, w, ids)
 
-            for s in range(warm):
-                stack.step(x, tw, trace[s % n_trace], moe)
-            off.reset_stats()
-            sync(device)
-            t0 = time.perf_counter()
-            for s in range(warm, warm + timed):
-                stack.step(x, tw, trace[s % n_trace], moe)
-            sync(device)
-            dt = (time.perf_counter() - t0) / timed
-            st = off.stats()
-            link_s = st.bytes_moved / timed / (bw * 1e9)
-            run = base | {
-                "variant": mode if mode == "copy_all" else f"cached_{int(frac * 100)}pct",
-                "copy_method": method, "budget_fraction": frac, "slots_per_layer": off.slots_per_layer,
-                "gpu_cache_bytes": st.gpu_cache_bytes, "step_s": dt, "tokens_per_s": batch / dt,
-                "link_bound_step_s": link_s, "link_bound_tokens_per_s": batch / link_s if link_s else None,
-                "vs_link_bound": dt / link_s if link_s else None,
-                "stats": st.as_dict(),
-            }
-            res["runs"].append(run)
-            log(f"b={batch:3d} {run['variant']:14s}{'/' + method if method != 'memcpy' else '':8s}"
-                f"{batch / dt:9.1f} tok/s  hit {st.hit_rate:5.1%}  "
-                f"{st.bytes_per_token / 1e6:8.1f} MB/token  link bound "
-                f"{run['link_bound_tokens_per_s'] or 0:9.1f} tok/s (x{run['vs_link_bound'] or 0:.2f})  "
-                f"copy {st.copy_time_s / timed * 1e3:7.2f} ms/step, exposed "
-                f"{st.exposed_time_s / timed * 1e3:7.2f}")
+            run = base | {"variant": name, "copy_method": method, "planner": planner,
+                          "budget_fraction": frac, "slots_per_layer": off.slots_per_layer,
+                          "gpu_cache_bytes": off.gpu_cache_bytes}
+            try:
+                if graphed:
+                    dt, out = graph_steps(device, stack, x, tw, trace, moe, warm, timed,
+                                          before_timing=off.reset_stats)
+                    if ref_out is not None:  # same ids, same step: the offloaded graph's output
+                        run["rel_err_vs_resident_graph"] = float(
+                            (out.float() - ref_out.float()).norm() / ref_out.float().norm())
+                else:
+                    for s in range(warm):
+                        stack.step(x, tw, trace[s % n_trace], moe)
+                    off.reset_stats()
+                    sync(device)
+                    t0 = time.perf_counter()
+                    for s in range(warm, warm + timed):
+                        stack.step(x, tw, trace[s % n_trace], moe)
+                    sync(device)
+                    dt = (time.perf_counter() - t0) / timed
+            except Exception as exc:  # report, go on with the other variants
+                res.setdefault("variant_failed", []).append(f"{name} b{batch}: {exc!r}"[:300])
+                log(f"FAILED {name} b{batch}: {exc!r}"[:300])
+                continue
+            run |= {"step_s": dt, "tokens_per_s": batch / dt}
+            record(run, off.stats(), timed)
             del off
-            if device.type == "cuda":
+            if cuda:
                 torch.cuda.empty_cache()
 
-    by = {(r["batch"], r["variant"], r.get("copy_method", "memcpy")): r for r in res["runs"]}
     summary = {}
     for batch in a.batches:
-        ca, c25 = by.get((batch, "copy_all", "memcpy")), by.get((batch, "cached_25pct", "memcpy"))
+        got = {r["variant"]: r for r in res["runs"] if r["batch"] == batch}
+        ca = got.get("copy_all")
+        c25 = [r for v, r in got.items() if v.startswith("cached_25pct") and "_host" not in v]
         if ca and c25:
-            summary[f"b{batch}_cached25_over_copy_all"] = c25["tokens_per_s"] / ca["tokens_per_s"]
-            summary[f"b{batch}_cached25_vs_link_bound"] = c25["vs_link_bound"]
+            top = max(c25, key=lambda r: r["tokens_per_s"])
+            summary[f"b{batch}_cached25_best_variant"] = top["variant"]
+            summary[f"b{batch}_cached25_over_copy_all"] = top["tokens_per_s"] / ca["tokens_per_s"]
+            summary[f"b{batch}_cached25_vs_link_bound"] = top["vs_link_bound"]
     res["summary"] = summary
     log("summary: " + json.dumps(summary))
     if a.out:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from manager import __version__, web
@@ -50,6 +51,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         dependencies=[Depends(require_token_for_changes)],
     )
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Field, rule and message only: echoing the input back can fail (Infinity is not JSON) and
+        # would repeat secrets such as environment values.
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+                  for e in exc.errors()]
+        return JSONResponse(status_code=422, content={"detail": errors})
 
     @app.exception_handler(ManagerError)
     async def _manager_error(_request: Request, exc: ManagerError) -> JSONResponse:

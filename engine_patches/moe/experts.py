@@ -13,6 +13,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .experts_triton import HAVE_TRITON, MAX_ENTRIES, gemv_experts
+
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
                      torch.Tensor]
 
@@ -81,7 +83,10 @@ def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
 
 def auto_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                  topk_weights: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
-    """grouped_mm where it runs (CUDA, bf16, rows a multiple of 16 bytes), the loop elsewhere."""
+    """On CUDA: Triton matrix-vector kernels for decode-sized batches (few (token, k) entries),
+    grouped_mm above that (bf16, rows a multiple of 16 bytes); the loop elsewhere."""
+    if x.is_cuda and HAVE_TRITON and slot_ids.numel() <= MAX_ENTRIES:
+        return gemv_experts(x, w13, w2, topk_weights, slot_ids)
     aligned = all(d * x.element_size() % 16 == 0 for d in (x.shape[-1], w2.shape[-1]))
     if x.is_cuda and x.dtype == torch.bfloat16 and aligned and hasattr(torch, "_grouped_mm"):
         return grouped_experts(x, w13, w2, topk_weights, slot_ids)

@@ -25,8 +25,12 @@ try:  # Triton is optional: the CPU build and a machine without it use the torch
         chunk = tl.program_id(1)
         s_row = tl.load(src_rows + pair).to(tl.int64)
         d_row = tl.load(dst_rows + pair).to(tl.int64)
+        # -1: a padding entry of the device planner's list, nothing to copy.
+        limit = tl.where(s_row >= 0, row_elems, 0)
+        s_row = tl.maximum(s_row, 0)
+        d_row = tl.maximum(d_row, 0)
         offs = chunk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < row_elems
+        mask = offs < limit
         vals = tl.load(src + s_row * row_elems + offs, mask=mask)
         tl.store(dst + d_row * row_elems + offs, vals, mask=mask)
 
@@ -79,6 +83,35 @@ def copy_rows_triton(src: torch.Tensor, dst: torch.Tensor, experts: Sequence[int
     row = s_words.shape[1]
     grid = (len(experts), triton.cdiv(row, block))
     _gather_rows_kernel[grid](s_words, d_words, idx[0], idx[1], row, BLOCK=block)
+
+
+def copy_experts_indexed(src: torch.Tensor, dst: torch.Tensor, experts: torch.Tensor,
+                         slots: torch.Tensor, *, use_triton: bool | None = None,
+                         block: int = 4096, num_warps: int = 4) -> None:
+    """``dst[slots[i]] = src[experts[i]]`` where the ids are tensors on the device; -1 skips.
+
+    The device slot planner's copies: which experts to fetch is known only on the GPU, so on
+    CUDA this is the Triton gather reading pinned host memory in place (one launch, no host read,
+    CUDA-graph safe). The torch path (boolean indexing) is for the CPU.
+    """
+    if use_triton is None:
+        use_triton = dst.is_cuda
+    if not use_triton:
+        keep = experts >= 0
+        dst[slots[keep].long()] = src[experts[keep].long().to(src.device)].to(dst.device)
+        return
+    if not HAVE_TRITON:
+        raise RuntimeError("copying experts chosen on the GPU needs Triton installed")
+    if not (src.is_contiguous() and dst.is_contiguous() and src.dtype == dst.dtype
+            and src.shape[1:] == dst.shape[1:]):
+        raise ValueError("expert gather needs contiguous src/dst of the same dtype and row shape")
+    if src.device.type == "cpu" and dst.is_cuda and not src.is_pinned():
+        raise ValueError("the expert gather reads host memory in place: src must be pinned")
+    s_words, d_words = _as_words(src), _as_words(dst)
+    row = s_words.shape[1]
+    grid = (experts.shape[0], triton.cdiv(row, block))
+    _gather_rows_kernel[grid](s_words, d_words, experts, slots, row, BLOCK=block,
+                              num_warps=num_warps)
 
 
 def copy_experts(src: torch.Tensor, dst: torch.Tensor, experts: Sequence[int],

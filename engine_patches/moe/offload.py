@@ -1,11 +1,16 @@
 """The runtime: run MoE layers whose experts live in host memory.
 
 Two modes, chosen per engine:
-- ``cached``: each layer owns a few GPU slots managed as an LRU (``ExpertSlotTable``). Per layer and
-  batch the router's top-k ids say which experts are needed; only the missing ones are copied, on a
-  side stream. The resident experts are computed while the copies run, and the layer waits only for
-  the experts it is missing. The ids are read on the host (one small sync per layer): the price of
-  deciding what to copy, and why this mode cannot run inside a CUDA graph.
+- ``cached``: each layer owns a few GPU slots managed as an LRU. Per layer and batch the router's
+  top-k ids say which experts are needed; only the missing ones are copied. Two planners:
+  - device (decode-sized batches, tokens * top_k <= slots): the slot tables live on the GPU
+    (``DeviceSlotTables``); one planning kernel turns the ids into slots and a padded copy list,
+    and a gather kernel fetches the missing experts straight from pinned host memory. No host read,
+    no sync: the whole step can be one CUDA graph. This is what makes batch 1 fast.
+  - host (larger batches): the ids are read on the host (one small sync per layer), the
+    ``ExpertSlotTable`` plans rounds when the batch needs more experts than there are slots, and
+    the copies run on a side stream while the resident experts are computed.
+  The two hand the LRU state over when the batch size crosses the line.
 - ``copy_all`` (the seed's way, kept as the baseline): every expert of the layer is copied into one
   of two staging buffers; while layer L computes from one buffer, layer L+1 is copied into the other
   (ping-pong), so copies overlap compute but every byte still crosses the link every step.
@@ -19,13 +24,15 @@ from typing import Literal
 import torch
 
 from .experts import ExpertsFn, auto_experts
-from .gather import CopyMethod, copy_experts
+from .device_slots import HAVE_TRITON, DeviceSlotTables
+from .gather import CopyMethod, copy_experts, copy_experts_indexed
 from .sizing import slots_for_budget
 from .slots import ExpertSlotTable
 from .stats import ExpertCacheStats
 from .store import ExpertStore
 
 OffloadMode = Literal["cached", "copy_all"]
+Planner = Literal["auto", "host", "device"]
 
 
 class ExpertOffload:
@@ -42,6 +49,9 @@ class ExpertOffload:
         overlap: bool = True,
         measure_copy_time: bool = False,
         experts_fn: ExpertsFn = auto_experts,
+        planner: Planner = "auto",
+        gather_block: int = 4096,
+        gather_warps: int = 4,
     ) -> None:
         if not store.layers:
             raise ValueError("the expert store is empty: add every MoE layer before building the cache")
@@ -59,6 +69,7 @@ class ExpertOffload:
         num_experts = store.layers[0].num_experts
         self.num_experts = num_experts
 
+        self._device: DeviceSlotTables | None = None
         if mode == "cached":
             slots = slots_per_layer or num_experts
             if not 1 <= slots <= num_experts:
@@ -66,6 +77,17 @@ class ExpertOffload:
             self.slots_per_layer = slots
             self._tables = [ExpertSlotTable(lay.num_experts, slots) for lay in store.layers]
             self._slots = [self._empty_like_rows(lay.w13, lay.w2, slots) for lay in store.layers]
+            if planner not in ("auto", "host", "device"):
+                raise ValueError(f"planner must be 'auto', 'host' or 'device', got {planner!r}")
+            # On CUDA the device planner needs the Triton gather (the torch one reads back ids).
+            possible = not self._cuda or HAVE_TRITON
+            if planner == "device" and not possible:
+                raise RuntimeError("planner='device' needs Triton on CUDA; use planner='host'")
+            self._device = (DeviceSlotTables(len(store.layers), num_experts, slots, self.device)
+                            if planner != "host" and possible else None)
+            # True where the device tables changed since the host table last saw them.
+            self._host_stale = [False] * len(store.layers)
+            self._gather_kw = dict(block=gather_block, num_warps=gather_warps)
         else:
             first = store.layers[0]
             for lay in store.layers:
@@ -80,6 +102,7 @@ class ExpertOffload:
         self._hits = self._misses = self._bytes = self._tokens_in = 0
         self._copy_s = self._exposed_s = 0.0
         self._copy_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._critical_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._wait_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     @classmethod
@@ -157,13 +180,46 @@ class ExpertOffload:
                 topk_ids: torch.Tensor, experts_fn: ExpertsFn | None = None) -> torch.Tensor:
         """The MoE output of ``layer`` for hidden states ``x`` [T, H] routed by ``topk_ids`` [T, k]."""
         fn = experts_fn or self.experts_fn
+        if self.plans_on_device(topk_ids):  # counts its tokens on the device
+            return self._forward_device(layer, x, topk_weights, topk_ids, fn)
         self._tokens_in += x.shape[0]
         if self.mode == "copy_all":
             return self._forward_copy_all(layer, x, topk_weights, topk_ids, fn)
         return self._forward_cached(layer, x, topk_weights, topk_ids, fn)
 
+    def plans_on_device(self, topk_ids: torch.Tensor) -> bool:
+        """Whether this batch runs without host reads (and so may be captured in a CUDA graph)."""
+        return (self.mode == "cached" and self._device is not None
+                and self._device.fits(topk_ids))
+
+    def _forward_device(self, layer, x, topk_weights, topk_ids, fn) -> torch.Tensor:
+        plan = self._device.plan(layer, topk_ids)
+        self._host_stale[layer] = True
+        src, (w13, w2) = self.store.layers[layer], self._slots[layer]
+        # The gather runs on the compute stream: the layer needs the missing experts right away,
+        # so the copy is on the critical path (all of its time is exposed) and nothing waits on
+        # the host. Events cannot be timed inside a graph capture, so only eager runs are timed.
+        timed = self.measure and self._cuda and not torch.cuda.is_current_stream_capturing()
+        if timed:
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+        t0 = time.perf_counter()
+        copy_experts_indexed(src.w13, w13, plan.load_experts, plan.load_slots, **self._gather_kw)
+        copy_experts_indexed(src.w2, w2, plan.load_experts, plan.load_slots, **self._gather_kw)
+        if timed:
+            end.record()
+            self._critical_events.append((start, end))
+        elif not self._cuda:
+            dt = time.perf_counter() - t0
+            self._copy_s += dt
+            self._exposed_s += dt
+        return fn(x, w13, w2, topk_weights, plan.slot_ids)
+
     def _forward_cached(self, layer, x, topk_weights, topk_ids, fn) -> torch.Tensor:
         table = self._tables[layer]
+        if self._device is not None and self._host_stale[layer]:
+            table.load_lru(self._device.export(layer))
+            self._host_stale[layer] = False
         slots = self._slots[layer]
         needed = [e for e in torch.unique(topk_ids.detach().to("cpu")).tolist() if e >= 0]
         resident = table.resident()
@@ -186,6 +242,8 @@ class ExpertOffload:
                     self._wait(ready)  # only the last pass reads slots that are being filled
                 y = fn(x, slots[0], slots[1], topk_weights, lut[topk_ids.long()])
                 out = y if out is None else out + y
+        if self._device is not None:  # keep the device tables current for the next small batch
+            self._device.load(layer, table.lru_pairs())
         return out if out is not None else torch.zeros_like(x)
 
     def _lookup_tables(self, passes: list[dict[int, int]]) -> torch.Tensor:
@@ -231,21 +289,32 @@ class ExpertOffload:
 
     def stats(self) -> ExpertCacheStats:
         """Counters so far. On CUDA this waits for queued work to read the copy timings."""
-        if self._copy_events or self._wait_events:
+        if self._copy_events or self._wait_events or self._critical_events:
             torch.cuda.synchronize(self.device)
-            self._copy_s += sum(a.elapsed_time(b) for a, b in self._copy_events) / 1e3
-            self._exposed_s += sum(a.elapsed_time(b) for a, b in self._wait_events) / 1e3
-            self._copy_events.clear()
-            self._wait_events.clear()
+            critical = sum(a.elapsed_time(b) for a, b in self._critical_events) / 1e3
+            self._copy_s += sum(a.elapsed_time(b) for a, b in self._copy_events) / 1e3 + critical
+            self._exposed_s += sum(a.elapsed_time(b) for a, b in self._wait_events) / 1e3 + critical
+            for events in (self._copy_events, self._wait_events, self._critical_events):
+                events.clear()
+        hits, misses, moved, tokens = self._hits, self._misses, self._bytes, self._tokens_in
+        device = self._device
+        if device is not None:
+            counts = device.counts.tolist()
+            hits += sum(c[0] for c in counts)
+            misses += sum(c[1] for c in counts)
+            tokens += sum(c[2] for c in counts)
+            moved += sum(c[1] * lay.expert_bytes for c, lay in zip(counts, self.store.layers))
         return ExpertCacheStats(
             mode=self.mode, gpu_cache_bytes=self.gpu_cache_bytes, host_bytes=self.store.host_bytes,
-            pinned=self.store.pinned, hits=self._hits, misses=self._misses,
-            bytes_moved=self._bytes, tokens=self._tokens_in // self.num_layers,
+            pinned=self.store.pinned, hits=hits, misses=misses,
+            bytes_moved=moved, tokens=tokens // self.num_layers,
             copy_time_s=self._copy_s, exposed_time_s=self._exposed_s,
             timed=self.measure or not self._cuda,
         )
 
     def reset_stats(self) -> None:
         self.stats()
+        if self._device is not None:
+            self._device.reset_counts()
         self._hits = self._misses = self._bytes = self._tokens_in = 0
         self._copy_s = self._exposed_s = 0.0

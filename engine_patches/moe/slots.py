@@ -35,6 +35,18 @@ class ExpertSlotTable:
     def resident(self) -> dict[int, int]:
         return dict(self._resident)
 
+    def lru_pairs(self) -> list[tuple[int, int]]:
+        """(expert, slot) pairs, least recently used first: the state to hand to another table."""
+        return list(self._resident.items())
+
+    def load_lru(self, pairs: list[tuple[int, int]]) -> None:
+        """Take over a state given as (expert, slot) pairs, least recently used first."""
+        self._resident = OrderedDict(pairs)
+        used = set(self._resident.values())
+        if len(used) != len(pairs) or not used <= set(range(self.num_slots)):
+            raise ValueError(f"slot table state must use distinct slots below {self.num_slots}")
+        self._free = [s for s in range(self.num_slots - 1, -1, -1) if s not in used]
+
     def assign(self, needed: Sequence[int]) -> SlotPlan:
         """Give every needed expert a slot, evicting the least recently used others.
 

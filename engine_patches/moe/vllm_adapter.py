@@ -10,8 +10,10 @@ which frees their GPU memory. The GPU cache is built at the first forward (vLLM'
 run), once every MoE layer is known, so the profile counts the cache and the KV cache gets the rest.
 Each forward gives vLLM's kernel the cache slots and the top-k ids mapped to slots.
 
-Limits, said plainly: ``cached`` mode reads the top-k ids on the host, so it cannot run inside a
-CUDA graph (serve with ``--enforce-eager``); layers with expert biases, expert parallelism or a
+Limits, said plainly: in ``cached`` mode, batches of up to slots/top_k tokens (decode) are planned
+on the GPU and can run inside CUDA graphs; larger batches read the top-k ids on the host, so a
+CUDA graph captured for such a batch size is refused (lower the largest captured size, raise the
+cache budget, or serve with ``--enforce-eager``); layers with expert biases, expert parallelism or a
 monolithic kernel (router fused into the kernel) are left as stock vLLM, with a warning.
 vLLM is imported only inside functions, so importing this module costs nothing.
 """
@@ -73,8 +75,8 @@ class _Runtime:
         return self.offload
 
     def after_forward(self, layer_index: int) -> None:
-        if layer_index != 0 or self.offload is None:
-            return
+        if layer_index != 0 or self.offload is None or _capturing():
+            return  # a graph capture runs nothing: no step happened, and stats would sync
         self.forwards += 1
         # The first few steps (warm-up, first requests) and then every PUBLISH_EVERY: reading the
         # copy timings waits for the GPU, so not every step.
@@ -131,12 +133,15 @@ def _make_method_class(base: type) -> type:
                 return super().apply(layer, x, topk_weights, topk_ids, shared_experts,
                                      shared_experts_input)
             offload = RUNTIME.cache(x.device, top_k=topk_ids.shape[1])
-            if (offload.mode == "cached" and x.is_cuda
-                    and torch.cuda.is_current_stream_capturing()):
+            if (offload.mode == "cached" and x.is_cuda and _capturing()
+                    and not offload.plans_on_device(topk_ids)):
                 raise RuntimeError(
-                    "MoE expert offload in 'cached' mode decides on the host which experts to "
-                    "copy, so it cannot run inside a CUDA graph: serve with --enforce-eager, or "
-                    "set moe_mode to 'copy_all'")
+                    f"MoE expert offload: a batch of {x.shape[0]} tokens needs more experts than "
+                    f"the {offload.slots_per_layer} cache slots per layer hold, so its copies are "
+                    "planned on the host and cannot run inside a CUDA graph: capture graphs only "
+                    f"up to {offload.slots_per_layer // topk_ids.shape[1]} tokens "
+                    "(--max-cudagraph-capture-size), raise moe_gpu_cache_gib, serve with "
+                    "--enforce-eager, or set moe_mode to 'copy_all'")
             pending_shared = [shared_experts]
 
             def experts_fn(h, w13, w2, weights, slot_ids):
@@ -163,6 +168,10 @@ def _make_method_class(base: type) -> type:
             return out
 
     return OffloadedFusedMoEMethod
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _unsupported(method, layer) -> str | None:

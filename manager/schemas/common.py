@@ -17,3 +17,20 @@ def check_slug(value: str) -> str:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+MAX_INT = 2**31 - 1
+MAX_GIB = 1 << 20  # a mebibyte of GiB: larger than any machine, small enough to stay exact in bytes
+
+
+def check_numbers(model) -> None:
+    """Every number must be finite and of a size a machine can have (SQLite and JSON both care)."""
+    import math
+
+    for name, value in model.__dict__.items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, float) and (not math.isfinite(value) or abs(value) > MAX_GIB):
+            raise ValueError(f"{name} must be a finite number up to {MAX_GIB}, got {value}")
+        if isinstance(value, int) and abs(value) > MAX_INT:
+            raise ValueError(f"{name} must be at most {MAX_INT}, got {value}")

@@ -8,7 +8,7 @@ from pydantic import field_validator, model_validator
 from sqlalchemy import JSON, Column
 from sqlmodel import Field, SQLModel
 
-from manager.schemas.common import check_slug, utcnow
+from manager.schemas.common import check_numbers, check_slug, utcnow
 
 ENV_NAME_RULE = "letters, digits and '_', not starting with a digit"
 
@@ -63,6 +63,7 @@ class ModelConfigFields(SQLModel):
 
     @model_validator(mode="after")
     def _gpus_match_tp(self):
+        check_numbers(self)
         if self.gpu_ids and len(self.gpu_ids) < self.tensor_parallel_size:
             raise ValueError(
                 f"tensor_parallel_size {self.tensor_parallel_size} needs at least that many GPUs, "

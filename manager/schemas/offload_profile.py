@@ -6,7 +6,7 @@ from datetime import datetime
 from pydantic import field_validator, model_validator
 from sqlmodel import Field, SQLModel
 
-from manager.schemas.common import check_slug, utcnow
+from manager.schemas.common import check_numbers, check_slug, utcnow
 
 EVICTION_POLICIES = ("lru", "arc")
 
@@ -33,6 +33,7 @@ class OffloadProfileFields(SQLModel):
 
     @model_validator(mode="after")
     def _one_kv_size(self):
+        check_numbers(self)
         if self.kv_offload_gib is not None and self.kv_offload_num_cpu_blocks is not None:
             raise ValueError(
                 "give the KV offload size either as kv_offload_gib or as kv_offload_num_cpu_blocks, not both"

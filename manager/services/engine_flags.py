@@ -34,6 +34,7 @@ MANAGED_FLAGS = {
     "--tensor-parallel-size": "tensor_parallel_size",
     "-tp": "tensor_parallel_size",
     "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--device-memory-utilization": "gpu_memory_utilization",
     "--max-model-len": "max_model_len",
     "--max-num-seqs": "max_num_seqs",
     "--kv-cache-dtype": "kv_cache_dtype",
@@ -96,7 +97,8 @@ def check_extra_args(args: list[str], allow_code_flags: bool) -> None:
         flag = flag_name(arg)
         if flag is None:
             continue
-        flag = _canonical(flag)
+        # vLLM sets one key of a JSON flag with --flag.key value: the flag is what counts.
+        flag = _canonical(flag).split(".", 1)[0]
         base = "--" + flag[5:] if flag.startswith("--no-") else flag
         managed = _protected_by(flag, MANAGED_FLAGS) or _protected_by(base, MANAGED_FLAGS)
         if managed:
@@ -111,4 +113,22 @@ def check_extra_args(args: list[str], allow_code_flags: bool) -> None:
                 f"extra_args: {arg.split('=', 1)[0]} is refused because {code} {CODE_FLAGS[code]}; an "
                 "operator can allow such flags with VLLM_MANAGER_ALLOW_CODE_FLAGS=1",
                 field="extra_args",
+            )
+
+
+# Environment variables that make the engine's interpreter load code of the user's choosing.
+CODE_ENV_PREFIXES = ("LD_", "PYTHON", "DYLD_")
+CODE_ENV_NAMES = {"VLLM_PLUGINS", "VLLM_MANAGER_PATCHES", "BASH_ENV", "ENV"}
+
+
+def check_env(env: dict[str, str], allow_code_flags: bool) -> None:
+    """Refuse environment overrides that load code (LD_PRELOAD, PYTHONPATH, VLLM_PLUGINS, ...)."""
+    if allow_code_flags:
+        return
+    for name in env:
+        if name.upper().startswith(CODE_ENV_PREFIXES) or name.upper() in CODE_ENV_NAMES:
+            raise Invalid(
+                f"env: {name} is refused because it can make the engine load other code; an operator "
+                "can allow it with VLLM_MANAGER_ALLOW_CODE_FLAGS=1",
+                field="env",
             )

@@ -14,7 +14,7 @@ from manager.schemas.model_config import (
 )
 from manager.schemas.offload_profile import OffloadProfile
 from manager.services import profiles
-from manager.services.engine_flags import check_extra_args
+from manager.services.engine_flags import check_env, check_extra_args
 
 
 def list_models(db: Session) -> list[ModelConfig]:
@@ -36,6 +36,7 @@ def profile_of(db: Session, config: ModelConfig) -> OffloadProfile | None:
 
 def _fields(db: Session, data: ModelConfigIn, allow_code_flags: bool) -> dict:
     check_extra_args(data.extra_args, allow_code_flags)
+    check_env(data.env, allow_code_flags)
     fields = data.model_dump(exclude={"offload_profile", "name"})
     fields["offload_profile_id"] = (
         profiles.get_profile(db, data.offload_profile).id if data.offload_profile else None

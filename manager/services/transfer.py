@@ -76,6 +76,12 @@ def import_data(
         if m.offload_profile and m.offload_profile not in known_profiles:
             raise Invalid(f"models[{i}] names offload profile {m.offload_profile!r}, which is neither stored nor in the file")
         models.check_extra_args(m.extra_args, allow_code_flags)
+        models.check_env(m.env, allow_code_flags)
+    for kind, items in (("profiles", new_profiles), ("models", new_models)):
+        names = [item.name for item in items]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise Invalid(f"{kind}: {', '.join(repeated)} appear more than once in the file")
     if not overwrite:
         clashes = [p.name for p in new_profiles if _exists(db, OffloadProfile, p.name)]
         clashes += [m.name for m in new_models if _exists(db, ModelConfig, m.name)]

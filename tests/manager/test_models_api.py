@@ -143,3 +143,30 @@ def test_refused_flags_cannot_be_smuggled_in(client):
     ok = client.post("/api/models", json={**MODEL, "name": "fine", "extra_args": ["--no-trust-remote-code",
                                                                                   "--max-num-batched-tokens", "8192"]})
     assert ok.status_code == 201
+
+
+def test_dotted_json_keys_and_code_loading_env_are_refused(client):
+    dotted = ["--kv-transfer-config.kv_connector_module_path", "evil.mod"]
+    assert client.post("/api/models", json={**MODEL, "name": "d1", "extra_args": dotted}).status_code == 422
+    alias = ["--device-memory-utilization", "0.99"]
+    assert client.post("/api/models", json={**MODEL, "name": "d2", "extra_args": alias}).status_code == 422
+    for env in ({"LD_PRELOAD": "/tmp/x.so"}, {"PYTHONPATH": "/tmp/evil"}, {"VLLM_PLUGINS": "evil"}):
+        resp = client.post("/api/models", json={**MODEL, "name": "e", "env": env})
+        assert resp.status_code == 422 and resp.json()["field"] == "env", env
+
+
+def test_import_refuses_a_name_given_twice(client):
+    import yaml
+
+    doc = {"format": "vllm-manager", "version": 1, "profiles": [],
+           "models": [{"name": "dup", "model": "a"}, {"name": "dup", "model": "b"}]}
+    resp = client.post("/api/import", content=yaml.safe_dump(doc), headers={"content-type": "application/yaml"})
+    assert resp.status_code == 422 and "dup" in resp.json()["detail"]
+
+
+def test_numbers_out_of_range_are_422_not_500(client):
+    assert client.post("/api/models", json={**MODEL, "name": "huge", "max_model_len": 10**20}).status_code == 422
+    resp = client.post("/api/profiles", content='{"name": "inf", "kv_offload_gib": Infinity}',
+                       headers={"content-type": "application/json"})
+    assert resp.status_code == 422
+    assert client.post("/api/profiles", json={"name": "big", "kv_offload_gib": 1e300}).status_code == 422

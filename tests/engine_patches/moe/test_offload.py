@@ -42,12 +42,35 @@ def _run_many_batches(offload, weights, seed=7, steps=25):
     return worst
 
 
-@pytest.mark.parametrize("mode,slots", [("copy_all", None), ("cached", 16), ("cached", 6),
-                                        ("cached", 4)])
-def test_matches_reference_moe(model, mode, slots):
+@pytest.mark.parametrize("mode,slots,planner", [
+    ("copy_all", None, "auto"), ("cached", 16, "auto"), ("cached", 6, "auto"),
+    ("cached", 4, "auto"), ("cached", 6, "host"), ("cached", 16, "host")])
+def test_matches_reference_moe(model, mode, slots, planner):
+    """auto: batches of up to slots/top_k tokens plan on the device, larger ones on the host,
+    handing the cache state over each time the batch size crosses that line."""
     weights, store = model
-    offload = ExpertOffload(store, device="cpu", mode=mode, slots_per_layer=slots)
+    offload = ExpertOffload(store, device="cpu", mode=mode, slots_per_layer=slots, planner=planner)
     assert _run_many_batches(offload, weights) < 1e-5
+
+
+def test_device_planner_alone_matches_reference_with_evictions(model):
+    weights, store = model
+    offload = ExpertOffload(store, device="cpu", slots_per_layer=8, planner="device")
+    g = torch.Generator().manual_seed(17)
+    for _ in range(30):
+        tokens = int(torch.randint(1, 3, (1,), generator=g))  # 2 x top-4 fits in 8 slots
+        x = torch.randn(tokens, H, generator=g)
+        for layer, (w13, w2) in enumerate(weights):
+            assert offload.plans_on_device(_routing(g, tokens)[1])
+            w, ids = _routing(g, tokens)
+            got = offload.forward(layer, x, w, ids)
+            ref = reference_moe(x, w13, w2, w, ids)
+            assert float((got - ref).norm() / ref.norm()) < 1e-5
+    s = offload.stats()
+    assert s.misses > 8 * LAYERS  # the 8 slots of each layer were refilled: evictions happened
+    assert s.hits > 0
+    assert s.bytes_moved == s.misses * store.layers[0].expert_bytes
+    assert s.tokens > 0
 
 
 def test_small_cache_evicts_and_batches_larger_than_the_cache_run_in_rounds(model):
