@@ -21,6 +21,7 @@ from manager.supervisor.supervisor import Supervisor
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    _ = settings.env_token  # a token file that cannot be read stops the start, not every later call
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

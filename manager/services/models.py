@@ -16,6 +16,8 @@ from manager.schemas.offload_profile import OffloadProfile
 from manager.services import profiles
 from manager.services.engine_flags import check_env, check_extra_args
 
+ACTIVE_STATES = ("starting", "ready", "stopping", "crashed")  # a worker in these needs its config
+
 
 def list_models(db: Session) -> list[ModelConfig]:
     return list(db.exec(select(ModelConfig).order_by(ModelConfig.name)))
@@ -68,7 +70,14 @@ def replace_model(
 
 
 def delete_model(db: Session, name: str) -> None:
-    db.delete(get_model(db, name))
+    from manager.schemas.worker import Worker
+
+    config = get_model(db, name)
+    busy = db.exec(select(Worker.id).where(Worker.model_name == name, Worker.state.in_(ACTIVE_STATES))).all()
+    if busy:
+        ids = ", ".join(str(i) for i in busy)
+        raise Conflict(f"model config {name!r} is running in worker(s) {ids}; stop them first", workers=list(busy))
+    db.delete(config)
     db.commit()
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 from collections import deque
 from datetime import UTC, datetime
 from pathlib import Path
 
 KEEP_STARTS = 10  # log files kept per worker; older starts are deleted
+MAX_LOG_BYTES = 64 << 20  # one start's file is rotated (copied to .1, then emptied) past this size
 RING_LINES = 5000
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -89,6 +91,21 @@ class LogTail:
                 if queue.qsize() < 10_000:
                     queue.put_nowait(line)
         return lines
+
+    def cap_size(self, limit: int = MAX_LOG_BYTES) -> bool:
+        """Rotate the current file once it is larger than `limit`: keep one previous part as .1.
+
+        The engine appends (O_APPEND), so emptying the file in place is safe while it writes.
+        """
+        if self.path is None or not self.path.exists() or self.path.stat().st_size <= limit:
+            return False
+        self.poll()
+        shutil.copyfile(self.path, self.path.with_suffix(".log.1"))
+        with self.path.open("r+b") as fh:
+            fh.truncate(0)
+        self._offset = 0
+        self._partial = ""
+        return True
 
     def tail(self, n: int) -> list[str]:
         if n <= 0:

@@ -187,22 +187,44 @@ def find_engines(exclude: set[int]) -> list[Unmanaged]:
 
 
 def stale_offload_files(shm: Path = Path("/dev/shm")) -> list[Path]:
-    """vLLM KV-offload regions that no live process maps or holds open (left by a killed engine)."""
-    candidates = sorted(shm.glob("vllm_offload_*"))
-    if not candidates:
-        return []
-    in_use: set[str] = set()
-    for proc in psutil.process_iter(["pid"]):
+    """vLLM KV-offload regions of ours that no live process maps or holds open (left by a killed engine).
+
+    Only files owned by this user are candidates: another user's region is never touched.
+    """
+    me = os.getuid()
+    candidates = []
+    for path in sorted(shm.glob("vllm_offload_*")):
         try:
-            maps = Path(f"/proc/{proc.info['pid']}/maps").read_text(errors="replace")
+            if path.stat().st_uid == me:
+                candidates.append(path)
         except OSError:
             continue
-        in_use.update(str(c) for c in candidates if str(c) in maps)
-        for fd in Path(f"/proc/{proc.info['pid']}/fd").glob("*") if len(in_use) < len(candidates) else ():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith(str(shm)):
-                in_use.add(target)
+    if not candidates:
+        return []
+    names = {str(c) for c in candidates}
+    in_use: set[str] = set()
+    for proc in psutil.process_iter(["pid"]):
+        pid = proc.info["pid"]
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text(errors="replace")
+        except OSError:
+            continue  # gone, or not ours to read (engines run as this user and are readable)
+        in_use.update(n for n in names if n in maps)
+        for fd in _fds(pid):
+            if fd in names:
+                in_use.add(fd)
     return [c for c in candidates if str(c) not in in_use]
+
+
+def _fds(pid: int) -> list[str]:
+    targets = []
+    try:
+        entries = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return targets
+    for fd in entries:
+        try:
+            targets.append(os.readlink(fd))
+        except OSError:
+            continue  # closed meanwhile
+    return targets

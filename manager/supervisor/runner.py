@@ -17,7 +17,7 @@ import httpx
 from sqlalchemy.engine import Engine
 
 from manager.db import session
-from manager.errors import Conflict, ManagerError
+from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.schemas.worker import Worker
 from manager.services.command import LaunchCommand
 from manager.settings import Settings
@@ -103,6 +103,8 @@ class WorkerRunner:
                 pass
 
     async def send(self, kind: str, model: str | None = None, force: bool = False) -> dict:
+        if self._task is None or self._task.done():
+            raise NotFound(f"worker {self.id} is gone (deleted)")
         cmd = Command(kind, model, force)
         await self._queue.put(cmd)
         return await cmd.future
@@ -135,11 +137,17 @@ class WorkerRunner:
         }
 
     # ---- adoption --------------------------------------------------------------------------
-    def adopt(self, served_name: str | None) -> None:
+    def adopt(self, served_name: str | None, start_timeout_s: float = 900) -> None:
         """Take over an engine that outlived the previous manager: watch it, never start another."""
         self.state = State.STARTING
         self.served_name = served_name
-        self._deadline = time.monotonic() + 120
+        # A big model may still be loading: give it what is left of its own start timeout.
+        started = self.row.started_at
+        elapsed = 0.0
+        if started is not None:
+            started_utc = started if started.tzinfo else started.replace(tzinfo=UTC)
+            elapsed = (datetime.now(UTC) - started_utc).total_seconds()
+        self._deadline = time.monotonic() + max(60.0, start_timeout_s - elapsed)
         logs = sorted(self.log_dir.glob("start-*.log"))
         if logs:
             self.logs.follow(logs[-1], from_start=True)
@@ -162,11 +170,17 @@ class WorkerRunner:
                     log.exception("worker %s: command %s failed", self.id, cmd.kind)
                     cmd.future.set_exception(exc)
                 if cmd.kind == "delete" and cmd.future.exception() is None:
+                    self._refuse_queued()
                     return
             try:
                 await self._tick()
             except Exception:
                 log.exception("worker %s: supervision step failed", self.id)
+
+    def _refuse_queued(self) -> None:
+        while not self._queue.empty():
+            late = self._queue.get_nowait()
+            late.future.set_exception(NotFound(f"worker {self.id} was deleted"))
 
     def _tick_interval(self) -> float | None:
         if self.state == State.STARTING:
@@ -221,8 +235,11 @@ class WorkerRunner:
         port = self.row.port
         launch = self.deps.prepare(model_name, port, list(self.row.gpus), self.run_dir, force)
         stale = await asyncio.to_thread(process.stale_offload_files)
-        for path in stale:
-            path.unlink(missing_ok=True)
+        for path in list(stale):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                stale.remove(path)
         if stale:
             self.deps.events.record("cleanup", f"removed {len(stale)} stale KV-offload file(s) from /dev/shm",
                                     self.id, files=[str(p) for p in stale])
@@ -231,8 +248,12 @@ class WorkerRunner:
         log_path = new_log_file(self.log_dir)
         log_path.write_text(f"# vllm-manager: {reason}: {model_name}\n# argv: {launch.command.argv}\n")
         self.logs.follow(log_path)
-        self.popen = await asyncio.to_thread(process.spawn, launch.command.argv, launch.command.env, log_path,
-                                             self.run_dir)
+        try:
+            self.popen = await asyncio.to_thread(process.spawn, launch.command.argv, launch.command.env,
+                                                 log_path, self.run_dir)
+        except OSError as exc:
+            raise Invalid(f"cannot run the engine interpreter {launch.command.argv[0]!r}: {exc}; "
+                          "check VLLM_MANAGER_ENGINE_PYTHON") from exc
         found = process.identity(self.popen.pid)
         self.row.model_name = model_name
         self.row.pid = self.popen.pid
@@ -340,6 +361,7 @@ class WorkerRunner:
                     await self._kill_quietly()
                     await self._crashed(f"/health failed {limit} times in a row ({result.detail})")
                     return
+            self.logs.cap_size()
             if (self.row.restart_count and self._ready_since is not None
                     and now - self._ready_since >= self.deps.settings.healthy_reset_s):
                 self.row.restart_count = 0

@@ -45,7 +45,7 @@ class Supervisor:
         for row in rows:
             runner = self._make_runner(row)
             if row.pid and process.matches(row.pid, row.pid_create_time, row.cmdline):
-                runner.adopt(self._served_name(row.model_name))
+                runner.adopt(self._served_name(row.model_name), self._start_timeout(row.model_name))
                 self.events.record("adopted", f"re-adopted pid {row.pid} after a manager restart", row.id)
             elif row.state != State.STOPPED.value:
                 runner.state = State.STOPPED
@@ -125,6 +125,12 @@ class Supervisor:
 
     async def command(self, worker_id: int, kind: str, model: str | None = None, force: bool = False) -> dict:
         runner = self.runner(worker_id)
+        if kind == "switch" and model:
+            async with self._lock:  # one config runs at most once
+                other = self._active_for(model)
+                if other is not None and other is not runner:
+                    raise Conflict(f"model config {model!r} already runs in worker {other.id}")
+                return await runner.send(kind, model, force)
         result = await runner.send(kind, model, force)
         if kind == "delete":
             self.runners.pop(worker_id, None)
@@ -136,6 +142,13 @@ class Supervisor:
         runner = WorkerRunner(row, deps)
         self.runners[row.id] = runner
         return runner
+
+    def _start_timeout(self, model_name: str) -> float:
+        with session(self.engine) as db:
+            try:
+                return float(models.get_model(db, model_name).start_timeout_s)
+            except NotFound:
+                return 900.0
 
     def _served_name(self, model_name: str) -> str | None:
         with session(self.engine) as db:
@@ -206,7 +219,7 @@ class Supervisor:
                 db.commit()
                 db.refresh(row)
             runner = self._make_runner(row)
-            runner.adopt(self._served_name(model))
+            runner.adopt(self._served_name(model), self._start_timeout(model))
             runner.begin()
         self.events.record("adopted", f"adopted hand-started vLLM server pid {pid} as {model}", row.id)
         return runner.snapshot()

@@ -133,3 +133,19 @@ def test_pydantic_reason_is_kept():
     reason = meaningful_error(lines)
     assert reason.startswith("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig: ")
     assert "User-specified max_model_len (100000)" in reason
+
+
+def test_log_file_is_rotated_past_its_size_limit(tmp_path):
+    path = new_log_file(tmp_path / "w")
+    tail = LogTail()
+    tail.follow(path)
+    with path.open("ab") as fh:  # as the engine writes: appending
+        fh.write(b"x" * 2000 + b"\nlast line\n")
+        fh.flush()
+        assert tail.cap_size(limit=1000)
+        fh.write(b"after rotation\n")
+        fh.flush()
+    assert path.with_suffix(".log.1").read_bytes().endswith(b"last line\n")
+    assert path.read_bytes() == b"after rotation\n"
+    assert tail.poll() == ["after rotation"]
+    assert not tail.cap_size(limit=1000)
