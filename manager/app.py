@@ -6,6 +6,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from fastapi.responses import JSONResponse
 
 from manager import __version__, web
@@ -52,6 +53,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         dependencies=[Depends(require_token_for_changes)],
     )
+
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts())
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:

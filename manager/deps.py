@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 from typing import Annotated
 
 from fastapi import Depends, Request
 from sqlmodel import Session
 
 from manager.db import session as open_session
-from manager.errors import Unauthorized
+from manager.errors import Forbidden, Unauthorized
 from manager.services import tokens
 from manager.settings import Settings
 
@@ -29,14 +30,44 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_db)]
 
 
+def _bearer(request: Request) -> str | None:
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def is_authorized(request: Request, db: Session, settings: Settings) -> bool:
+    """True when no token is configured, or the request carries a valid one."""
+    if not tokens.auth_required(db, settings.env_token):
+        return True
+    token = _bearer(request)
+    return token is not None and tokens.token_is_valid(db, token, settings.env_token)
+
+
+def refuse_cross_site(request: Request) -> None:
+    """A page on another site must not make the user's browser change anything here (CSRF).
+
+    Browsers send Origin (and Sec-Fetch-Site) with cross-origin writes; scripts and the CLI send neither.
+    """
+    if request.method in SAFE_METHODS:
+        return
+    if request.headers.get("sec-fetch-site") == "cross-site":
+        raise Forbidden("cross-site request refused")
+    origin = request.headers.get("origin")
+    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host", ""):
+        raise Forbidden(f"request from another origin ({origin}) refused")
+    if origin == "null":
+        raise Forbidden("request from an opaque origin refused")
+
+
 def require_token_for_changes(request: Request, db: SessionDep, settings: SettingsDep) -> None:
     """Once any token exists, every call that changes something must carry one."""
+    refuse_cross_site(request)
     if request.method in SAFE_METHODS:
         return
     if not tokens.auth_required(db, settings.env_token):
         return
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not value:
+    token = _bearer(request)
+    if token is None:
         raise Unauthorized("this call changes state and needs 'Authorization: Bearer <token>'")
-    if not tokens.token_is_valid(db, value.strip(), settings.env_token):
+    if not tokens.token_is_valid(db, token, settings.env_token):
         raise Unauthorized("the bearer token is not valid")

@@ -28,3 +28,11 @@ class Invalid(ManagerError):
 
 class Unauthorized(ManagerError):
     status = 401
+
+
+class Forbidden(ManagerError):
+    status = 403
+
+
+class UnsupportedMediaType(ManagerError):
+    status = 415

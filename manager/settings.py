@@ -45,6 +45,16 @@ class Settings(BaseSettings):
     healthy_reset_s: float = 600.0
     metrics_retention_days: float = 7.0
     validation_timeout_s: float = 180.0
+    # Host names this manager answers to (DNS-rebinding guard). Default: loopback names when bound to
+    # loopback, any name when bound to a public address (where the API token guards changes).
+    allowed_hosts: list[str] | None = None
+
+    def trusted_hosts(self) -> list[str]:
+        if self.allowed_hosts:
+            return self.allowed_hosts
+        if is_loopback(self.host):
+            return ["localhost", "127.0.0.1", "::1", "[::1]"]
+        return ["*"]
 
     @field_validator("worker_ports")
     @classmethod

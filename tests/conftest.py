@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,8 @@ from manager.settings import Settings
 from tests.support.tiny_model import make_tiny_llama, make_tiny_qwen3_moe
 
 ENGINE_LOCK = Path("/tmp/vllm-engine.lock")
+# FastAPI's TestClient calls itself "testserver"; the DNS-rebinding guard must let that name through.
+os.environ.setdefault("VLLM_MANAGER_ALLOWED_HOSTS", '["localhost", "127.0.0.1", "::1", "testserver"]')
 
 
 @pytest.fixture(scope="session")

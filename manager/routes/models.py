@@ -1,7 +1,7 @@
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from manager.deps import SessionDep, SettingsDep
+from manager.deps import SessionDep, SettingsDep, is_authorized
 from manager.errors import Invalid
 from manager.schemas.model_config import ModelConfigCreate, ModelConfigPublic, ModelConfigUpdate
 from manager.services import models
@@ -11,9 +11,19 @@ from manager.services.validation import validate_engine_argv
 router = APIRouter(prefix="/api/models", tags=["model configs"])
 
 
+HIDDEN = "<hidden: send the API token to see it>"
+
+
+def _shown(request: Request, db, settings, public: ModelConfigPublic) -> ModelConfigPublic:
+    """Environment values often hold secrets (HF_TOKEN): once a token exists, only its holders see them."""
+    if public.env and not is_authorized(request, db, settings):
+        return public.model_copy(update={"env": {k: HIDDEN for k in public.env}})
+    return public
+
+
 @router.get("", response_model=list[ModelConfigPublic])
-def list_models(db: SessionDep):
-    return [models.to_public(db, m) for m in models.list_models(db)]
+def list_models(request: Request, db: SessionDep, settings: SettingsDep):
+    return [_shown(request, db, settings, models.to_public(db, m)) for m in models.list_models(db)]
 
 
 @router.post("", response_model=ModelConfigPublic, status_code=201)
@@ -23,8 +33,8 @@ def create_model(data: ModelConfigCreate, db: SessionDep, settings: SettingsDep)
 
 
 @router.get("/{name}", response_model=ModelConfigPublic)
-def get_model(name: str, db: SessionDep):
-    return models.to_public(db, models.get_model(db, name))
+def get_model(name: str, request: Request, db: SessionDep, settings: SettingsDep):
+    return _shown(request, db, settings, models.to_public(db, models.get_model(db, name)))
 
 
 @router.put("/{name}", response_model=ModelConfigPublic)
@@ -40,11 +50,13 @@ def delete_model(name: str, db: SessionDep) -> Response:
 
 
 @router.get("/{name}/command")
-async def command(name: str, db: SessionDep, settings: SettingsDep, validate: bool = True) -> dict:
+async def command(name: str, request: Request, db: SessionDep, settings: SettingsDep, validate: bool = True) -> dict:
     """The argv and environment this config launches, checked by the engine's own vLLM parser."""
     config = models.get_model(db, name)
     cmd = preview_command(config, models.profile_of(db, config), settings)
-    body = {"argv": cmd.argv, "env": cmd.env, "notes": cmd.notes}
+    shown_env = cmd.env if is_authorized(request, db, settings) else {
+        k: (HIDDEN if k in config.env else v) for k, v in cmd.env.items()}
+    body = {"argv": cmd.argv, "env": shown_env, "notes": cmd.notes}
     if not validate:
         return {**body, "validation": {"status": "skipped", "message": "not asked for"}}
     result = await run_in_threadpool(

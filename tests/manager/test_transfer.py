@@ -7,6 +7,7 @@ from fastapi.testclient import TestClient
 
 from manager.app import create_app
 
+YAML = {"content-type": "application/yaml"}
 PROFILES = [
     {"name": "kv-seed", "kv_offload_num_cpu_blocks": 50000, "kv_eviction_policy": "arc",
      "description": "the seed's form"},
@@ -34,7 +35,7 @@ def test_round_trip_without_loss(client, settings, tmp_path):
 
     fresh = settings.model_copy(update={"data_dir": tmp_path / "other"})
     with TestClient(create_app(fresh)) as c2:
-        result = c2.post("/api/import", content=text)
+        result = c2.post("/api/import", content=text, headers=YAML)
         assert result.status_code == 200, result.text
         assert len(result.json()["created"]) == 4
         assert c2.get("/api/export").text == text
@@ -45,18 +46,18 @@ def test_bad_import_changes_nothing(client):
     client.post("/api/profiles", json=PROFILES[1])
     doc = {"format": "vllm-manager", "version": 1, "profiles": [{"name": "new", "kv_offload_gib": 4}],
            "models": [{"name": "m", "model": "x", "gpu_memory_utilization": 7}]}
-    resp = client.post("/api/import", content=yaml.safe_dump(doc))
+    resp = client.post("/api/import", content=yaml.safe_dump(doc), headers=YAML)
     assert resp.status_code == 422
     assert "models[0].gpu_memory_utilization" in resp.json()["detail"]
     assert [p["name"] for p in client.get("/api/profiles").json()] == ["moe"]
 
-    assert client.post("/api/import", content="{not: yaml: at all").status_code == 422
-    assert client.post("/api/import", content="just: a mapping").status_code == 422
+    assert client.post("/api/import", content="{not: yaml: at all", headers=YAML).status_code == 422
+    assert client.post("/api/import", content="just: a mapping", headers=YAML).status_code == 422
 
 
 def test_import_without_overwrite_reports_clashes(client):
     client.post("/api/profiles", json=PROFILES[1])
     text = client.get("/api/export").text
-    resp = client.post("/api/import?overwrite=false", content=text)
+    resp = client.post("/api/import?overwrite=false", content=text, headers=YAML)
     assert resp.status_code == 409 and "moe" in resp.json()["detail"]
-    assert client.post("/api/import", content=text).json()["replaced"] == ["profile moe"]
+    assert client.post("/api/import", content=text, headers=YAML).json()["replaced"] == ["profile moe"]

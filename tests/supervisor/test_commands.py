@@ -36,7 +36,7 @@ def test_deleting_twice_at_once_answers_both(sleepy):
 
     async def two_deletes():
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://m", timeout=30) as ac:
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=30) as ac:
             return await asyncio.gather(*(ac.delete(f"/api/workers/{wid}") for _ in range(2)))
 
     codes = sorted(r.status_code for r in c.portal.call(two_deletes))

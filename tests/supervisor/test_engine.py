@@ -159,7 +159,7 @@ def test_concurrent_starts_make_one_engine_and_a_restarted_manager_adopts_it(eng
 
         async def two_starts():
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://m") as ac:
+            async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as ac:
                 return await asyncio.gather(*(ac.post("/api/workers", json={"model": "tiny-a"}) for _ in range(2)))
 
         first, second = c.portal.call(two_starts)

@@ -1,0 +1,212 @@
+"""The slot tables on the device: which expert sits in which cache slot, decided without the host.
+
+At decode batch sizes the host-side table costs more than the copies it plans: each layer has to
+read the router's ids back to the host (a sync that drains the GPU queue) before it can launch
+anything. Here the same LRU bookkeeping lives in small GPU tensors and one planning step per layer
+(a Triton kernel on CUDA, the same algorithm in torch ops elsewhere) turns the top-k ids into
+(a) the slot of every (token, k) entry and (b) a fixed-size list of (expert, slot) copies, padded
+with -1, that the gather kernel reads. Nothing reads back to the host, so a decode step can be
+captured in one CUDA graph.
+
+It works when every expert of the batch fits at once (tokens * top_k <= slots): the runtime uses it
+then and the host table otherwise, handing the state over between the two (``export``/``load``).
+LRU is per batch: the experts one batch uses share one clock tick, ties go to the lower slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+try:  # Triton is optional: the torch path below computes the same plan.
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _plan_kernel(ids_ptr, n, expert_slot, slot_expert, last_used, clock, counts,
+                     slot_ids_out, load_e_out, load_s_out, E, S, P, T,
+                     BN: tl.constexpr, BE: tl.constexpr, BS: tl.constexpr, BP: tl.constexpr):
+        # One program plans one layer. Every set operation is a small all-pairs comparison
+        # ([BE, BN], [BS, BS], ...): for E, S <= 256 that is cheaper than any sort.
+        n_r = tl.arange(0, BN)
+        ids = tl.load(ids_ptr + n_r, mask=n_r < n, other=-2).to(tl.int32)
+        ids = tl.where(ids < 0, -2, ids)  # -1 (skip) and padding match no expert and no empty slot
+        e_r = tl.arange(0, BE)
+        e_ok = e_r < E
+        need = (tl.sum((ids[None, :] == e_r[:, None]).to(tl.int32), axis=1) > 0) & e_ok
+        es = tl.load(expert_slot + e_r, mask=e_ok, other=-1)
+        hit = need & (es >= 0)
+        miss = need & (es < 0)
+        s_r = tl.arange(0, BS)
+        s_ok = s_r < S
+        se = tl.load(slot_expert + s_r, mask=s_ok, other=-1)
+        lu = tl.load(last_used + s_r, mask=s_ok, other=0)
+        held = tl.sum((se[:, None] == ids[None, :]).to(tl.int32), axis=1) > 0
+        # Victim order: slots holding no needed expert first, oldest use first, lower slot first.
+        cls = tl.where(s_ok, held.to(tl.int32), 2)
+        cls_a, cls_b = cls[None, :], cls[:, None]
+        lu_a, lu_b = lu[None, :], lu[:, None]
+        before = (cls_a < cls_b) | ((cls_a == cls_b) & (
+            (lu_a < lu_b) | ((lu_a == lu_b) & (s_r[None, :] < s_r[:, None]))))
+        rank = tl.sum(before.to(tl.int32), axis=1)  # [BS], a permutation of 0..BS-1
+        miss_rank = tl.cumsum(miss.to(tl.int32), 0) - 1
+        # The j-th missing expert takes the slot of rank j (and evicts what was there).
+        pick = (rank[None, :] == miss_rank[:, None]) & miss[:, None]
+        new_slot = tl.sum(tl.where(pick, s_r[None, :] + 1, 0), axis=1) - 1
+        evicted = tl.sum(tl.where(pick, se[None, :] + 1, 0), axis=1) - 1
+        slot_now = tl.where(miss, new_slot, es)
+        tick = tl.load(clock) + 1
+        tl.store(clock, tick)
+        # Evicted experts are never needed ones, so these two stores touch different entries.
+        tl.store(expert_slot + evicted, -1, mask=miss & (evicted >= 0))
+        tl.store(expert_slot + e_r, new_slot, mask=miss)
+        tl.store(slot_expert + new_slot, e_r, mask=miss)
+        tl.store(last_used + slot_now, tick + 0 * slot_now.to(tl.int64), mask=need)
+        match = ids[:, None] == e_r[None, :]
+        sid = tl.sum(tl.where(match, slot_now[None, :] + 1, 0), axis=1) - 1
+        tl.store(slot_ids_out + n_r, sid, mask=n_r < n)
+        p_r = tl.arange(0, BP)
+        at = (miss_rank[None, :] == p_r[:, None]) & miss[None, :]
+        tl.store(load_e_out + p_r, tl.sum(tl.where(at, e_r[None, :] + 1, 0), axis=1) - 1,
+                 mask=p_r < P)
+        tl.store(load_s_out + p_r, tl.sum(tl.where(at, new_slot[None, :] + 1, 0), axis=1) - 1,
+                 mask=p_r < P)
+        tl.store(counts, tl.load(counts) + tl.sum(hit.to(tl.int64), axis=0))
+        tl.store(counts + 1, tl.load(counts + 1) + tl.sum(miss.to(tl.int64), axis=0))
+        tl.store(counts + 2, tl.load(counts + 2) + T)
+
+    HAVE_TRITON = True
+except Exception:  # pragma: no cover - depends on the install
+    HAVE_TRITON = False
+
+
+@dataclass
+class DevicePlan:
+    """One layer's plan, all on the device: slot per (token, k) entry and the copies to make."""
+
+    slot_ids: torch.Tensor  # [T, k] int32, -1 where the entry is skipped
+    load_experts: torch.Tensor  # [P] int32 expert ids to copy in, -1 padding at the end
+    load_slots: torch.Tensor  # [P] int32 destination slots, -1 padding
+
+
+class DeviceSlotTables:
+    """LRU slot tables of every layer as GPU (or CPU) tensors, planned without host reads."""
+
+    def __init__(self, num_layers: int, num_experts: int, num_slots: int,
+                 device: torch.device | str, use_triton: bool | None = None) -> None:
+        if not 1 <= num_slots <= num_experts:
+            raise ValueError(f"num_slots must be in 1..{num_experts}, got {num_slots}")
+        self.device = torch.device(device)
+        self.num_layers, self.num_experts, self.num_slots = num_layers, num_experts, num_slots
+        if use_triton is None:
+            use_triton = HAVE_TRITON and self.device.type == "cuda"
+        if use_triton and not HAVE_TRITON:
+            raise RuntimeError("the Triton slot planner needs Triton installed")
+        self.use_triton = use_triton
+        i32 = dict(dtype=torch.int32, device=self.device)
+        self.expert_slot = torch.full((num_layers, num_experts), -1, **i32)
+        self.slot_expert = torch.full((num_layers, num_slots), -1, **i32)
+        self.last_used = torch.full((num_layers, num_slots), -1, dtype=torch.int64,
+                                    device=self.device)  # clock tick of last use, -1: never
+        self.clock = torch.zeros(num_layers, dtype=torch.int64, device=self.device)
+        # hits, misses, tokens: counted on the device so CUDA-graph replays are counted too
+        self.counts = torch.zeros(num_layers, 3, dtype=torch.int64, device=self.device)
+
+    def fits(self, topk_ids: torch.Tensor) -> bool:
+        """True when every entry of the batch can be resident at once (a shape check, no sync)."""
+        return topk_ids.numel() <= self.num_slots
+
+    def plan(self, layer: int, topk_ids: torch.Tensor) -> DevicePlan:
+        """Assign slots for ``topk_ids`` [T, k] of ``layer``, updating the LRU state in place."""
+        if not self.fits(topk_ids):
+            raise ValueError(f"{topk_ids.numel()} (token, k) entries do not fit in "
+                             f"{self.num_slots} slots: use the host table for this batch")
+        n = topk_ids.numel()
+        p = min(n, self.num_slots)
+        slot_ids = torch.empty(topk_ids.shape, dtype=torch.int32, device=self.device)
+        load_e = torch.empty(p, dtype=torch.int32, device=self.device)
+        load_s = torch.empty(p, dtype=torch.int32, device=self.device)
+        if self.use_triton:
+            ids = topk_ids.reshape(-1).contiguous()
+            _plan_kernel[(1,)](
+                ids, n, self.expert_slot[layer], self.slot_expert[layer], self.last_used[layer],
+                self.clock[layer:layer + 1], self.counts[layer], slot_ids, load_e, load_s,
+                self.num_experts, self.num_slots, p, topk_ids.shape[0],
+                BN=_pow2(n), BE=_pow2(self.num_experts), BS=_pow2(self.num_slots),
+                BP=_pow2(p), num_warps=4)
+        else:
+            self._plan_torch(layer, topk_ids, slot_ids, load_e, load_s)
+        return DevicePlan(slot_ids, load_e, load_s)
+
+    def _plan_torch(self, layer, topk_ids, slot_ids, load_e, load_s) -> None:
+        """The kernel's algorithm in torch ops (no host reads either): CPU and no-Triton path."""
+        E, S, p = self.num_experts, self.num_slots, load_e.shape[0]
+        ids = topk_ids.reshape(-1).long()
+        valid = ids >= 0
+        need = torch.zeros(E + 1, dtype=torch.bool, device=self.device)
+        need[torch.where(valid, ids, E)] = True  # index E: a bin for skipped entries
+        need = need[:E]
+        es, se = self.expert_slot[layer], self.slot_expert[layer]
+        lu = self.last_used[layer]
+        hit, miss = need & (es >= 0), need & (es < 0)
+        held = (se >= 0) & need[se.long().clamp_min(0)]
+        # Stable sort by (held, last use): ties keep the lower slot first, as in the kernel.
+        order = torch.sort(held.long() * (1 << 62) + (lu + 1), stable=True).indices
+        miss_rank = torch.cumsum(miss.long(), 0) - 1
+        new_slot = order[miss_rank.clamp(0, S - 1)]
+        evicted = se.long()[new_slot]
+        slot_now = torch.where(miss, new_slot, es.long())
+        self.clock[layer] += 1
+        drop = torch.where(miss & (evicted >= 0), evicted, E)
+        es_ext = torch.cat([es, es.new_full((1,), -1)])  # index E: where masked writes go
+        es_ext[drop] = -1
+        es_ext[torch.where(miss, torch.arange(E, device=self.device), E)] = new_slot.int()
+        es.copy_(es_ext[:E])
+        se_ext = torch.cat([se, se.new_full((1,), -1)])
+        se_ext[torch.where(miss, new_slot, S)] = torch.arange(E, device=self.device,
+                                                              dtype=torch.int32)
+        se.copy_(se_ext[:S])
+        lu_ext = torch.cat([lu, lu.new_full((1,), -1)])
+        lu_ext[torch.where(need, slot_now, S)] = self.clock[layer]
+        lu.copy_(lu_ext[:S])
+        slot_ids.copy_(torch.where(valid, slot_now[ids.clamp_min(0)], -1).view(slot_ids.shape))
+        # Missing experts in id order, then padding; the j-th one goes to its new slot.
+        pos = torch.where(miss, miss_rank, p).clamp_max(p)
+        le = torch.full((p + 1,), -1, dtype=torch.int64, device=self.device)
+        ls = le.clone()
+        le[pos] = torch.arange(E, device=self.device)
+        ls[pos] = new_slot
+        load_e.copy_(le[:p])
+        load_s.copy_(ls[:p])
+        self.counts[layer, 0] += hit.sum()
+        self.counts[layer, 1] += miss.sum()
+        self.counts[layer, 2] += topk_ids.shape[0]
+
+    # -- hand-over with the host table (the host path runs for batches that do not fit) ------
+
+    def export(self, layer: int) -> list[tuple[int, int]]:
+        """(expert, slot) pairs of ``layer``, least recently used first (reads the device)."""
+        se = self.slot_expert[layer].tolist()
+        lu = self.last_used[layer].tolist()
+        order = sorted(range(self.num_slots), key=lambda s: (lu[s], s))
+        return [(se[s], s) for s in order if se[s] >= 0]
+
+    def load(self, layer: int, lru_pairs: list[tuple[int, int]]) -> None:
+        """Replace ``layer``'s state with (expert, slot) pairs given least recently used first."""
+        es = torch.full((self.num_experts,), -1, dtype=torch.int32)
+        se = torch.full((self.num_slots,), -1, dtype=torch.int32)
+        lu = torch.full((self.num_slots,), -1, dtype=torch.int64)
+        for tick, (e, s) in enumerate(lru_pairs):
+            es[e], se[s], lu[s] = s, e, tick
+        self.expert_slot[layer].copy_(es)
+        self.slot_expert[layer].copy_(se)
+        self.last_used[layer].copy_(lu)
+        self.clock[layer] = len(lru_pairs)
+
+    def reset_counts(self) -> None:
+        self.counts.zero_()
+
+
+def _pow2(n: int) -> int:
+    return max(2, 1 << (int(n) - 1).bit_length())

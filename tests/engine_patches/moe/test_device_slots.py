@@ -1,0 +1,96 @@
+"""The device slot planner: right slots, only missing experts copied, LRU eviction, hand-over."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine_patches.moe.device_slots import DeviceSlotTables
+from engine_patches.moe.slots import ExpertSlotTable
+
+E, S, TOP_K = 16, 8, 4
+
+
+def _check_plan(tables, layer, ids, before):
+    """Every entry's slot holds its expert; the copy list is exactly the experts not resident."""
+    plan = tables.plan(layer, ids)
+    se = tables.slot_expert[layer]
+    for t in range(ids.shape[0]):
+        for k in range(ids.shape[1]):
+            if ids[t, k] < 0:
+                assert plan.slot_ids[t, k] == -1
+            else:
+                assert se[plan.slot_ids[t, k]] == ids[t, k]
+    needed = {int(e) for e in ids.flatten() if e >= 0}
+    loads = [(int(e), int(s)) for e, s in zip(plan.load_experts, plan.load_slots) if e >= 0]
+    assert sorted(e for e, _ in loads) == sorted(needed - before)
+    assert len({s for _, s in loads}) == len(loads)
+    assert all(e == -1 for e in plan.load_experts[len(loads):])  # padding only at the end
+    return needed
+
+
+def test_plans_put_each_needed_expert_in_a_slot_and_copy_only_the_missing_ones():
+    g = torch.Generator().manual_seed(3)
+    tables = DeviceSlotTables(2, E, S, "cpu", use_triton=False)
+    resident = [set(), set()]
+    hits = misses = 0
+    for step in range(60):
+        layer = step % 2
+        tokens = int(torch.randint(1, S // TOP_K + 1, (1,), generator=g))
+        ids = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(tokens)])
+        if step % 5 == 0:
+            ids[-1, 0] = -1
+        needed = _check_plan(tables, layer, ids, resident[layer])
+        hits += len(needed & resident[layer])
+        misses += len(needed - resident[layer])
+        resident[layer] = {int(e) for e in tables.slot_expert[layer] if e >= 0}
+        es = tables.expert_slot[layer]
+        assert all(int(es[e]) >= 0 for e in resident[layer])  # both directions agree
+        assert int((es >= 0).sum()) == len(resident[layer])
+    assert tables.counts.sum(0).tolist()[:2] == [hits, misses]
+
+
+def test_the_least_recently_used_expert_is_evicted():
+    tables = DeviceSlotTables(1, E, 4, "cpu", use_triton=False)
+    for ids in ([0, 1], [2, 3], [0, 1]):  # 2 and 3 are now the oldest
+        tables.plan(0, torch.tensor([ids]))
+    plan = tables.plan(0, torch.tensor([[4]]))
+    assert plan.load_experts.tolist() == [4]
+    held = set(tables.slot_expert[0].tolist())
+    assert held == {0, 1, 3, 4}  # 2 and 3 tie; the lower slot (expert 2's) goes first
+
+
+def test_a_batch_that_does_not_fit_is_left_to_the_host_table():
+    tables = DeviceSlotTables(1, E, S, "cpu", use_triton=False)
+    ids = torch.arange(12).view(3, 4)
+    assert not tables.fits(ids)
+    with pytest.raises(ValueError, match="host table"):
+        tables.plan(0, ids)
+
+
+def test_state_hands_over_between_host_and_device_tables_in_lru_order():
+    tables = DeviceSlotTables(1, E, 4, "cpu", use_triton=False)
+    for ids in ([5, 6], [7], [5]):
+        tables.plan(0, torch.tensor([ids]))
+    host = ExpertSlotTable(E, 4)
+    host.load_lru(tables.export(0))
+    assert [e for e, _ in host.lru_pairs()] == [6, 7, 5]
+    plan = host.assign([9, 10])  # one free slot, then the oldest (6) goes
+    assert set(host.resident()) == {7, 5, 9, 10} and len(plan.loads) == 2
+    tables.load(0, host.lru_pairs())
+    assert tables.export(0) == host.lru_pairs()
+    nxt = tables.plan(0, torch.tensor([[11]]))  # the device side now evicts 7, the host's oldest
+    assert 7 not in tables.slot_expert[0].tolist() and nxt.load_experts.tolist() == [11]
+
+
+def test_triton_kernels_compute_the_torch_plan_in_the_interpreter():
+    pytest.importorskip("triton")
+    helper = Path(__file__).with_name("triton_interpret_check.py")
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    proc = subprocess.run([sys.executable, str(helper), "5"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith("OK"), proc.stderr[-3000:]

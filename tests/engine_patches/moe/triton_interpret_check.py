@@ -1,0 +1,62 @@
+"""Helper for test_device_slots.py: the Triton kernels, run by Triton's CPU interpreter.
+
+Run as ``TRITON_INTERPRET=1 python triton_interpret_check.py``: the slot planner kernel must leave
+exactly the state and plan the torch planner leaves, and the gather kernel must copy exactly the
+experts the plan lists. Prints ``OK <n>`` (plans compared) or fails with an assertion.
+"""
+
+import sys
+
+import torch
+
+from engine_patches.moe.device_slots import DeviceSlotTables
+from engine_patches.moe.experts import reference_moe
+from engine_patches.moe.experts_triton import gemv_experts
+from engine_patches.moe.gather import copy_experts_indexed
+
+
+def main() -> None:
+    g = torch.Generator().manual_seed(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    compared = 0
+    for experts, slots, top_k in ((16, 4, 4), (16, 9, 2), (12, 12, 3), (40, 24, 8)):
+        layers = 2
+        kernel = DeviceSlotTables(layers, experts, slots, "cpu", use_triton=True)
+        torch_ = DeviceSlotTables(layers, experts, slots, "cpu", use_triton=False)
+        hot = torch.randperm(experts, generator=g)[: max(top_k, experts // 3)]
+        src = torch.randn(experts, 3, 5, generator=g)
+        for step in range(30):
+            tokens = int(torch.randint(1, slots // top_k + 1, (1,), generator=g))
+            pool = hot if step % 3 else torch.arange(experts)  # skewed, with reuse
+            ids = torch.stack([pool[torch.randperm(len(pool), generator=g)[:top_k]]
+                               for _ in range(tokens)])
+            if step % 7 == 3:
+                ids[0, -1] = -1  # a skipped entry
+            layer = step % layers
+            a, b = kernel.plan(layer, ids), torch_.plan(layer, ids)
+            for name in ("slot_ids", "load_experts", "load_slots"):
+                assert torch.equal(getattr(a, name), getattr(b, name)), (name, step)
+            for name in ("expert_slot", "slot_expert", "last_used", "clock", "counts"):
+                assert torch.equal(getattr(kernel, name), getattr(torch_, name)), (name, step)
+            dst_k, dst_t = torch.full((slots, 3, 5), float("nan")), torch.zeros(slots, 3, 5)
+            dst_k.copy_(dst_t)
+            copy_experts_indexed(src, dst_k, a.load_experts, a.load_slots, use_triton=True,
+                                 block=8)
+            copy_experts_indexed(src, dst_t, a.load_experts, a.load_slots, use_triton=False)
+            assert torch.equal(dst_k, dst_t), step
+            compared += 1
+    # The decode-batch expert kernels against the float64 reference, skipped entries included.
+    for tokens, k, slots, hidden, inter in ((1, 4, 6, 40, 24), (3, 2, 5, 64, 36)):
+        w13 = torch.randn(slots, 2 * inter, hidden, generator=g) / hidden**0.5
+        w2 = torch.randn(slots, hidden, inter, generator=g) / inter**0.5
+        x = torch.randn(tokens, hidden, generator=g)
+        ids = torch.stack([torch.randperm(slots, generator=g)[:k] for _ in range(tokens)])
+        ids[-1, 0] = -1
+        w = torch.rand(tokens, k, generator=g)
+        got, ref = gemv_experts(x, w13, w2, w, ids), reference_moe(x, w13, w2, w, ids)
+        assert float((got - ref).norm() / ref.norm()) < 1e-5, (tokens, k)
+        compared += 1
+    print(f"OK {compared}")
+
+
+if __name__ == "__main__":
+    main()
