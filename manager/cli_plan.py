@@ -29,13 +29,20 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """What fits on the GPU for MODEL, why, and what would extend it."""
-    request = PlanRequest(
+    from pydantic import ValidationError
+
+    try:
+        request = PlanRequest(
         model=model, gpu=gpu, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
         kv_cache_dtype=kv_cache_dtype, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
         gpu_memory_utilization=gpu_memory_utilization, kv_offload_gib=kv_offload_gib,
         moe_expert_offload=moe_expert_offload, moe_gpu_cache_gib=moe_gpu_cache_gib,
         cpu_offload_gb=cpu_offload_gb, host_ram_gib=host_ram_gib,
-    )
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        typer.echo(f"error: {'.'.join(str(p) for p in first['loc']) or 'input'}: {first['msg']}", err=True)
+        raise typer.Exit(2) from exc
     try:
         result = make_plan(request)
     except PlanError as exc:

@@ -171,6 +171,16 @@ def _host_lines(req: PlanRequest, model: _Model, host: HostMemory, side: GpuSide
 
 
 def make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMemory | None = None) -> Plan:
+    """The plan for ``req``; anything that cannot be planned is a PlanError with a message, never a crash."""
+    try:
+        return _make_plan(req, gpu=gpu, host=host)
+    except PlanError:
+        raise
+    except (ValueError, ZeroDivisionError, OverflowError, KeyError, TypeError) as exc:
+        raise PlanError(f"cannot plan this request: {exc}") from exc
+
+
+def _make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMemory | None = None) -> Plan:
     """The whole plan for ``req``. ``gpu``/``host`` replace detection (tests, other machines)."""
     model = _load_model(req)
     device, device_text = _resolve_device(req, gpu)

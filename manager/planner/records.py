@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 GiB = 1024**3
 
@@ -38,6 +38,13 @@ class PlanRequest(BaseModel):
     overhead_gib: float | None = Field(default=None, ge=0, description="replaces the overhead estimate")
     host_ram_gib: float | None = Field(default=None, gt=0, description="plan another machine's RAM")
     host_shm_gib: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _finite(self):
+        from manager.schemas.common import check_numbers
+
+        check_numbers(self)
+        return self
 
 
 Section = Literal["model", "gpu", "extend", "cpu"]

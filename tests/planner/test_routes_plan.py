@@ -47,3 +47,20 @@ def test_gpu_list_has_detection_and_catalogue():
     assert "available" in data["detected"]
     keys = {g["key"] for g in data["catalogue"]}
     assert {"rtx-4090", "h100-80", "cpu"} <= keys
+
+
+def test_typos_and_absurd_numbers_are_422_not_500(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from manager.app import create_app
+    from manager.settings import Settings
+
+    with TestClient(create_app(Settings(data_dir=tmp_path / "d"))) as c:
+        folder = tmp_path / "m"
+        folder.mkdir()
+        (folder / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 2, '
+                                            '"num_attention_heads": 0, "hidden_size": 128}')
+        for body in ({"model": str(folder), "gpu": "nope"}, {"model": str(folder), "gpu": "h100-80"},
+                     {"model": str(folder), "gpu": "h100-80", "kv_offload_gib": 1e308}):
+            resp = c.post("/api/plan", json=body)
+            assert resp.status_code == 422, (body, resp.text)
