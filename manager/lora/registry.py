@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sqlmodel import Session, select
 
 from manager.errors import Conflict, NotFound
@@ -34,7 +36,8 @@ def add_adapter(db: Session, data: LoraAdapterCreate) -> tuple[LoraAdapter, Adap
         raise Conflict(f"{data.name!r} is the base model's own name; requests could not tell "
                        f"the adapter from the model: choose another name")
     check = check_adapter(data.path, config)
-    adapter = LoraAdapter(name=data.name, path=data.path, base_config=data.base_config,
+    # Engines run in their own folder: keep the absolute path the manager checked.
+    adapter = LoraAdapter(name=data.name, path=str(Path(data.path).expanduser().resolve()), base_config=data.base_config,
                           rank=check.rank, pinned=data.pinned)
     db.add(adapter)
     db.commit()

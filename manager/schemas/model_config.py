@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 
 from pydantic import field_validator, model_validator
 from sqlalchemy import JSON, Column
@@ -35,6 +36,15 @@ class ModelConfigFields(SQLModel):
     autostart: bool = False
     start_timeout_s: int = Field(default=900, gt=0)
     port: int | None = Field(default=None, ge=1, le=65535)
+
+    @field_validator("model")
+    @classmethod
+    def _local_paths_are_absolute(cls, v: str) -> str:
+        # Engines run in their own folder, so a relative path would name something else there (or be
+        # taken for a Hugging Face id). Hub ids ("org/name") are left as they are.
+        if v.startswith(("~", "./", "../", "/")) or v in (".", ".."):
+            return str(Path(v).expanduser().resolve())
+        return v
 
     @field_validator("gpu_ids")
     @classmethod

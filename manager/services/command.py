@@ -9,6 +9,7 @@ from pathlib import Path
 from engine_patches.settings import PatchSettings
 
 from manager.errors import Invalid
+from manager.services.engine_flags import flag_value
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 
@@ -55,10 +56,12 @@ def kv_offload_bytes(config: ModelConfig, profile: OffloadProfile) -> tuple[int 
             field="kv_offload_num_cpu_blocks",
         ) from exc
     tp = config.tensor_parallel_size
-    page = kv_page_bytes(hf_config, config.kv_cache_dtype, VLLM_BLOCK_SIZE, tp)
-    total = offload_cpu_bytes(blocks, hf_config, config.kv_cache_dtype, VLLM_BLOCK_SIZE, tp)
+    given = flag_value(config.extra_args, "--block-size") or ""
+    block = int(given) if given.isdigit() and int(given) > 0 else VLLM_BLOCK_SIZE
+    page = kv_page_bytes(hf_config, config.kv_cache_dtype, block, tp, config.dtype)
+    total = offload_cpu_bytes(blocks, hf_config, config.kv_cache_dtype, block, tp, config.dtype)
     note = (
-        f"KV offload: {blocks} num_cpu_blocks x {page} bytes per block ({VLLM_BLOCK_SIZE} tokens, all "
+        f"KV offload: {blocks} num_cpu_blocks x {page} bytes per block ({block} tokens, all "
         f"layers, all TP ranks, page-aligned) = {total} bytes ({total / GIB:.3f} GiB) of prefix-cache "
         "capacity in host RAM; it does not raise max_model_len"
     )

@@ -170,3 +170,11 @@ def test_numbers_out_of_range_are_422_not_500(client):
                        headers={"content-type": "application/json"})
     assert resp.status_code == 422
     assert client.post("/api/profiles", json={"name": "big", "kv_offload_gib": 1e300}).status_code == 422
+
+
+def test_a_relative_model_folder_is_stored_as_an_absolute_path(client, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    created = client.post("/api/models", json={"name": "rel", "model": "./models/m"}).json()
+    assert created["model"] == str(tmp_path / "models" / "m")
+    hub = client.post("/api/models", json={"name": "hub", "model": "Qwen/Qwen3-8B"}).json()
+    assert hub["model"] == "Qwen/Qwen3-8B"
