@@ -25,7 +25,7 @@ try:  # Triton is optional: the torch path below computes the same plan.
 
     @triton.jit
     def _plan_kernel(ids_ptr, n, expert_slot, slot_expert, last_used, clock, counts,
-                     slot_ids_out, load_e_out, load_s_out, E, S, P, T,
+                     slot_ids_out, hit_ids_out, miss_ids_out, load_e_out, load_s_out, E, S, P, T,
                      BN: tl.constexpr, BE: tl.constexpr, BS: tl.constexpr, BP: tl.constexpr):
         # One program plans one layer. Every set operation is a small all-pairs comparison
         # ([BE, BN], [BS, BS], ...): for E, S <= 256 that is cheaper than any sort.
@@ -66,6 +66,10 @@ try:  # Triton is optional: the torch path below computes the same plan.
         match = ids[:, None] == e_r[None, :]
         sid = tl.sum(tl.where(match, slot_now[None, :] + 1, 0), axis=1) - 1
         tl.store(slot_ids_out + n_r, sid, mask=n_r < n)
+        # The same ids split by whether the entry's expert is being copied in right now.
+        loading = tl.sum((match & miss[None, :]).to(tl.int32), axis=1) > 0
+        tl.store(hit_ids_out + n_r, tl.where(loading, -1, sid), mask=n_r < n)
+        tl.store(miss_ids_out + n_r, tl.where(loading, sid, -1), mask=n_r < n)
         p_r = tl.arange(0, BP)
         at = (miss_rank[None, :] == p_r[:, None]) & miss[None, :]
         tl.store(load_e_out + p_r, tl.sum(tl.where(at, e_r[None, :] + 1, 0), axis=1) - 1,
@@ -86,6 +90,10 @@ class DevicePlan:
     """One layer's plan, all on the device: slot per (token, k) entry and the copies to make."""
 
     slot_ids: torch.Tensor  # [T, k] int32, -1 where the entry is skipped
+    # slot_ids split in two: entries whose expert was already resident, and entries whose expert
+    # is in this plan's copy list (-1 elsewhere). The first can be computed while the copy runs.
+    hit_slot_ids: torch.Tensor
+    miss_slot_ids: torch.Tensor
     load_experts: torch.Tensor  # [P] int32 expert ids to copy in, -1 padding at the end
     load_slots: torch.Tensor  # [P] int32 destination slots, -1 padding
 
@@ -125,19 +133,26 @@ class DeviceSlotTables:
         n = topk_ids.numel()
         p = min(n, self.num_slots)
         slot_ids = torch.empty(topk_ids.shape, dtype=torch.int32, device=self.device)
+        hit_ids, miss_ids = torch.empty_like(slot_ids), torch.empty_like(slot_ids)
         load_e = torch.empty(p, dtype=torch.int32, device=self.device)
         load_s = torch.empty(p, dtype=torch.int32, device=self.device)
         if self.use_triton:
             ids = topk_ids.reshape(-1).contiguous()
             _plan_kernel[(1,)](
                 ids, n, self.expert_slot[layer], self.slot_expert[layer], self.last_used[layer],
-                self.clock[layer:layer + 1], self.counts[layer], slot_ids, load_e, load_s,
+                self.clock[layer:layer + 1], self.counts[layer], slot_ids, hit_ids, miss_ids,
+                load_e, load_s,
                 self.num_experts, self.num_slots, p, topk_ids.shape[0],
                 BN=_pow2(n), BE=_pow2(self.num_experts), BS=_pow2(self.num_slots),
                 BP=_pow2(p), num_warps=4)
         else:
             self._plan_torch(layer, topk_ids, slot_ids, load_e, load_s)
-        return DevicePlan(slot_ids, load_e, load_s)
+            loaded = torch.zeros(self.num_experts + 1, dtype=torch.bool, device=self.device)
+            loaded[torch.where(load_e >= 0, load_e.long(), self.num_experts)] = True
+            loading = loaded[torch.where(topk_ids >= 0, topk_ids.long(), self.num_experts)]
+            hit_ids.copy_(torch.where(loading, -1, slot_ids))
+            miss_ids.copy_(torch.where(loading, slot_ids, -1))
+        return DevicePlan(slot_ids, hit_ids, miss_ids, load_e, load_s)
 
     def _plan_torch(self, layer, topk_ids, slot_ids, load_e, load_s) -> None:
         """The kernel's algorithm in torch ops (no host reads either): CPU and no-Triton path."""

@@ -21,10 +21,15 @@ try:
 
     @triton.jit
     def _gate_up_kernel(x, w13, slot_ids, act, H, I, K,
-                        BI: tl.constexpr, BH: tl.constexpr):
+                        BI: tl.constexpr, BH: tl.constexpr, WRITE_SKIPPED: tl.constexpr):
         entry = tl.program_id(0)
         i_r = tl.program_id(1) * BI + tl.arange(0, BI)
         slot = tl.load(slot_ids + entry).to(tl.int64)
+        # WRITE_SKIPPED False: a skipped entry leaves its output alone (another pass owns it).
+        if WRITE_SKIPPED:
+            o_lim = I
+        else:
+            o_lim = tl.where(slot >= 0, I, 0)
         # A skipped entry (slot -1) masks every load: its outputs come out as zeros.
         i_lim = tl.where(slot >= 0, I, 0)
         h_lim = tl.where(slot >= 0, H, 0)
@@ -44,14 +49,18 @@ try:
             gate += tl.sum(wg.to(tl.float32) * xv[None, :], axis=1)
             up += tl.sum(wu.to(tl.float32) * xv[None, :], axis=1)
         a = gate / (1.0 + tl.exp(-gate)) * up
-        tl.store(act + entry * I + i_r, a, mask=i_r < I)
+        tl.store(act + entry * I + i_r, a, mask=i_r < o_lim)
 
     @triton.jit
     def _down_kernel(act, w2, slot_ids, weights, y, H, I,
-                     BO: tl.constexpr, BI: tl.constexpr):
+                     BO: tl.constexpr, BI: tl.constexpr, WRITE_SKIPPED: tl.constexpr):
         entry = tl.program_id(0)
         o_r = tl.program_id(1) * BO + tl.arange(0, BO)
         slot = tl.load(slot_ids + entry).to(tl.int64)
+        if WRITE_SKIPPED:
+            y_lim = H
+        else:
+            y_lim = tl.where(slot >= 0, H, 0)
         o_lim = tl.where(slot >= 0, H, 0)
         i_lim = tl.where(slot >= 0, I, 0)
         slot = tl.maximum(slot, 0)
@@ -66,30 +75,53 @@ try:
                         mask=o_ok[:, None] & i_ok[None, :], other=0.0)
             acc += tl.sum(w.to(tl.float32) * av[None, :], axis=1)
         wt = tl.load(weights + entry).to(tl.float32)
-        tl.store(y + entry * H + o_r, acc * wt, mask=o_r < H)  # acc is 0 for a skipped entry
+        tl.store(y + entry * H + o_r, acc * wt, mask=o_r < y_lim)  # acc is 0 if skipped
 
     HAVE_TRITON = True
 except Exception:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
 
 
+def _gemv_pass(x, w13, w2, ids, wts, act, y, write_skipped: bool) -> None:
+    entries, hidden, inter = ids.shape[0], x.shape[1], w2.shape[-1]
+    k = entries // x.shape[0]
+    bi, bh = 16, 256
+    _gate_up_kernel[(entries, triton.cdiv(inter, bi))](x, w13, ids, act, hidden, inter, k,
+                                                       BI=bi, BH=bh, WRITE_SKIPPED=write_skipped,
+                                                       num_warps=4)
+    bo, bk = 16, 256
+    _down_kernel[(entries, triton.cdiv(hidden, bo))](act, w2, ids, wts, y, hidden, inter,
+                                                     BO=bo, BI=bk, WRITE_SKIPPED=write_skipped,
+                                                     num_warps=4)
+
+
 def gemv_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                  topk_weights: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
     """The ``ExpertsFn`` contract with one matrix-vector product per (token, k) entry."""
+    return gemv_experts_split(x, w13, w2, topk_weights, slot_ids, None, None)
+
+
+def gemv_experts_split(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                       topk_weights: torch.Tensor, first_ids: torch.Tensor,
+                       second_ids: torch.Tensor | None, between) -> torch.Tensor:
+    """The entries of ``first_ids``, then ``between()``, then those of ``second_ids``; one sum.
+
+    For a cache whose missing experts are still loading: the resident ones (``first_ids``) are
+    computed while the copy runs, ``between`` makes the stream wait for the copy, and only the
+    loaded ones come after. An entry must be >= 0 in at most one of the two id tensors. Costs two
+    launches more than one pass, not a second output buffer or sum.
+    """
     if not HAVE_TRITON:
         raise RuntimeError("gemv_experts needs Triton installed; use grouped_experts")
-    tokens, k = slot_ids.shape
+    tokens, k = first_ids.shape
     hidden, inter = x.shape[1], w2.shape[-1]
-    entries = tokens * k
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
-    ids = slot_ids.reshape(-1).contiguous()
     wts = topk_weights.reshape(-1).contiguous()
-    act = torch.empty(entries, inter, dtype=torch.float32, device=x.device)
-    y = torch.empty(entries, hidden, dtype=torch.float32, device=x.device)
-    bi, bh = 16, 256
-    _gate_up_kernel[(entries, triton.cdiv(inter, bi))](x, w13, ids, act, hidden, inter, k,
-                                                       BI=bi, BH=bh, num_warps=4)
-    bo, bk = 16, 256
-    _down_kernel[(entries, triton.cdiv(hidden, bo))](act, w2, ids, wts, y, hidden, inter,
-                                                     BO=bo, BI=bk, num_warps=4)
+    act = torch.empty(tokens * k, inter, dtype=torch.float32, device=x.device)
+    y = torch.empty(tokens * k, hidden, dtype=torch.float32, device=x.device)
+    _gemv_pass(x, w13, w2, first_ids.reshape(-1).contiguous(), wts, act, y, True)
+    if between is not None:
+        between()
+    if second_ids is not None:
+        _gemv_pass(x, w13, w2, second_ids.reshape(-1).contiguous(), wts, act, y, False)
     return y.view(tokens, k, hidden).sum(1).to(x.dtype)

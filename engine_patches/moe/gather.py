@@ -34,6 +34,39 @@ try:  # Triton is optional: the CPU build and a machine without it use the torch
         vals = tl.load(src + s_row * row_elems + offs, mask=mask)
         tl.store(dst + d_row * row_elems + offs, vals, mask=mask)
 
+    @triton.jit
+    def _gather_pairs_kernel(src_a, dst_a, src_b, dst_b, experts, slots, P, words_a, words_b,
+                             BLOCK: tl.constexpr, BP: tl.constexpr):
+        # Both weight tensors of every listed expert in one launch, so the link never idles
+        # between a w13 launch and a w2 launch. The grid may be smaller than the work: each
+        # program strides over the (expert, tensor, chunk) units, which leaves SMs free for the
+        # expert math that runs beside the copy. Only valid (>= 0) pairs make units, wherever
+        # the padding sits, so the loop does no empty turns at batch 1.
+        p_r = tl.arange(0, BP)
+        e_all = tl.load(experts + p_r, mask=p_r < P, other=-1).to(tl.int64)
+        s_all = tl.load(slots + p_r, mask=p_r < P, other=-1).to(tl.int64)
+        valid = e_all >= 0
+        rank = tl.cumsum(valid.to(tl.int32), 0) - 1  # position among the valid pairs
+        chunks_a = tl.cdiv(words_a, BLOCK)
+        per_pair = chunks_a + tl.cdiv(words_b, BLOCK)
+        total = tl.sum(valid.to(tl.int32), axis=0) * per_pair
+        for u in range(tl.program_id(0), total, tl.num_programs(0)):
+            pair = u // per_pair
+            c = u % per_pair
+            pick = valid & (rank == pair)
+            e = tl.sum(tl.where(pick, e_all, 0), axis=0)
+            s = tl.sum(tl.where(pick, s_all, 0), axis=0)
+            if c < chunks_a:
+                offs = c.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+                m = offs < words_a
+                vals = tl.load(src_a + e * words_a + offs, mask=m)
+                tl.store(dst_a + s * words_a + offs, vals, mask=m)
+            else:
+                offs = (c - chunks_a).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+                m = offs < words_b
+                vals = tl.load(src_b + e * words_b + offs, mask=m)
+                tl.store(dst_b + s * words_b + offs, vals, mask=m)
+
     HAVE_TRITON = True
 except Exception:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
@@ -112,6 +145,42 @@ def copy_experts_indexed(src: torch.Tensor, dst: torch.Tensor, experts: torch.Te
     grid = (experts.shape[0], triton.cdiv(row, block))
     _gather_rows_kernel[grid](s_words, d_words, experts, slots, row, BLOCK=block,
                               num_warps=num_warps)
+
+
+def copy_expert_pairs_indexed(src: tuple[torch.Tensor, torch.Tensor],
+                              dst: tuple[torch.Tensor, torch.Tensor], experts: torch.Tensor,
+                              slots: torch.Tensor, *, use_triton: bool | None = None,
+                              programs: int = 0, block: int = 4096, num_warps: int = 4) -> None:
+    """``dst[j][slots[i]] = src[j][experts[i]]`` for both weight tensors (w13, w2); -1 skips.
+
+    The same copy as two ``copy_experts_indexed`` calls, in one Triton launch on CUDA.
+    ``programs``: how many programs share the work (0: one per chunk, the widest grid); fewer
+    programs leave SMs to kernels running beside the copy. Both tensors are read in 8-byte words
+    where their rows allow (bf16 expert rows always do).
+    """
+    if use_triton is None:
+        use_triton = dst[0].is_cuda
+    if not use_triton:
+        for s_t, d_t in zip(src, dst):
+            copy_experts_indexed(s_t, d_t, experts, slots, use_triton=False)
+        return
+    if not HAVE_TRITON:
+        raise RuntimeError("copying experts chosen on the GPU needs Triton installed")
+    words = []
+    for s_t, d_t in zip(src, dst):
+        if not (s_t.is_contiguous() and d_t.is_contiguous() and s_t.dtype == d_t.dtype
+                and s_t.shape[1:] == d_t.shape[1:]):
+            raise ValueError("expert gather needs contiguous src/dst of the same dtype and row shape")
+        if s_t.device.type == "cpu" and d_t.is_cuda and not s_t.is_pinned():
+            raise ValueError("the expert gather reads host memory in place: src must be pinned")
+        words.append((_as_words(s_t), _as_words(d_t)))
+    (sa, da), (sb, db) = words
+    n = experts.shape[0]
+    units = n * (triton.cdiv(sa.shape[1], block) + triton.cdiv(sb.shape[1], block))
+    grid = (max(1, min(programs, units)) if programs > 0 else max(1, units),)
+    _gather_pairs_kernel[grid](sa, da, sb, db, experts, slots, n, sa.shape[1], sb.shape[1],
+                               BLOCK=block, BP=max(2, 1 << (n - 1).bit_length()),
+                               num_warps=num_warps)
 
 
 def copy_experts(src: torch.Tensor, dst: torch.Tensor, experts: Sequence[int],

@@ -222,8 +222,9 @@ def _make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMe
         PlanLine(key="kv_cache_tokens", label="KV cache size", value=cap.kv_cache_tokens, unit="tokens",
                  section="gpu", explanation=f"{cap.num_blocks:,} blocks; what vLLM will log as "
                  "'KV cache size: N tokens' (max concurrency x max_model_len)"),
-        PlanLine(key="max_context", label="Longest request", value=cap.max_context, unit="tokens",
-                 section="gpu", explanation="the most context one request can hold in the KV cache"),
+        PlanLine(key="max_context", label="KV room for one request", value=cap.max_context, unit="tokens",
+                 section="gpu", explanation="the most context one request could hold in the KV cache; "
+                 f"vLLM also caps every request at max_model_len ({L:,})"),
         PlanLine(key="max_concurrency", label=f"Requests of {L:,} tokens at once",
                  value=round(cap.max_concurrency, 2), unit="x", section="gpu",
                  explanation=f"max_num_seqs {req.max_num_seqs} sequences at once get "
