@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine_patches.moe.experts import auto_experts, looped_experts, reference_moe  # noqa: E402
 from engine_patches.moe.device_slots import DeviceSlotTables  # noqa: E402
-from engine_patches.moe.gather import copy_experts, copy_experts_indexed  # noqa: E402
+from engine_patches.moe.gather import (  # noqa: E402
+    copy_expert_pairs_indexed, copy_experts, copy_experts_indexed)
 from engine_patches.moe.offload import ExpertOffload  # noqa: E402
 from engine_patches.moe.sizing import slots_for_budget  # noqa: E402
 from engine_patches.moe.store import ExpertStore  # noqa: E402
@@ -185,29 +186,53 @@ def check_device_planner(device, a, steps=40):
     return "same"
 
 
-def gather_configs(store, device, configs, n_experts_list, repeats=10):
-    """GB/s of the device-indexed Triton gather (the device planner's copy) per (block, warps)."""
+GATHER_CONFIGS = [(programs, block, warps) for programs in (0, 264, 132, 66)
+                  for block, warps in ((2048, 4), (4096, 4), (8192, 8))]
+
+
+def gather_sweep(store, device, configs, n_experts_list, reps=16):
+    """GB/s of the device-indexed gathers, timed as CUDA-graph replays (as the step runs them).
+
+    ``pairs p/b/w``: w13 and w2 in one launch with p programs (0: one per chunk), block b words,
+    w warps; ``rows``: the previous runs' kernel, one launch per tensor. Each replay copies
+    ``reps`` different random expert sets, so nothing is served from a cache."""
     lay = store.layers[0]
-    out = {}
+    out, g = {}, torch.Generator().manual_seed(4)
     for n in n_experts_list:
-        dst13 = torch.empty((n, *lay.w13.shape[1:]), dtype=lay.w13.dtype, device=device)
-        dst2 = torch.empty((n, *lay.w2.shape[1:]), dtype=lay.w2.dtype, device=device)
-        g = torch.Generator().manual_seed(4)
-        for block, warps in configs:
-            times = []
-            for r in range(repeats + 1):
-                ids = torch.randperm(lay.num_experts, generator=g)[:n].int().to(device)
-                slots = torch.arange(n, dtype=torch.int32, device=device)
+        dst = (torch.empty((n, *lay.w13.shape[1:]), dtype=lay.w13.dtype, device=device),
+               torch.empty((n, *lay.w2.shape[1:]), dtype=lay.w2.dtype, device=device))
+        sets = [torch.randperm(lay.num_experts, generator=g)[:n].int().to(device)
+                for _ in range(reps)]
+        slots = torch.arange(n, dtype=torch.int32, device=device)
+        variants = {"rows 8192/8": lambda e: [copy_experts_indexed(
+            s_t, d_t, e, slots, block=8192, num_warps=8) for s_t, d_t in zip((lay.w13, lay.w2), dst)]}
+        for p_, b_, w_ in configs:
+            variants[f"pairs {p_}/{b_}/{w_}"] = (
+                lambda e, p_=p_, b_=b_, w_=w_: copy_expert_pairs_indexed(
+                    (lay.w13, lay.w2), dst, e, slots, programs=p_, block=b_, num_warps=w_))
+        for name, fn in variants.items():
+            try:
+                fn(sets[0])
                 sync(device)
-                t0 = time.perf_counter()
-                copy_experts_indexed(lay.w13, dst13, ids, slots, block=block, num_warps=warps)
-                copy_experts_indexed(lay.w2, dst2, ids, slots, block=block, num_warps=warps)
-                sync(device)
-                if r:
-                    times.append(time.perf_counter() - t0)
-            e = int(ids[-1])
-            assert torch.equal(dst13[-1].cpu(), lay.w13[e]) and torch.equal(dst2[-1].cpu(), lay.w2[e])
-            out[f"{n}x{block}x{warps}"] = n * lay.expert_bytes / statistics.median(times) / 1e9
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for e in sets:
+                        fn(e)
+                times = []
+                for _ in range(4):
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    graph.replay()
+                    b.record()
+                    b.synchronize()
+                    times.append(a.elapsed_time(b) / 1e3)
+                e = int(sets[-1][-1])
+                assert torch.equal(dst[0][-1].cpu(), lay.w13[e]) and torch.equal(
+                    dst[1][-1].cpu(), lay.w2[e]), f"{name} copied the wrong expert"
+                out[f"{name} @{n}"] = n * reps * lay.expert_bytes / statistics.median(times[1:]) / 1e9
+                del graph
+            except Exception as exc:  # report, go on with the others
+                out[f"{name} @{n}"] = f"failed: {exc!r}"[:200]
     return out
 
 
@@ -363,22 +388,30 @@ def main(argv=None):
     log(f"offloaded vs resident MoE output, rel err: {res['offload_rel_err']}")
 
     cuda = device.type == "cuda"
+    res["gather_GBps"] = {}
     if cuda:  # the device planner's kernels: checked, and the gather's launch shape picked
-        configs = [(2048, 4), (4096, 4), (8192, 8), (16384, 8)]
-        best = (4096, 4)
         try:
             res["device_planner_check"] = check_device_planner(device, a)
-            res["gather_GBps"] = gather_configs(store, device, configs, [2, 8])
-            best = max(configs, key=lambda c: sum(v for k, v in res["gather_GBps"].items()
-                                                  if k.endswith(f"x{c[0]}x{c[1]}")))
         except Exception as exc:  # report; the device variants will fail and say so too
             res["device_planner_check"] = f"failed: {exc!r}"[:300]
-            res["gather_GBps"] = {}
+        res["gather_GBps"] = gather_sweep(store, device, GATHER_CONFIGS, [2, 8])
         log(f"device planner (Triton vs torch): {res['device_planner_check']}; gather GB/s "
-            f"{ {k: round(v, 1) for k, v in res['gather_GBps'].items()} } -> block/warps {best}")
-    else:
-        best = (4096, 4)
-    res["gather_block_warps"] = best
+            "(graph replays): " + ", ".join(
+                f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}"
+                for k, v in res["gather_GBps"].items()))
+
+    def rate(cfg):  # GB/s for 2 experts, the typical batch-1 miss count per layer
+        v = res["gather_GBps"].get(f"pairs {cfg[0]}/{cfg[1]}/{cfg[2]} @2")
+        return v if isinstance(v, float) else 0.0
+
+    best = {}  # grid size -> its fastest (programs, block, warps)
+    for cfg in GATHER_CONFIGS:
+        if cfg[0] not in best or rate(cfg) > rate(best[cfg[0]]):
+            best[cfg[0]] = cfg
+    top = max(best.values(), key=rate)
+    res["gather_best_by_programs"] = {str(k): v for k, v in best.items()}
+    res["gather_programs_block_warps"] = top
+    log(f"gather picked (programs, block, warps): {top}; best per grid size: {best}")
 
     def record(run, st, timed):
         link_s = st.bytes_moved / timed / (bw * 1e9)
@@ -423,20 +456,27 @@ def main(argv=None):
                 res.setdefault("graph_failed", []).append(f"resident b{batch}: {exc!r}"[:300])
                 log(f"graph capture failed (resident b{batch}): {exc!r}"[:300])
 
-        # (mode, budget, planner, copy method, in a CUDA graph)
-        variants = [("copy_all", None, "auto", "memcpy", False)]
+        # (mode, budget, planner, copy method, in a CUDA graph, overlap, gather config, suffix)
+        variants = [("copy_all", None, "auto", "memcpy", False, True, top, "")]
         for f in a.budgets:
-            variants.append(("cached", f, "auto", "memcpy", False))
+            variants.append(("cached", f, "auto", "memcpy", False, True, top, ""))
             if batch == 1 and f == 0.25:  # the previous runs' way: every layer planned on the host
-                variants.append(("cached", f, "host", "memcpy", False))
+                variants.append(("cached", f, "host", "memcpy", False, True, top, ""))
                 if cuda and isinstance(res["copy_methods_GBps"].get("triton"), float):
-                    variants.append(("cached", f, "host", "triton", False))
+                    variants.append(("cached", f, "host", "triton", False, True, top, ""))
             if cuda:
-                variants.append(("cached", f, "device", "memcpy", True))
-        for mode, frac, planner, method, graphed in variants:
+                variants.append(("cached", f, "device", "memcpy", True, True, top, ""))
+                if batch == 1:  # what the overlap and the gather's grid size each bring
+                    variants.append(("cached", f, "device", "memcpy", True, False, top,
+                                     "_nooverlap"))
+                    for cfg in best.values():
+                        if cfg != top:
+                            variants.append(("cached", f, "device", "memcpy", True, True, cfg,
+                                             f"_p{cfg[0]}"))
+        for mode, frac, planner, method, graphed, overlap, gcfg, suffix in variants:
             kw = dict(device=device, mode=mode, copy_method=method, experts_fn=experts_fn,
-                      measure_copy_time=not graphed, planner=planner,
-                      gather_block=best[0], gather_warps=best[1])
+                      measure_copy_time=not graphed, planner=planner, overlap=overlap,
+                      gather_programs=gcfg[0], gather_block=gcfg[1], gather_warps=gcfg[2])
             if mode == "cached":
                 gib = frac * store.host_bytes / 2**30
                 kw["slots_per_layer"] = slots_for_budget(
@@ -449,13 +489,14 @@ def main(argv=None):
             if mode == "cached" and planner == "host":
                 name += "_host" + ("_triton" if method == "triton" else "")
             elif mode == "cached" and off.plans_on_device(trace[0, 0]):
-                name += "_device" + ("_graph" if graphed else "")
+                name += "_device" + ("_graph" if graphed else "") + suffix
             warm, timed = (1, a.copy_all_steps) if mode == "copy_all" else (a.warmup, a.steps)
 
             def moe(layer, h, w, ids, _off=off):
                 return _off.forward(layer, h, w, ids)
 
             run = base | {"variant": name, "copy_method": method, "planner": planner,
+                          "overlap": overlap, "gather_programs_block_warps": gcfg,
                           "budget_fraction": frac, "slots_per_layer": off.slots_per_layer,
                           "gpu_cache_bytes": off.gpu_cache_bytes}
             try:

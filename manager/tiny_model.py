@@ -34,57 +34,36 @@ def _save_tokenizer(folder: Path, vocab_size: int) -> None:
     fast.save_pretrained(folder)
 
 
+def _shape(layers: int, vocab_size: int) -> dict:
+    """What every tiny model shares: hidden 128, 4 heads of 32 (vLLM's CPU minimum), 2 KV heads."""
+    return dict(
+        vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+        torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=False,
+    )
+
+
 def make_tiny_llama(folder: Path, *, layers: int = 2, vocab_size: int = 1024) -> Path:
     """A Llama with hidden 128, 4 heads of 32, 2 KV heads; a few MB of dummy weights."""
     from transformers import LlamaConfig
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    LlamaConfig(
-        architectures=["LlamaForCausalLM"],  # without it vLLM may resolve a pooling model
-        vocab_size=vocab_size,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=4096,
-        torch_dtype="bfloat16",
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=3,
-        tie_word_embeddings=False,
-    ).save_pretrained(folder)
+    # Without `architectures` vLLM may resolve a pooling model.
+    LlamaConfig(architectures=["LlamaForCausalLM"], **_shape(layers, vocab_size)).save_pretrained(folder)
     _save_tokenizer(folder, vocab_size)
     return folder
 
 
 def make_tiny_qwen3_moe(folder: Path, *, layers: int = 2, vocab_size: int = 1024) -> Path:
-    """A Qwen3-MoE with 8 experts, top-2, hidden 128, head_dim 32."""
+    """A Qwen3-MoE with 8 experts of intermediate 64, top-2, otherwise shaped like the tiny Llama."""
     from transformers import Qwen3MoeConfig
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     Qwen3MoeConfig(
-        architectures=["Qwen3MoeForCausalLM"],
-        vocab_size=vocab_size,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=8,
-        num_experts_per_tok=2,
-        decoder_sparse_step=1,
-        max_position_embeddings=4096,
-        torch_dtype="bfloat16",
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=3,
-        tie_word_embeddings=False,
+        architectures=["Qwen3MoeForCausalLM"], moe_intermediate_size=64, num_experts=8,
+        num_experts_per_tok=2, decoder_sparse_step=1, **_shape(layers, vocab_size),
     ).save_pretrained(folder)
     _save_tokenizer(folder, vocab_size)
     return folder

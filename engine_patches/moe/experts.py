@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .experts_triton import HAVE_TRITON, MAX_ENTRIES, gemv_experts
+from .experts_triton import HAVE_TRITON, MAX_ENTRIES, gemv_experts, gemv_experts_split
 
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
                      torch.Tensor]
@@ -91,3 +91,26 @@ def auto_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     if x.is_cuda and x.dtype == torch.bfloat16 and aligned and hasattr(torch, "_grouped_mm"):
         return grouped_experts(x, w13, w2, topk_weights, slot_ids)
     return looped_experts(x, w13, w2, topk_weights, slot_ids)
+
+
+def split_experts(fn: ExpertsFn, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                  topk_weights: torch.Tensor, first_ids: torch.Tensor, second_ids: torch.Tensor,
+                  between: Callable[[], None]) -> torch.Tensor:
+    """``fn`` over ``first_ids``, then ``between()``, then over ``second_ids``, summed.
+
+    The runtime's way to compute a layer's resident experts while its missing ones load. With
+    ``auto_experts`` at decode sizes this is the matrix-vector kernels in two passes sharing one
+    output (two launches more than one pass); otherwise two calls of ``fn`` and an add.
+    """
+    if (fn is auto_experts and x.is_cuda and HAVE_TRITON
+            and first_ids.numel() <= MAX_ENTRIES):
+        return gemv_experts_split(x, w13, w2, topk_weights, first_ids, second_ids, between)
+    y = fn(x, w13, w2, topk_weights, first_ids)
+    between()
+    return y + fn(x, w13, w2, topk_weights, second_ids)
+
+
+def splits_cheaply(fn: ExpertsFn, x: torch.Tensor, slot_ids: torch.Tensor) -> bool:
+    """Whether ``split_experts`` costs only a couple of launches (not a second grouped pass)."""
+    return not x.is_cuda or (fn is auto_experts and HAVE_TRITON
+                             and slot_ids.numel() <= MAX_ENTRIES)

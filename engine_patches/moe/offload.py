@@ -23,9 +23,9 @@ from typing import Literal
 
 import torch
 
-from .experts import ExpertsFn, auto_experts
+from .experts import ExpertsFn, auto_experts, split_experts, splits_cheaply
 from .device_slots import HAVE_TRITON, DeviceSlotTables
-from .gather import CopyMethod, copy_experts, copy_experts_indexed
+from .gather import CopyMethod, copy_expert_pairs_indexed, copy_experts
 from .sizing import slots_for_budget
 from .slots import ExpertSlotTable
 from .stats import ExpertCacheStats
@@ -52,6 +52,7 @@ class ExpertOffload:
         planner: Planner = "auto",
         gather_block: int = 4096,
         gather_warps: int = 4,
+        gather_programs: int = 0,
     ) -> None:
         if not store.layers:
             raise ValueError("the expert store is empty: add every MoE layer before building the cache")
@@ -87,7 +88,8 @@ class ExpertOffload:
                             if planner != "host" and possible else None)
             # True where the device tables changed since the host table last saw them.
             self._host_stale = [False] * len(store.layers)
-            self._gather_kw = dict(block=gather_block, num_warps=gather_warps)
+            self._gather_kw = dict(block=gather_block, num_warps=gather_warps,
+                                   programs=gather_programs)
         else:
             first = store.layers[0]
             for lay in store.layers:
@@ -195,25 +197,57 @@ class ExpertOffload:
     def _forward_device(self, layer, x, topk_weights, topk_ids, fn) -> torch.Tensor:
         plan = self._device.plan(layer, topk_ids)
         self._host_stale[layer] = True
-        src, (w13, w2) = self.store.layers[layer], self._slots[layer]
-        # The gather runs on the compute stream: the layer needs the missing experts right away,
-        # so the copy is on the critical path (all of its time is exposed) and nothing waits on
-        # the host. Events cannot be timed inside a graph capture, so only eager runs are timed.
-        timed = self.measure and self._cuda and not torch.cuda.is_current_stream_capturing()
-        if timed:
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-        t0 = time.perf_counter()
-        copy_experts_indexed(src.w13, w13, plan.load_experts, plan.load_slots, **self._gather_kw)
-        copy_experts_indexed(src.w2, w2, plan.load_experts, plan.load_slots, **self._gather_kw)
-        if timed:
-            end.record()
-            self._critical_events.append((start, end))
-        elif not self._cuda:
+        src, dst = self.store.layers[layer], self._slots[layer]
+        weights = (src.w13, src.w2)
+        if not self._cuda:  # a plain copy, then the two passes the GPU path runs
+            t0 = time.perf_counter()
+            copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots)
             dt = time.perf_counter() - t0
             self._copy_s += dt
             self._exposed_s += dt
-        return fn(x, w13, w2, topk_weights, plan.slot_ids)
+            if self.overlap:
+                return split_experts(fn, x, dst[0], dst[1], topk_weights, plan.hit_slot_ids,
+                                     plan.miss_slot_ids, lambda: None)
+            return fn(x, dst[0], dst[1], topk_weights, plan.slot_ids)
+        # Events cannot be timed inside a graph capture, so only eager runs are timed.
+        timed = self.measure and not torch.cuda.is_current_stream_capturing()
+        if not (self.overlap and splits_cheaply(fn, x, plan.slot_ids)):
+            # The gather on the compute stream: the layer waits for all of it (all exposed).
+            if timed:
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+            copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots,
+                                      **self._gather_kw)
+            if timed:
+                end.record()
+                self._critical_events.append((start, end))
+            return fn(x, dst[0], dst[1], topk_weights, plan.slot_ids)
+        # The gather on the side stream while the main stream computes the experts that were
+        # already resident; only the loaded ones wait for it. The side stream first waits for
+        # the plan and for earlier reads of the slots it overwrites (both on the main stream).
+        # The plan's tensors outlive the copy: the main stream waits for the side stream before
+        # this function returns, so the allocator cannot hand them out while the gather reads.
+        main, side = torch.cuda.current_stream(self.device), self._copy_stream
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            start = torch.cuda.Event(enable_timing=True) if timed else None
+            if start is not None:
+                start.record(side)
+            copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots,
+                                      **self._gather_kw)
+            ready = torch.cuda.Event(enable_timing=timed)
+            ready.record(side)
+        if start is not None:
+            self._copy_events.append((start, ready))
+
+        def wait_for_copy() -> None:
+            if timed:
+                self._wait(ready)
+            else:
+                main.wait_event(ready)
+
+        return split_experts(fn, x, dst[0], dst[1], topk_weights, plan.hit_slot_ids,
+                             plan.miss_slot_ids, wait_for_copy)
 
     def _forward_cached(self, layer, x, topk_weights, topk_ids, fn) -> torch.Tensor:
         table = self._tables[layer]

@@ -11,8 +11,8 @@ import torch
 
 from engine_patches.moe.device_slots import DeviceSlotTables
 from engine_patches.moe.experts import reference_moe
-from engine_patches.moe.experts_triton import gemv_experts
-from engine_patches.moe.gather import copy_experts_indexed
+from engine_patches.moe.experts_triton import gemv_experts, gemv_experts_split
+from engine_patches.moe.gather import copy_expert_pairs_indexed, copy_experts_indexed
 
 
 def main() -> None:
@@ -33,7 +33,8 @@ def main() -> None:
                 ids[0, -1] = -1  # a skipped entry
             layer = step % layers
             a, b = kernel.plan(layer, ids), torch_.plan(layer, ids)
-            for name in ("slot_ids", "load_experts", "load_slots"):
+            for name in ("slot_ids", "hit_slot_ids", "miss_slot_ids", "load_experts",
+                         "load_slots"):
                 assert torch.equal(getattr(a, name), getattr(b, name)), (name, step)
             for name in ("expert_slot", "slot_expert", "last_used", "clock", "counts"):
                 assert torch.equal(getattr(kernel, name), getattr(torch_, name)), (name, step)
@@ -43,6 +44,17 @@ def main() -> None:
                                  block=8)
             copy_experts_indexed(src, dst_t, a.load_experts, a.load_slots, use_triton=False)
             assert torch.equal(dst_k, dst_t), step
+            # Both weight tensors in one launch, with a grid wider and narrower than the work;
+            # the second tensor's rows have another size (and so another word count).
+            src_b = torch.randn(experts, 7, generator=g)
+            for programs in (0, 1, 3):
+                got = (torch.zeros(slots, 3, 5), torch.zeros(slots, 7))
+                want = (torch.zeros(slots, 3, 5), torch.zeros(slots, 7))
+                copy_expert_pairs_indexed((src, src_b), got, a.load_experts, a.load_slots,
+                                          use_triton=True, programs=programs, block=4)
+                copy_expert_pairs_indexed((src, src_b), want, a.load_experts, a.load_slots,
+                                          use_triton=False)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), step
             compared += 1
     # The decode-batch expert kernels against the float64 reference, skipped entries included.
     for tokens, k, slots, hidden, inter in ((1, 4, 6, 40, 24), (3, 2, 5, 64, 36)):
@@ -54,6 +66,12 @@ def main() -> None:
         w = torch.rand(tokens, k, generator=g)
         got, ref = gemv_experts(x, w13, w2, w, ids), reference_moe(x, w13, w2, w, ids)
         assert float((got - ref).norm() / ref.norm()) < 1e-5, (tokens, k)
+        # Split in two passes (resident entries, then loaded ones): the same sum.
+        second = torch.where(torch.rand(ids.shape, generator=g) < 0.5, ids, -1)
+        first = torch.where(second >= 0, -1, ids)
+        calls = []
+        split = gemv_experts_split(x, w13, w2, w, first, second, lambda: calls.append(1))
+        assert calls == [1] and float((split - ref).norm() / ref.norm()) < 1e-5, (tokens, k)
         compared += 1
     print(f"OK {compared}")
 
