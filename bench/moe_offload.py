@@ -475,7 +475,7 @@ def main(argv=None):
                                              f"_p{cfg[0]}"))
         for mode, frac, planner, method, graphed, overlap, gcfg, suffix in variants:
             kw = dict(device=device, mode=mode, copy_method=method, experts_fn=experts_fn,
-                      measure_copy_time=not graphed, planner=planner, overlap=overlap,
+                      measure_copy_time=not graphed, planner=planner, device_overlap=overlap,
                       gather_programs=gcfg[0], gather_block=gcfg[1], gather_warps=gcfg[2])
             if mode == "cached":
                 gib = frac * store.host_bytes / 2**30

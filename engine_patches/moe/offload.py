@@ -5,8 +5,9 @@ Two modes, chosen per engine:
   top-k ids say which experts are needed; only the missing ones are copied. Two planners:
   - device (decode-sized batches, tokens * top_k <= slots): the slot tables live on the GPU
     (``DeviceSlotTables``); one planning kernel turns the ids into slots and a padded copy list,
-    and a gather kernel fetches the missing experts straight from pinned host memory. No host read,
-    no sync: the whole step can be one CUDA graph. This is what makes batch 1 fast.
+    and one gather launch fetches both weight tensors of the missing experts straight from pinned
+    host memory. No host read, no sync: the whole step can be one CUDA graph. This is what makes
+    batch 1 fast. ``device_overlap`` computes the resident experts beside the gather.
   - host (larger batches): the ids are read on the host (one small sync per layer), the
     ``ExpertSlotTable`` plans rounds when the batch needs more experts than there are slots, and
     the copies run on a side stream while the resident experts are computed.
@@ -53,6 +54,7 @@ class ExpertOffload:
         gather_block: int = 4096,
         gather_warps: int = 4,
         gather_programs: int = 0,
+        device_overlap: bool = False,
     ) -> None:
         if not store.layers:
             raise ValueError("the expert store is empty: add every MoE layer before building the cache")
@@ -63,6 +65,10 @@ class ExpertOffload:
         self.mode = mode
         self.copy_method = copy_method
         self.overlap = overlap
+        # Device planner: compute the resident experts while the missing ones load (two more
+        # launches per layer). Off by default: on the H200 at batch 1 the extra launches and the
+        # SMs the gather shares cost as much as the overlap hides (bench/README.md, run 5).
+        self.device_overlap = device_overlap
         self.measure = measure_copy_time
         self.experts_fn = experts_fn
         self._cuda = self.device.type == "cuda"
@@ -205,13 +211,13 @@ class ExpertOffload:
             dt = time.perf_counter() - t0
             self._copy_s += dt
             self._exposed_s += dt
-            if self.overlap:
+            if self.device_overlap:
                 return split_experts(fn, x, dst[0], dst[1], topk_weights, plan.hit_slot_ids,
                                      plan.miss_slot_ids, lambda: None)
             return fn(x, dst[0], dst[1], topk_weights, plan.slot_ids)
         # Events cannot be timed inside a graph capture, so only eager runs are timed.
         timed = self.measure and not torch.cuda.is_current_stream_capturing()
-        if not (self.overlap and splits_cheaply(fn, x, plan.slot_ids)):
+        if not (self.device_overlap and splits_cheaply(fn, x, plan.slot_ids)):
             # The gather on the compute stream: the layer waits for all of it (all exposed).
             if timed:
                 start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))

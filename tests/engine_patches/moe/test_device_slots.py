@@ -29,6 +29,13 @@ def _check_plan(tables, layer, ids, before):
     assert sorted(e for e, _ in loads) == sorted(needed - before)
     assert len({s for _, s in loads}) == len(loads)
     assert all(e == -1 for e in plan.load_experts[len(loads):])  # padding only at the end
+    # The split the overlap uses: entries of experts being loaded vs already resident.
+    loading = {e for e, _ in loads}
+    for t in range(ids.shape[0]):
+        for k in range(ids.shape[1]):
+            e, sid = int(ids[t, k]), int(plan.slot_ids[t, k])
+            hit, miss = int(plan.hit_slot_ids[t, k]), int(plan.miss_slot_ids[t, k])
+            assert (hit, miss) == ((-1, sid) if e in loading else (sid, -1))
     return needed
 
 
@@ -93,4 +100,6 @@ def test_triton_kernels_compute_the_torch_plan_in_the_interpreter():
            "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     proc = subprocess.run([sys.executable, str(helper), "5"], env=env, capture_output=True,
                           text=True, timeout=300)
+    if proc.returncode == 0 and proc.stdout.startswith("SKIP"):
+        pytest.skip(proc.stdout.strip())  # that interpreter runs no kernel with a runtime loop
     assert proc.returncode == 0 and proc.stdout.startswith("OK"), proc.stderr[-3000:]

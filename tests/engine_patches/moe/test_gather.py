@@ -34,3 +34,37 @@ def test_consecutive_runs_are_copied_correctly():
 def test_triton_gather_matches_for_any_ids(dtype):
     src = torch.randn(12, 6, 10).to(dtype).pin_memory()
     _check(src, torch.empty(7, 6, 10, dtype=dtype, device="cuda"), "triton")
+
+
+def _check_pairs(device, use_triton, programs=0):
+    from engine_patches.moe.gather import copy_expert_pairs_indexed
+
+    g = torch.Generator().manual_seed(1)
+    src = (torch.randn(12, 6, 8, generator=g), torch.randn(12, 10, generator=g))
+    if device == "cuda":
+        src = tuple(t.pin_memory() for t in src)
+    for _ in range(10):
+        n = int(torch.randint(1, 7, (1,), generator=g))
+        experts = torch.randperm(12, generator=g)[:n].int()
+        slots = torch.randperm(7, generator=g)[:n].int()
+        experts[torch.rand(n, generator=g) < 0.3] = -1  # skipped pairs, anywhere in the list
+        dst = (torch.full((7, 6, 8), float("nan"), device=device),
+               torch.full((7, 10), float("nan"), device=device))
+        copy_expert_pairs_indexed(src, dst, experts.to(device), slots.to(device),
+                                  use_triton=use_triton, programs=programs, block=16)
+        for e, s in zip(experts.tolist(), slots.tolist()):
+            if e >= 0:
+                assert torch.equal(dst[0][s].cpu(), src[0][e]) and torch.equal(dst[1][s].cpu(), src[1][e])
+        copied = {s for e, s in zip(experts.tolist(), slots.tolist()) if e >= 0}
+        untouched = [s for s in range(7) if s not in copied]
+        assert torch.isnan(dst[0][untouched]).all() and torch.isnan(dst[1][untouched]).all()
+
+
+def test_pair_gather_copies_both_tensors_and_skips_padding_on_cpu():
+    _check_pairs("cpu", use_triton=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton gather runs on a GPU")
+@pytest.mark.parametrize("programs", [0, 1, 5])
+def test_pair_gather_matches_for_any_ids_and_grid_sizes(programs):
+    _check_pairs("cuda", use_triton=True, programs=programs)

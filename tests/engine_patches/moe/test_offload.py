@@ -53,9 +53,12 @@ def test_matches_reference_moe(model, mode, slots, planner):
     assert _run_many_batches(offload, weights) < 1e-5
 
 
-def test_device_planner_alone_matches_reference_with_evictions(model):
+@pytest.mark.parametrize("device_overlap", [False, True])
+def test_device_planner_alone_matches_reference_with_evictions(model, device_overlap):
+    """device_overlap: resident experts in one pass, loaded ones in a second, summed."""
     weights, store = model
-    offload = ExpertOffload(store, device="cpu", slots_per_layer=8, planner="device")
+    offload = ExpertOffload(store, device="cpu", slots_per_layer=8, planner="device",
+                            device_overlap=device_overlap)
     g = torch.Generator().manual_seed(17)
     for _ in range(30):
         tokens = int(torch.randint(1, 3, (1,), generator=g))  # 2 x top-4 fits in 8 slots
@@ -151,3 +154,24 @@ def test_grouped_experts_matches_reference_and_skips_minus_one(dtype, tol):
         got = grouped_experts(x.to(dtype), w13.to(dtype), w2.to(dtype), w, ids).float()
         ref = reference_moe(x, w13, w2, w, ids)
         assert float((got - ref).norm() / ref.norm()) < tol
+
+
+def test_split_experts_sums_the_two_passes_and_waits_in_between(model):
+    from engine_patches.moe.experts import split_experts
+
+    weights, _ = model
+    w13, w2 = weights[0]
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(3, H, generator=g)
+    w, ids = _routing(g, 3)
+    second = torch.where(torch.rand(ids.shape, generator=g) < 0.4, ids, -1)
+    first = torch.where(second >= 0, -1, ids)
+    order = []
+
+    def fn(*args):
+        order.append("pass")
+        return looped_experts(*args)
+
+    got = split_experts(fn, x, w13, w2, w, first, second, lambda: order.append("wait"))
+    assert order == ["pass", "wait", "pass"]
+    assert torch.allclose(got, reference_moe(x, w13, w2, w, ids), atol=1e-5)
