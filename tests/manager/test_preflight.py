@@ -67,3 +67,18 @@ def test_api_refuses_the_start_with_422(client, coder_awq, rtx_4090):
     assert resp.status_code == 422
     assert "force" in resp.json()["detail"]
     assert client.get("/api/workers").json() == []  # nothing half-made is left behind
+
+
+def test_host_ram_claimed_by_running_workers_counts(coder_awq, rtx_4090):
+    fits_alone = _seed_config(coder_awq, max_model_len=8192)
+    preflight.refuse_if_it_cannot_fit(fits_alone, None, force=False, reserved_bytes=0)
+    huge = preflight.read_host_memory().usable_ram  # others already claim all of this machine's RAM
+    with pytest.raises(Invalid) as refused:
+        preflight.refuse_if_it_cannot_fit(fits_alone, None, force=False, reserved_bytes=huge)
+    assert "host RAM" in refused.value.message
+
+
+def test_a_profiles_host_claim():
+    profile = OffloadProfile(name="p", kv_offload_gib=8, lora_cpu_pooling=True, lora_pool_gib=2, pinned_budget_gib=1)
+    assert preflight.host_bytes_of(profile) == 11 << 30
+    assert preflight.host_bytes_of(None) == 0
