@@ -113,15 +113,16 @@ class Supervisor:
                 db.add(row)
                 db.commit()
                 db.refresh(row)
-            runner = self._make_runner(row)
+            # Listed only once its start is under way: nobody sees a new worker as "stopped".
+            runner = self._make_runner(row, listed=False)
             runner.begin()
             self.events.record("created", f"worker for {model} on port {chosen_port}", row.id)
             try:
                 snapshot = await runner.send("start", force=force)
             except Exception:
                 await runner.send("delete")
-                self.runners.pop(row.id, None)
                 raise
+            self.runners[row.id] = runner
         return snapshot, True
 
     async def command(self, worker_id: int, kind: str, model: str | None = None, force: bool = False) -> dict:
@@ -137,11 +138,12 @@ class Supervisor:
             self.runners.pop(worker_id, None)
         return result
 
-    def _make_runner(self, row: Worker) -> WorkerRunner:
+    def _make_runner(self, row: Worker, listed: bool = True) -> WorkerRunner:
         deps = RunnerDeps(self.settings, self.engine, self.events, self._http, self._prepare,
                           lambda gpus, pids: gpu_cleanup.end_gpu_orphans(gpus, pids))
         runner = WorkerRunner(row, deps)
-        self.runners[row.id] = runner
+        if listed:
+            self.runners[row.id] = runner
         return runner
 
     def _start_timeout(self, model_name: str) -> float:

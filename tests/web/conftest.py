@@ -103,8 +103,10 @@ def live_manager(tmp_path) -> Iterator[LiveManager]:
         manager.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    # Per module: Playwright's sync API keeps an event loop running while it is open, which would
+    # break asyncio.run() in any test collected after it.
     if not CHROMIUM.exists():
         pytest.skip("Debian's chromium is not installed: apt-get install -y chromium")
     from playwright.sync_api import sync_playwright
