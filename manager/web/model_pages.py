@@ -83,16 +83,7 @@ def _model_form(
 ) -> str:
     schema = ModelConfigCreate if name is None else ModelConfigUpdate
     choices = {"offload_profile": [""] + [p.name for p in profiles.list_profiles(db)]}
-    return render(
-        "fragments/config_form.html",
-        kind="model",
-        name=name,
-        fields=_fields(schema, values, choices, posted),
-        errors=errors,
-        form_errors=errors.get(FORM_LEVEL),
-        saved=saved,
-        action="/ui/models/new" if name is None else f"/ui/models/{name}",
-    )
+    return _config_form("model", "models", schema, choices, name, values, errors, saved, posted)
 
 
 def _profile_form(
@@ -100,15 +91,21 @@ def _profile_form(
 ) -> str:
     schema = OffloadProfileCreate if name is None else OffloadProfileUpdate
     choices = {"kv_eviction_policy": list(EVICTION_POLICIES)}
+    return _config_form("profile", "profiles", schema, choices, name, values, errors, saved, posted)
+
+
+def _config_form(kind: str, plural: str, schema, choices: dict, name: str | None, values: dict,
+                 errors: FormErrors, saved: bool, posted: bool) -> str:
+    """The shared create/edit form of a model config or an offload profile."""
     return render(
         "fragments/config_form.html",
-        kind="profile",
+        kind=kind,
         name=name,
         fields=_fields(schema, values, choices, posted),
         errors=errors,
         form_errors=errors.get(FORM_LEVEL),
         saved=saved,
-        action="/ui/profiles/new" if name is None else f"/ui/profiles/{name}",
+        action=f"/ui/{plural}/new" if name is None else f"/ui/{plural}/{name}",
     )
 
 
