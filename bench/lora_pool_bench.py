@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 
-from lora_shapes import (MoEShape, load_adapter, malloc_trim, peak_rss_bytes,  # noqa: E402
+from lora_shapes import (MoEShape, h2d_seconds, load_adapter, malloc_trim, peak_rss_bytes,  # noqa: E402
                          reset_peak_rss, rss_bytes)
 from pinned_lora_bench import build_vllm_way  # noqa: E402
 
@@ -71,19 +71,7 @@ def fill_from_checkpoint(seed: int):
 
 
 def gpu_swap_s(tensors: list[torch.Tensor], repeats: int = 5) -> float | None:
-    if not CUDA:
-        return None
-    dst = [torch.empty_like(t, device="cuda") for t in tensors]
-    times = []
-    for _ in range(repeats + 1):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for d, s in zip(dst, tensors):
-            d.copy_(s, non_blocking=True)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times[1:])
+    return h2d_seconds(tensors, repeats)
 
 
 def pinned_ceiling_gbps(nbytes: int) -> float | None:

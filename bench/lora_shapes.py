@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import math
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -112,3 +113,20 @@ def reset_peak_rss() -> None:
             f.write("5")
     except OSError:
         pass
+
+
+def h2d_seconds(tensors: list[torch.Tensor], repeats: int = 5) -> float | None:
+    """Median time (CUDA events) to copy every tensor to the GPU once; None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    dst = [torch.empty_like(t, device="cuda") for t in tensors]
+    times = []
+    for _ in range(repeats + 1):  # the first pass warms up and is not counted
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for d, s in zip(dst, tensors):
+            d.copy_(s, non_blocking=True)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times[1:])

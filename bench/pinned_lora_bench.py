@@ -25,7 +25,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 
-from lora_shapes import (MoEShape, load_adapter, malloc_trim, packed_groups,  # noqa: E402
+from lora_shapes import (MoEShape, h2d_seconds, load_adapter, malloc_trim, packed_groups,  # noqa: E402
                          peak_rss_bytes, reset_peak_rss, rss_bytes)
 
 CUDA = torch.cuda.is_available()
@@ -91,20 +90,10 @@ def build_exact_direct(shape: MoEShape, tensors: dict[str, torch.Tensor]) -> lis
 
 def h2d_gbps(tensors: list[torch.Tensor], repeats: int = 5) -> float | None:
     """Host-to-GPU bandwidth copying every tensor once (median of ``repeats``)."""
-    if not CUDA:
+    seconds = h2d_seconds(tensors, repeats)
+    if seconds is None:
         return None
-    dst = [torch.empty_like(t, device="cuda") for t in tensors]
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    times = []
-    for _ in range(repeats + 1):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for d, s in zip(dst, tensors):
-            d.copy_(s, non_blocking=True)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return nbytes / statistics.median(times[1:]) / 1e9
+    return sum(t.numel() * t.element_size() for t in tensors) / seconds / 1e9
 
 
 def host_allocator_stats() -> dict[str, int]:
