@@ -4,8 +4,9 @@ At batch 1 the grouped-matmul path is a dozen small launches per layer (sort, co
 two grouped matmuls, activation, weighting, scatter), and their fixed costs add up to more than
 the weights' read time. Here every (token, k) entry is one matrix-vector product: kernel 1 computes
 silu(gate) * up for a block of intermediate rows, kernel 2 the down projection times the routing
-weight; the k partial outputs of a token are summed by one reduction. Entries whose slot is -1 give
-zeros. Worth it while entries are few (each entry reads its expert's rows itself; the grouped path
+weight, summed over the token's k entries in the same kernel and written in the output dtype (the
+two-pass split for overlapped copies keeps one row per entry and sums them afterwards). Entries
+whose slot is -1 give zeros. Worth it while entries are few (each entry reads its expert's rows itself; the grouped path
 reads an expert once for all of its tokens), so ``auto_experts`` picks it up to ``MAX_ENTRIES``.
 """
 
@@ -14,6 +15,10 @@ from __future__ import annotations
 import torch
 
 MAX_ENTRIES = 16  # (token, k) entries per layer: batch 2 at top-8
+# Hidden columns per step of the gate/up kernels (this one and ``fetch_experts``): the same value
+# in both keeps their sums in the same order, so fetched and resident experts give equal bits.
+# 512 ran ~1 % faster than 256 where a layer fetches 2 of 8 experts (bench/README.md, run 6).
+GATE_UP_BLOCK_H = 512
 
 try:
     import triton
@@ -77,6 +82,32 @@ try:
         wt = tl.load(weights + entry).to(tl.float32)
         tl.store(y + entry * H + o_r, acc * wt, mask=o_r < y_lim)  # acc is 0 if skipped
 
+    @triton.jit
+    def _down_sum_kernel(act, w2, slot_ids, weights, out, H, I, K,
+                         BK: tl.constexpr, BO: tl.constexpr, BI: tl.constexpr):
+        # One token's output rows o_r: the down projections of all its k entries at once (a
+        # [BK, BO, BI] tile per step, so a program keeps k loads in flight), weighted, summed in
+        # fp32 and written in the output's dtype: no per-entry buffer, sum or cast follows.
+        tok = tl.program_id(0).to(tl.int64)
+        o_r = tl.program_id(1) * BO + tl.arange(0, BO)
+        k_r = tl.arange(0, BK)
+        k_ok = k_r < K
+        slot = tl.load(slot_ids + tok * K + k_r, mask=k_ok, other=-1).to(tl.int64)
+        wt = tl.load(weights + tok * K + k_r, mask=k_ok, other=0.0).to(tl.float32)
+        i_lim = tl.where(slot >= 0, I, 0)  # a skipped entry adds nothing
+        base = tl.maximum(slot, 0) * H * I
+        o_ok = o_r < H
+        acc = tl.zeros((BK, BO), dtype=tl.float32)
+        for i0 in range(0, I, BI):
+            i_r = i0 + tl.arange(0, BI)
+            i_ok = i_r[None, :] < i_lim[:, None]  # [BK, BI]
+            av = tl.load(act + (tok * K + k_r[:, None]) * I + i_r[None, :], mask=i_ok, other=0.0)
+            w = tl.load(w2 + base[:, None, None] + o_r[None, :, None] * I + i_r[None, None, :],
+                        mask=i_ok[:, None, :] & o_ok[None, :, None], other=0.0)
+            acc += tl.sum(w.to(tl.float32) * av[:, None, :], axis=2)
+        y = tl.sum(acc * wt[:, None], axis=0)
+        tl.store(out + tok * H + o_r, y.to(out.dtype.element_ty), mask=o_ok)
+
     HAVE_TRITON = True
 except Exception:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
@@ -85,7 +116,7 @@ except Exception:  # pragma: no cover - depends on the install
 def _gemv_pass(x, w13, w2, ids, wts, act, y, write_skipped: bool) -> None:
     entries, hidden, inter = ids.shape[0], x.shape[1], w2.shape[-1]
     k = entries // x.shape[0]
-    bi, bh = 16, 256
+    bi, bh = 16, GATE_UP_BLOCK_H
     _gate_up_kernel[(entries, triton.cdiv(inter, bi))](x, w13, ids, act, hidden, inter, k,
                                                        BI=bi, BH=bh, WRITE_SKIPPED=write_skipped,
                                                        num_warps=4)
@@ -95,10 +126,35 @@ def _gemv_pass(x, w13, w2, ids, wts, act, y, write_skipped: bool) -> None:
                                                      num_warps=4)
 
 
+def down_and_sum(act: torch.Tensor, w2: torch.Tensor, slot_ids: torch.Tensor,
+                 topk_weights: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """sum_k weight * (w2[slot] @ act) per token, from ``act`` [T * k, I]; one launch."""
+    tokens, k = slot_ids.shape
+    hidden, inter = w2.shape[1], w2.shape[2]
+    out = torch.empty(tokens, hidden, dtype=out_dtype, device=act.device)
+    bk = max(2, triton.next_power_of_2(k))
+    bo = max(1, 32 // bk)  # a [bk, bo, 256] tile: 8192 weights per step
+    _down_sum_kernel[(tokens, triton.cdiv(hidden, bo))](
+        act, w2, slot_ids.reshape(-1).contiguous(), topk_weights.reshape(-1).contiguous(), out,
+        hidden, inter, k, BK=bk, BO=bo, BI=256, num_warps=4)
+    return out
+
+
 def gemv_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                  topk_weights: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
     """The ``ExpertsFn`` contract with one matrix-vector product per (token, k) entry."""
-    return gemv_experts_split(x, w13, w2, topk_weights, slot_ids, None, None)
+    if not HAVE_TRITON:
+        raise RuntimeError("gemv_experts needs Triton installed; use grouped_experts")
+    tokens, k = slot_ids.shape
+    inter = w2.shape[-1]
+    x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
+    ids = slot_ids.reshape(-1).contiguous()
+    act = torch.empty(tokens * k, inter, dtype=torch.float32, device=x.device)
+    _gate_up_kernel[(tokens * k, triton.cdiv(inter, 16))](x, w13, ids, act, x.shape[1], inter, k,
+                                                         BI=16, BH=GATE_UP_BLOCK_H,
+                                                         WRITE_SKIPPED=True,
+                                                         num_warps=4)
+    return down_and_sum(act, w2, slot_ids, topk_weights, x.dtype)
 
 
 def gemv_experts_split(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,

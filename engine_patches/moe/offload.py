@@ -7,7 +7,10 @@ Two modes, chosen per engine:
     (``DeviceSlotTables``); one planning kernel turns the ids into slots and a padded copy list,
     and one gather launch fetches both weight tensors of the missing experts straight from pinned
     host memory. No host read, no sync: the whole step can be one CUDA graph. This is what makes
-    batch 1 fast. ``device_overlap`` computes the resident experts beside the gather.
+    batch 1 fast. For one token the gather is folded into the expert kernels instead
+    (``fetch_experts``: missing experts are computed from host memory as they are read, resident
+    ones while the link is busy). ``device_overlap`` computes the resident experts beside the
+    gather.
   - host (larger batches): the ids are read on the host (one small sync per layer), the
     ``ExpertSlotTable`` plans rounds when the batch needs more experts than there are slots, and
     the copies run on a side stream while the resident experts are computed.
@@ -26,6 +29,7 @@ import torch
 
 from .experts import ExpertsFn, auto_experts, split_experts, splits_cheaply
 from .device_slots import HAVE_TRITON, DeviceSlotTables
+from .fetch_experts import fetch_and_compute, fetches_in_kernel
 from .gather import CopyMethod, copy_expert_pairs_indexed, copy_experts
 from .sizing import slots_for_budget
 from .slots import ExpertSlotTable
@@ -55,6 +59,7 @@ class ExpertOffload:
         gather_warps: int = 4,
         gather_programs: int = 0,
         device_overlap: bool = False,
+        fetch_in_kernel: bool = True,
     ) -> None:
         if not store.layers:
             raise ValueError("the expert store is empty: add every MoE layer before building the cache")
@@ -69,6 +74,10 @@ class ExpertOffload:
         # launches per layer). Off by default: on the H200 at batch 1 the extra launches and the
         # SMs the gather shares cost as much as the overlap hides (bench/README.md, run 5).
         self.device_overlap = device_overlap
+        # Device planner, one token: the expert kernels read the missing experts from host memory
+        # themselves and leave them in their slots (``fetch_experts``), so the resident experts'
+        # math runs while the link is busy, with no gather launch in between.
+        self.fetch_in_kernel = fetch_in_kernel
         self.measure = measure_copy_time
         self.experts_fn = experts_fn
         self._cuda = self.device.type == "cuda"
@@ -185,11 +194,16 @@ class ExpertOffload:
     # -- forward ------------------------------------------------------------------------------
 
     def forward(self, layer: int, x: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor, experts_fn: ExpertsFn | None = None) -> torch.Tensor:
-        """The MoE output of ``layer`` for hidden states ``x`` [T, H] routed by ``topk_ids`` [T, k]."""
+                topk_ids: torch.Tensor, experts_fn: ExpertsFn | None = None, *,
+                own_math: bool = False) -> torch.Tensor:
+        """The MoE output of ``layer`` for hidden states ``x`` [T, H] routed by ``topk_ids`` [T, k].
+
+        ``own_math``: ``experts_fn`` computes the plain silu-gated MoE, so for one token the
+        runtime may use its own kernels instead (the fetch path)."""
         fn = experts_fn or self.experts_fn
         if self.plans_on_device(topk_ids):  # counts its tokens on the device
-            return self._forward_device(layer, x, topk_weights, topk_ids, fn)
+            return self._forward_device(layer, x, topk_weights, topk_ids, fn,
+                                        own_math or fn is auto_experts)
         self._tokens_in += x.shape[0]
         if self.mode == "copy_all":
             return self._forward_copy_all(layer, x, topk_weights, topk_ids, fn)
@@ -200,7 +214,7 @@ class ExpertOffload:
         return (self.mode == "cached" and self._device is not None
                 and self._device.fits(topk_ids))
 
-    def _forward_device(self, layer, x, topk_weights, topk_ids, fn) -> torch.Tensor:
+    def _forward_device(self, layer, x, topk_weights, topk_ids, fn, own_math) -> torch.Tensor:
         plan = self._device.plan(layer, topk_ids)
         self._host_stale[layer] = True
         src, dst = self.store.layers[layer], self._slots[layer]
@@ -217,6 +231,17 @@ class ExpertOffload:
             return fn(x, dst[0], dst[1], topk_weights, plan.slot_ids)
         # Events cannot be timed inside a graph capture, so only eager runs are timed.
         timed = self.measure and not torch.cuda.is_current_stream_capturing()
+        if (self.fetch_in_kernel and not self.device_overlap and own_math
+                and fetches_in_kernel(x, plan.slot_ids.numel())):
+            if timed:  # copy and math in one kernel: the whole of it counts as exposed copy
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+            out = fetch_and_compute(x, dst, weights, topk_weights, topk_ids, plan.slot_ids,
+                                    plan.miss_slot_ids)
+            if timed:
+                end.record()
+                self._critical_events.append((start, end))
+            return out
         if not (self.device_overlap and splits_cheaply(fn, x, plan.slot_ids)):
             # The gather on the compute stream: the layer waits for all of it (all exposed).
             if timed:

@@ -163,7 +163,8 @@ def _make_method_class(base: type) -> type:
                                        "kernel defers it. Turn moe_offload off for this model.")
                 return out
 
-            out = offload.forward(self.store_index, x, topk_weights, topk_ids, experts_fn)
+            out = offload.forward(self.store_index, x, topk_weights, topk_ids, experts_fn,
+                                  own_math=own_kernels_fit(self, layer, x, shared_experts))
             RUNTIME.after_forward(self.store_index)
             return out
 
@@ -172,6 +173,30 @@ def _make_method_class(base: type) -> type:
 
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+_ACTIVATION_EXTRAS = ("swiglu_limit", "swiglu_alpha", "swiglu_beta", "activation_situ_beta",
+                      "activation_situ_linear_beta")
+
+
+def own_kernels_fit(method, layer, x: torch.Tensor, shared_experts) -> bool:
+    """Whether the runtime's own expert kernels compute what vLLM's kernel would for this call.
+
+    Then a one-token batch can use the fetch path (missing experts computed as they are read
+    from host memory). True only for the plain case: silu(gate) * up over w13 = [gate; up],
+    routing weights applied to the output, no activation extras, no shared experts for the
+    kernel to add, bf16/fp16 activations. Anything else keeps vLLM's kernel.
+    """
+    act = getattr(layer, "activation", None)
+    if getattr(act, "value", act) != "silu":
+        return False
+    if getattr(layer, "apply_router_weight_on_input", False) or shared_experts is not None:
+        return False
+    config = getattr(method, "moe", None)
+    for name in _ACTIVATION_EXTRAS:
+        if getattr(layer, name, None) is not None or getattr(config, name, None) is not None:
+            return False
+    return x.dtype in (torch.bfloat16, torch.float16)
 
 
 def _unsupported(method, layer) -> str | None:

@@ -59,3 +59,27 @@ def test_importing_the_adapter_does_not_import_vllm():
     code = ("import sys, engine_patches.moe.vllm_adapter; "
             "sys.exit(1 if 'vllm' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_own_kernels_are_used_only_for_the_plain_silu_moe():
+    """One-token batches may skip vLLM's kernel only where ours computes the same thing."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+    def fits(x_dtype=torch.bfloat16, shared=None, config=None, **layer):
+        attrs = {"activation": MoEActivation.SILU, "apply_router_weight_on_input": False} | layer
+        method = SimpleNamespace(moe=SimpleNamespace(**(config or {})))
+        return vllm_adapter.own_kernels_fit(method, SimpleNamespace(**attrs),
+                                            torch.empty(1, 8, dtype=x_dtype), shared)
+
+    assert fits()  # Qwen3-MoE, Mixtral: silu, weights on the output, no shared experts
+    assert fits(x_dtype=torch.float16)
+    assert not fits(activation=MoEActivation.GELU)
+    assert not fits(activation=MoEActivation.SWIGLUOAI)  # interleaved gate/up (gpt-oss)
+    assert not fits(apply_router_weight_on_input=True)
+    assert not fits(shared=object())  # the kernel would add the shared experts
+    assert not fits(swiglu_limit=7.0)
+    assert not fits(config={"swiglu_alpha": 1.7})
+    assert not fits(x_dtype=torch.float32)

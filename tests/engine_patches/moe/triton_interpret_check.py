@@ -16,6 +16,8 @@ import triton.language as tl
 from engine_patches.moe.device_slots import DeviceSlotTables
 from engine_patches.moe.experts import reference_moe
 from engine_patches.moe.experts_triton import gemv_experts, gemv_experts_split
+from engine_patches.moe import fetch_experts
+from engine_patches.moe.fetch_experts import fetch_and_compute
 from engine_patches.moe.gather import copy_expert_pairs_indexed, copy_experts_indexed
 
 
@@ -105,6 +107,47 @@ def main() -> None:
         split = gemv_experts_split(x, w13, w2, w, first, second, lambda: calls.append(1))
         assert calls == [1] and float((split - ref).norm() / ref.norm()) < 1e-5, (tokens, k)
         compared += 1
+    # One token with its missing experts read from the store inside the expert kernels: the
+    # output equals the reference over the store's experts, and afterwards every loaded slot
+    # holds its expert. The store handed to the kernel has its already-resident experts scaled,
+    # so an entry that read the store instead of its slot would change the output.
+    # Both launch shapes: w2 shared out over the gate/up programs, and w2 in programs of its own
+    # (small chunks, so an expert's w2 spans several).
+    fetch_experts.W2_CHUNK = 256
+    for split, k, experts, slots, hidden, inter in ((False, 4, 10, 6, 40, 24),
+                                                    (False, 3, 7, 3, 64, 36),
+                                                    (True, 4, 10, 6, 40, 24),
+                                                    (True, 3, 7, 3, 64, 36)):
+        fetch_experts.SPLIT_W2 = split
+        host = (torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5,
+                torch.randn(experts, hidden, inter, generator=g) / inter**0.5)
+        tables = DeviceSlotTables(1, experts, slots, "cpu", use_triton=False)
+        cache = (torch.full((slots, 2 * inter, hidden), float("nan")),
+                 torch.full((slots, hidden, inter), float("nan")))
+        x = torch.randn(1, hidden, generator=g)
+        for step in range(4):
+            ids = torch.randperm(experts, generator=g)[:k].view(1, k)
+            if step == 2:
+                ids[0, 1] = -1  # a skipped entry
+            w = torch.rand(1, k, generator=g)
+            plan = tables.plan(0, ids)
+            before = (cache[0].clone(), cache[1].clone())
+            resident = [e for e in ids[0].tolist() if e >= 0 and e not in plan.load_experts.tolist()]
+            seen = (host[0].clone(), host[1].clone())
+            for e in resident:
+                seen[0][e] *= 1.5
+                seen[1][e] *= 1.5
+            got = fetch_and_compute(x, cache, seen, w, ids, plan.slot_ids, plan.miss_slot_ids)
+            ref = reference_moe(x, host[0], host[1], w, ids)
+            assert float((got - ref).norm() / ref.norm()) < 1e-5, (k, step)
+            for e, s in zip(plan.load_experts.tolist(), plan.load_slots.tolist()):
+                if e >= 0:
+                    assert torch.equal(cache[0][s], host[0][e]) and torch.equal(cache[1][s], host[1][e])
+            loaded = {s for s in plan.load_slots.tolist() if s >= 0}
+            for s in set(range(slots)) - loaded:  # nothing else was written
+                assert torch.equal(cache[0][s].nan_to_num(7.0), before[0][s].nan_to_num(7.0))
+                assert torch.equal(cache[1][s].nan_to_num(7.0), before[1][s].nan_to_num(7.0))
+            compared += 1
     print(f"OK {compared}")
 
 
