@@ -30,6 +30,8 @@ from engine_patches.moe.device_slots import DeviceSlotTables  # noqa: E402
 from engine_patches.moe.gather import (  # noqa: E402
     copy_expert_pairs_indexed, copy_experts, copy_experts_indexed)
 from engine_patches.moe.offload import ExpertOffload  # noqa: E402
+from moe_layer_parts import (  # noqa: E402
+    FETCH_CONFIGS, fetch_sweep, replay_seconds, use_fetch_config)
 from engine_patches.moe.sizing import slots_for_budget  # noqa: E402
 from engine_patches.moe.store import ExpertStore  # noqa: E402
 
@@ -212,25 +214,11 @@ def gather_sweep(store, device, configs, n_experts_list, reps=16):
                     (lay.w13, lay.w2), dst, e, slots, programs=p_, block=b_, num_warps=w_))
         for name, fn in variants.items():
             try:
-                fn(sets[0])
-                sync(device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for e in sets:
-                        fn(e)
-                times = []
-                for _ in range(4):
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    graph.replay()
-                    b.record()
-                    b.synchronize()
-                    times.append(a.elapsed_time(b) / 1e3)
+                per_set = replay_seconds(lambda i, fn=fn: fn(sets[i]), len(sets))
                 e = int(sets[-1][-1])
                 assert torch.equal(dst[0][-1].cpu(), lay.w13[e]) and torch.equal(
                     dst[1][-1].cpu(), lay.w2[e]), f"{name} copied the wrong expert"
-                out[f"{name} @{n}"] = n * reps * lay.expert_bytes / statistics.median(times[1:]) / 1e9
-                del graph
+                out[f"{name} @{n}"] = n * lay.expert_bytes / per_set / 1e9
             except Exception as exc:  # report, go on with the others
                 out[f"{name} @{n}"] = f"failed: {exc!r}"[:200]
     return out
@@ -412,6 +400,26 @@ def main(argv=None):
     res["gather_best_by_programs"] = {str(k): v for k, v in best.items()}
     res["gather_programs_block_warps"] = top
     log(f"gather picked (programs, block, warps): {top}; best per grid size: {best}")
+    if cuda:  # the fetch kernel's launch shapes (2 of 8 experts loading); the runs use the default
+        layers = min(8, a.layers)
+        slots8 = [tuple(torch.empty((a.top_k, *t.shape[1:]), dtype=t.dtype, device=device)
+                        for t in (lay.w13, lay.w2)) for lay in store.layers[:layers]]
+        host8 = [(lay.w13, lay.w2) for lay in store.layers[:layers]]
+        ids8 = [torch.randperm(a.experts, device=device, generator=gdev)[:a.top_k].view(1, -1)
+                for _ in range(layers)]
+        xs = torch.randn(1, a.hidden, device=device, generator=gdev).to(dtype)
+        ws = torch.softmax(torch.randn(1, a.top_k, device=device, generator=gdev), -1)
+        sweep = fetch_sweep(host8, slots8, xs, ws, ids8, FETCH_CONFIGS, (2,))
+        ok = {cfg: sec for (cfg, _), sec in sweep.items() if isinstance(sec, float)}
+        res["fetch_us_by_config"] = {str(cfg): (sec * 1e6 if isinstance(sec, float) else sec)
+                                     for (cfg, _), sec in sweep.items()}
+        use_fetch_config(FETCH_CONFIGS[0])  # the shipped default, whatever was fastest here
+        if ok:
+            res["fetch_config_fastest"] = min(ok, key=ok.get)
+            log(f"fetch kernel (rows, columns, warps, split w2), us/layer for 2 loading: "
+                + ", ".join(f"{c}: {t * 1e6:.1f}" for c, t in ok.items())
+                + f"; runs use the default {FETCH_CONFIGS[0]}")
+        del slots8
 
     def record(run, st, timed):
         link_s = st.bytes_moved / timed / (bw * 1e9)
@@ -455,28 +463,48 @@ def main(argv=None):
             except Exception as exc:  # report, go on with the eager figures
                 res.setdefault("graph_failed", []).append(f"resident b{batch}: {exc!r}"[:300])
                 log(f"graph capture failed (resident b{batch}): {exc!r}"[:300])
+        if cuda and batch == 1:  # where a step's time goes: the stand-in alone, + the planner
+            tables = DeviceSlotTables(a.layers, a.experts, 32, device)
 
-        # (mode, budget, planner, copy method, in a CUDA graph, overlap, gather config, suffix)
-        variants = [("copy_all", None, "auto", "memcpy", False, True, top, "")]
+            def no_experts(layer, h, w, ids):
+                return h.new_zeros(h.shape)
+
+            def planner_only(layer, h, w, ids):
+                tables.plan(layer, ids)
+                return h.new_zeros(h.shape)
+
+            for name, fn in (("no_experts_graph", no_experts), ("planner_only_graph", planner_only)):
+                try:
+                    dt, _ = graph_steps(device, stack, x, tw, trace, fn, a.warmup, a.steps)
+                except Exception as exc:  # report, go on
+                    res.setdefault("graph_failed", []).append(f"{name}: {exc!r}"[:300])
+                    continue
+                res["runs"].append(base | {"variant": name, "step_s": dt, "tokens_per_s": batch / dt})
+                log(f"b={batch:3d} {name:22s}{batch / dt:9.1f} tok/s ({dt * 1e3:.2f} ms/step)")
+
+        # (mode, budget, planner, copy method, in a CUDA graph, ExpertOffload options, suffix)
+        variants = [("copy_all", None, "auto", "memcpy", False, {}, "")]
+        gather_kw = dict(gather_programs=top[0], gather_block=top[1], gather_warps=top[2])
         for f in a.budgets:
-            variants.append(("cached", f, "auto", "memcpy", False, True, top, ""))
+            variants.append(("cached", f, "auto", "memcpy", False, {}, ""))
             if batch == 1 and f == 0.25:  # the previous runs' way: every layer planned on the host
-                variants.append(("cached", f, "host", "memcpy", False, True, top, ""))
+                variants.append(("cached", f, "host", "memcpy", False, {}, ""))
                 if cuda and isinstance(res["copy_methods_GBps"].get("triton"), float):
-                    variants.append(("cached", f, "host", "triton", False, True, top, ""))
+                    variants.append(("cached", f, "host", "triton", False, {}, ""))
             if cuda:
-                variants.append(("cached", f, "device", "memcpy", True, True, top, ""))
-                if batch == 1:  # what the overlap and the gather's grid size each bring
-                    variants.append(("cached", f, "device", "memcpy", True, False, top,
-                                     "_nooverlap"))
-                    for cfg in best.values():
-                        if cfg != top:
-                            variants.append(("cached", f, "device", "memcpy", True, True, cfg,
-                                             f"_p{cfg[0]}"))
-        for mode, frac, planner, method, graphed, overlap, gcfg, suffix in variants:
+                variants.append(("cached", f, "device", "memcpy", True, gather_kw, ""))
+                if batch == 1:  # run 5's default (gather, then the expert kernels), and with
+                    # the resident experts computed beside the gather
+                    variants.append(("cached", f, "device", "memcpy", True,
+                                     gather_kw | {"fetch_in_kernel": False}, "_gather"))
+                    variants.append(("cached", f, "device", "memcpy", True,
+                                     gather_kw | {"fetch_in_kernel": False,
+                                                  "device_overlap": True}, "_gather_overlap"))
+        for mode, frac, planner, method, graphed, opts, suffix in variants:
             kw = dict(device=device, mode=mode, copy_method=method, experts_fn=experts_fn,
-                      measure_copy_time=not graphed, planner=planner, device_overlap=overlap,
-                      gather_programs=gcfg[0], gather_block=gcfg[1], gather_warps=gcfg[2])
+                      measure_copy_time=not graphed, planner=planner, **opts)
+            gcfg = (opts.get("gather_programs"), opts.get("gather_block"), opts.get("gather_warps"))
+            overlap = opts.get("device_overlap", False)
             if mode == "cached":
                 gib = frac * store.host_bytes / 2**30
                 kw["slots_per_layer"] = slots_for_budget(
@@ -497,6 +525,7 @@ def main(argv=None):
 
             run = base | {"variant": name, "copy_method": method, "planner": planner,
                           "overlap": overlap, "gather_programs_block_warps": gcfg,
+                          "fetch_in_kernel": off.fetch_in_kernel,
                           "budget_fraction": frac, "slots_per_layer": off.slots_per_layer,
                           "gpu_cache_bytes": off.gpu_cache_bytes}
             try:
