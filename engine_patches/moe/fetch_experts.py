@@ -123,8 +123,9 @@ def fetch_and_compute(x: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor],
             raise ValueError(f"{name} must be contiguous")
     if host_w13.shape[1:] != w13.shape[1:] or host_w2.shape[1:] != w2.shape[1:]:
         raise ValueError("host and slot expert shapes differ")
-    if host_w13.device.type == "cpu" and w13.is_cuda and not host_w13.is_pinned():
-        raise ValueError("the kernel reads host memory in place: the store must be pinned")
+    for t in (host_w13, host_w2):
+        if t.device.type == "cpu" and w13.is_cuda and not t.is_pinned():
+            raise ValueError("the kernel reads host memory in place: the store must be pinned")
     entries = slot_ids.numel()
     hidden, inter = x.shape[1], w2.shape[-1]
     parts = triton.cdiv(inter, BLOCK_ROWS)

@@ -185,8 +185,13 @@ def own_kernels_fit(method, layer, x: torch.Tensor, shared_experts) -> bool:
     Then a one-token batch can use the fetch path (missing experts computed as they are read
     from host memory). True only for the plain case: silu(gate) * up over w13 = [gate; up],
     routing weights applied to the output, no activation extras, no shared experts for the
-    kernel to add, bf16/fp16 activations. Anything else keeps vLLM's kernel.
+    kernel to add, bf16/fp16 activations, and weights in the layout vLLM's Triton backend keeps
+    (other backends swap gate and up, or reorder or pad the rows, before the store copies them).
+    Anything else keeps vLLM's kernel.
     """
+    backend = getattr(method, "unquantized_backend", None)
+    if getattr(backend, "name", None) != "TRITON" or torch.version.hip is not None:
+        return False
     act = getattr(layer, "activation", None)
     if getattr(act, "value", act) != "silu":
         return False

@@ -68,9 +68,13 @@ def test_own_kernels_are_used_only_for_the_plain_silu_moe():
     import torch
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
-    def fits(x_dtype=torch.bfloat16, shared=None, config=None, **layer):
+    from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
+
+    def fits(x_dtype=torch.bfloat16, shared=None, config=None,
+             backend=UnquantizedMoeBackend.TRITON, **layer):
         attrs = {"activation": MoEActivation.SILU, "apply_router_weight_on_input": False} | layer
-        method = SimpleNamespace(moe=SimpleNamespace(**(config or {})))
+        method = SimpleNamespace(moe=SimpleNamespace(**(config or {})),
+                                 unquantized_backend=backend)
         return vllm_adapter.own_kernels_fit(method, SimpleNamespace(**attrs),
                                             torch.empty(1, 8, dtype=x_dtype), shared)
 
@@ -83,3 +87,8 @@ def test_own_kernels_are_used_only_for_the_plain_silu_moe():
     assert not fits(swiglu_limit=7.0)
     assert not fits(config={"swiglu_alpha": 1.7})
     assert not fits(x_dtype=torch.float32)
+    # FlashInfer CUTLASS stores w13 as [up; gate], TRT-LLM in blocks, AITER shuffled.
+    for other in (UnquantizedMoeBackend.FLASHINFER_CUTLASS, UnquantizedMoeBackend.FLASHINFER_TRTLLM,
+                  UnquantizedMoeBackend.AITER):
+        assert not fits(backend=other), other
+    assert not fits(backend=None)

@@ -113,18 +113,24 @@ def main() -> None:
     # so an entry that read the store instead of its slot would change the output.
     # Both launch shapes: w2 shared out over the gate/up programs, and w2 in programs of its own
     # (small chunks, so an expert's w2 spans several).
+    # Hidden 600 > the kernel's 512-column step, so its column loop turns twice, and w2 is
+    # shared out over 3 gate/up programs; bf16 checks the in-kernel casts.
     fetch_experts.W2_CHUNK = 256
-    for split, k, experts, slots, hidden, inter in ((False, 4, 10, 6, 40, 24),
-                                                    (False, 3, 7, 3, 64, 36),
-                                                    (True, 4, 10, 6, 40, 24),
-                                                    (True, 3, 7, 3, 64, 36)):
+    f32, bf16 = torch.float32, torch.bfloat16
+    for split, k, experts, slots, hidden, inter, dtype in ((False, 4, 10, 6, 40, 24, f32),
+                                                           (False, 3, 7, 3, 64, 36, f32),
+                                                           (False, 3, 7, 4, 600, 40, f32),
+                                                           (True, 4, 10, 6, 40, 24, f32),
+                                                           (True, 3, 7, 3, 64, 36, f32),
+                                                           (True, 2, 5, 3, 600, 40, bf16)):
         fetch_experts.SPLIT_W2 = split
-        host = (torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5,
-                torch.randn(experts, hidden, inter, generator=g) / inter**0.5)
+        tol = 1e-5 if dtype == f32 else 2e-2
+        host = ((torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5).to(dtype),
+                (torch.randn(experts, hidden, inter, generator=g) / inter**0.5).to(dtype))
         tables = DeviceSlotTables(1, experts, slots, "cpu", use_triton=False)
-        cache = (torch.full((slots, 2 * inter, hidden), float("nan")),
-                 torch.full((slots, hidden, inter), float("nan")))
-        x = torch.randn(1, hidden, generator=g)
+        cache = (torch.full((slots, 2 * inter, hidden), float("nan"), dtype=dtype),
+                 torch.full((slots, hidden, inter), float("nan"), dtype=dtype))
+        x = torch.randn(1, hidden, generator=g).to(dtype)
         for step in range(4):
             ids = torch.randperm(experts, generator=g)[:k].view(1, k)
             if step == 2:
@@ -139,7 +145,8 @@ def main() -> None:
                 seen[1][e] *= 1.5
             got = fetch_and_compute(x, cache, seen, w, ids, plan.slot_ids, plan.miss_slot_ids)
             ref = reference_moe(x, host[0], host[1], w, ids)
-            assert float((got - ref).norm() / ref.norm()) < 1e-5, (k, step)
+            assert got.dtype == dtype, got.dtype
+            assert float((got.float() - ref.float()).norm() / ref.float().norm()) < tol, (k, step)
             for e, s in zip(plan.load_experts.tolist(), plan.load_slots.tolist()):
                 if e >= 0:
                     assert torch.equal(cache[0][s], host[0][e]) and torch.equal(cache[1][s], host[1][e])
