@@ -1,0 +1,87 @@
+"""The fetch path on a real GPU: one token, experts read from pinned host memory by the kernels.
+
+Skipped without CUDA (CI has none); the same kernels run under Triton's interpreter in
+test_device_slots.py. Run on a GPU box with ``pytest --noconftest tests/engine_patches/moe``.
+"""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _offload(store, **kw):
+    from engine_patches.moe.offload import ExpertOffload
+
+    return ExpertOffload(store, device="cuda", slots_per_layer=10, planner="device", **kw)
+
+
+def _store(layers=3, experts=24, hidden=640, inter=192):
+    from engine_patches.moe.store import ExpertStore
+
+    g = torch.Generator().manual_seed(3)
+    store = ExpertStore(allocator=lambda shape, dtype: torch.empty(shape, dtype=dtype,
+                                                                   pin_memory=True))
+    for _ in range(layers):
+        store.add_layer((torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5)
+                        .bfloat16(), (torch.randn(experts, hidden, inter, generator=g)
+                                      / inter**0.5).bfloat16())
+    return store
+
+
+def _steps(n, layers, experts, k=8, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    hot = torch.randperm(experts, generator=g)[:12]
+    out = []
+    for step in range(n):
+        pool = hot if step % 3 else torch.arange(experts)  # reuse, with some cold steps
+        out.append([pool[torch.randperm(len(pool), generator=g)[:k]].view(1, k)
+                    for _ in range(layers)])
+    return out
+
+
+def test_fetch_path_equals_the_gather_path_and_the_reference():
+    from engine_patches.moe.experts import reference_moe
+
+    store = _store()
+    fetch, gather = _offload(store), _offload(store, fetch_in_kernel=False)
+    g = torch.Generator().manual_seed(9)
+    for ids in _steps(12, len(store.layers), store.layers[0].num_experts):
+        for layer, lid in enumerate(ids):
+            x = torch.randn(1, 640, generator=g).bfloat16().cuda()
+            w = torch.softmax(torch.randn(1, 8, generator=g), -1).cuda()
+            lid = lid.cuda()
+            a = fetch.forward(layer, x, w, lid)
+            b = gather.forward(layer, x, w, lid)
+            assert torch.equal(a, b)  # same kernels and summation order: the same bits
+            ref = reference_moe(x.cpu().float(), store.layers[layer].w13.float(),
+                                store.layers[layer].w2.float(), w.cpu(), lid.cpu())
+            assert float((a.cpu().float() - ref).norm() / ref.norm()) < 2e-2
+    sf, sg = fetch.stats(), gather.stats()
+    assert (sf.hits, sf.misses, sf.bytes_moved) == (sg.hits, sg.misses, sg.bytes_moved)
+    assert sf.misses > 0 and sf.hits > 0  # the steps above both reuse and evict
+
+
+def test_fetch_path_runs_inside_a_cuda_graph():
+    store = _store(layers=2)
+    eager, graphed = _offload(store), _offload(store)
+    steps = _steps(8, 2, store.layers[0].num_experts, seed=6)
+    x = torch.randn(1, 640).bfloat16().cuda()
+    w = torch.softmax(torch.randn(1, 8), -1).cuda()
+    ids_buf = [s.cuda() for s in steps[0]]
+
+    def step(off, ids):
+        return sum(off.forward(layer, x, w, lid) for layer, lid in enumerate(ids))
+
+    step(graphed, ids_buf)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(graphed, ids_buf)
+    step(eager, ids_buf)  # both caches have now seen steps[0] once
+    for ids in steps[1:]:
+        for buf, new in zip(ids_buf, ids):
+            buf.copy_(new)
+        graph.replay()
+        want = step(eager, ids_buf)
+        assert torch.equal(out, want)
