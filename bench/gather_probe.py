@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine_patches.moe.gather import copy_expert_pairs_indexed, copy_rows_memcpy  # noqa: E402
+from engine_patches.moe.gather import copy_expert_pairs_indexed, copy_rows_memcpy
 
 H, I = 2048, 768
 W13 = 2 * I * H  # elements per expert
@@ -172,7 +172,7 @@ def torch_pinned(nbytes: int) -> torch.Tensor:
 
 def as_store(raw: torch.Tensor, n_experts: int):
     w13 = raw[: n_experts * W13 * 2].view(torch.bfloat16).view(n_experts, W13)
-    w2 = raw[n_experts * W13 * 2: n_experts * (W13 + W2) * 2].view(torch.bfloat16).view(n_experts, W2)
+    w2 = raw[n_experts * W13 * 2 : n_experts * (W13 + W2) * 2].view(torch.bfloat16).view(n_experts, W2)
     return w13, w2
 
 
@@ -213,8 +213,7 @@ def main(argv=None) -> int:
     result: dict = {"thp": thp_state(), "sms": sms, "rows": []}
     print("THP:", result["thp"], flush=True)
 
-    v4 = {u: cp.RawKernel(V4_SRC.replace("UNROLL", str(u)), "v4_gather", options=("-std=c++17",))
-          for u in (1, 4, 8)}
+    v4 = {u: cp.RawKernel(V4_SRC.replace("UNROLL", str(u)), "v4_gather", options=("-std=c++17",)) for u in (1, 4, 8)}
     try:
         bulk = cp.RawKernel(BULK_SRC, "bulk_gather", options=("-std=c++17", "-arch=sm_90"))
         bulk.max_dynamic_shared_size_bytes = 4 * 32768
@@ -261,10 +260,10 @@ def main(argv=None) -> int:
             copy()
             torch.cuda.synchronize()
             e, s = st
-            ok = all(same_bits(d13[s[i]], w13[e[i]]) and same_bits(d2[s[i]], w2[e[i]])
-                     for i in range(len(e)))
+            ok = all(same_bits(d13[s[i]], w13[e[i]]) and same_bits(d2[s[i]], w2[e[i]]) for i in range(len(e)))
             result.setdefault("exact", {})[f"{name} {label}"] = ok
             print(f"  {label} copy exact:", ok, flush=True)
+
         for k in (2, 8):
             sets = rows_for(k)
             moved = k * (W13 + W2) * 2
@@ -273,10 +272,12 @@ def main(argv=None) -> int:
             def dma(st):
                 copy_rows_memcpy(w13, d13, st[0], st[1])
                 copy_rows_memcpy(w2, d2, st[0], st[1])
+
             record(name, "DMA memcpy per expert", k, timed(dma, sets), moved)
 
             def tri(st):
                 copy_expert_pairs_indexed((w13, w2), (d13, d2), st[0], st[1])
+
             record(name, "Triton gather (default)", k, timed(tri, dev_sets), moved)
             if k == 2:  # check the copy byte for byte once per source
                 check("triton", lambda: tri(dev_sets[0]), sets[0])
@@ -284,7 +285,7 @@ def main(argv=None) -> int:
             seg_sets = []
             for e, s in sets:
                 srcs, dsts, sizes = [], [], []
-                for ei, si in zip(e, s):
+                for ei, si in zip(e, s, strict=False):
                     for src_t, dst_t, words in ((w13, d13, W13), (w2, d2, W2)):
                         srcs.append(src_t[ei].data_ptr())
                         dsts.append(dst_t[si].data_ptr())
@@ -294,21 +295,37 @@ def main(argv=None) -> int:
             def v4_args(ss):
                 srcs, dsts, sizes = ss
                 start = np.concatenate([[0], np.cumsum(np.array(sizes) // 16)]).astype(np.int64)
-                return (cp.asarray(np.array(srcs, dtype=np.uint64)), cp.asarray(np.array(dsts, dtype=np.uint64)),
-                        cp.asarray(start), np.int32(len(srcs)))
+                return (
+                    cp.asarray(np.array(srcs, dtype=np.uint64)),
+                    cp.asarray(np.array(dsts, dtype=np.uint64)),
+                    cp.asarray(start),
+                    np.int32(len(srcs)),
+                )
+
             v4_sets = [v4_args(ss) for ss in seg_sets]
             for u, kern in v4.items():
                 for blocks in (sms * 4, sms * 16):
+
                     def run_v4(a, kern=kern, blocks=blocks):
                         kern((blocks,), (256,), a)
+
                     record(name, f"CUDA 16B loads x{u}, {blocks} blocks", k, timed(run_v4, v4_sets), moved)
             if bulk is not None:
-                bulk_sets = [(cp.asarray(np.array(ss[0], dtype=np.uint64)), cp.asarray(np.array(ss[1], dtype=np.uint64)),
-                              cp.asarray(np.array(ss[2], dtype=np.int64)), np.int32(len(ss[0]))) for ss in seg_sets]
+                bulk_sets = [
+                    (
+                        cp.asarray(np.array(ss[0], dtype=np.uint64)),
+                        cp.asarray(np.array(ss[1], dtype=np.uint64)),
+                        cp.asarray(np.array(ss[2], dtype=np.int64)),
+                        np.int32(len(ss[0])),
+                    )
+                    for ss in seg_sets
+                ]
                 for chunk in (16384, 32768):
                     for blocks in (sms, sms * 2):
+
                         def run_bulk(a, chunk=chunk, blocks=blocks):
                             bulk((blocks,), (32,), a + (np.uint32(chunk),), shared_mem=4 * chunk)
+
                         try:
                             sec = timed(run_bulk, bulk_sets)
                         except Exception as exc:
@@ -320,27 +337,49 @@ def main(argv=None) -> int:
         # contiguous 1 GiB: the ceiling per source
         whole = raw[: 1 << 30]
         record(name, "DMA 1 GiB", "1GiB", timed(lambda _: big.copy_(whole, non_blocking=True), [0]), 1 << 30)
-        a = (cp.asarray(np.array([whole.data_ptr()], dtype=np.uint64)), cp.asarray(np.array([big.data_ptr()], dtype=np.uint64)),
-             cp.asarray(np.array([0, (1 << 30) // 16], dtype=np.int64)), np.int32(1))
+        a = (
+            cp.asarray(np.array([whole.data_ptr()], dtype=np.uint64)),
+            cp.asarray(np.array([big.data_ptr()], dtype=np.uint64)),
+            cp.asarray(np.array([0, (1 << 30) // 16], dtype=np.int64)),
+            np.int32(1),
+        )
         record(name, "CUDA 16B loads x4 1 GiB", "1GiB", timed(lambda _: v4[4]((sms * 16,), (256,), a), [0]), 1 << 30)
         if bulk is not None:
             ab = (a[0], a[1], cp.asarray(np.array([1 << 30], dtype=np.int64)), np.int32(1), np.uint32(32768))
             try:
-                record(name, "bulk copy 32K 1 GiB", "1GiB",
-                       timed(lambda _: bulk((sms * 2,), (32,), ab, shared_mem=4 * 32768), [0]), 1 << 30)
+                record(
+                    name,
+                    "bulk copy 32K 1 GiB",
+                    "1GiB",
+                    timed(lambda _: bulk((sms * 2,), (32,), ab, shared_mem=4 * 32768), [0]),
+                    1 << 30,
+                )
             except Exception as exc:
                 print("  bulk 1 GiB failed:", exc, flush=True)
 
     # Which load width the Triton gather compiled to.
     try:
         from engine_patches.moe.gather import _gather_pairs_kernel
+
         e0, s0 = torch.tensor([1, 2], device=dev), torch.tensor([3, 4], device=dev)
         w13, w2 = as_store(sources["torch pin_memory"], n)
-        ck = _gather_pairs_kernel[(4,)](w13.view(torch.int64), d13.view(torch.int64), w2.view(torch.int64),
-                                       d2.view(torch.int64), e0, s0, 2, W13 // 4, W2 // 4, BLOCK=4096, BP=2)
+        ck = _gather_pairs_kernel[(4,)](
+            w13.view(torch.int64),
+            d13.view(torch.int64),
+            w2.view(torch.int64),
+            d2.view(torch.int64),
+            e0,
+            s0,
+            2,
+            W13 // 4,
+            W2 // 4,
+            BLOCK=4096,
+            BP=2,
+        )
         ptx = ck.asm["ptx"]
-        result["triton_loads"] = {w: ptx.count(w) for w in ("ld.global.v2.b64", "ld.global.v4.b32",
-                                                             "ld.global.b64", "ld.global.v2.b32")}
+        result["triton_loads"] = {
+            w: ptx.count(w) for w in ("ld.global.v2.b64", "ld.global.v4.b32", "ld.global.b64", "ld.global.v2.b32")
+        }
         print("Triton gather loads in PTX:", result["triton_loads"], flush=True)
     except Exception as exc:
         print("could not read the Triton PTX:", exc, flush=True)

@@ -31,9 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
-
-from lora_shapes import (MoEShape, h2d_seconds, load_adapter, malloc_trim, peak_rss_bytes,  # noqa: E402
-                         reset_peak_rss, rss_bytes)
+from lora_shapes import MoEShape, h2d_seconds, load_adapter, malloc_trim, peak_rss_bytes, reset_peak_rss, rss_bytes  # noqa: E402
 from pinned_lora_bench import build_vllm_way  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -47,10 +45,11 @@ def pool_modules(shape: MoEShape) -> dict[str, tuple]:
     for layer in range(shape.layers):
         for proj in ("gate_proj", "up_proj", "down_proj"):
             mods[f"layers.{layer}.mlp.experts.{proj}"] = (
-                ((e, *ex[f"{proj}.lora_A"]), d), ((e, *ex[f"{proj}.lora_B"]), d))
+                ((e, *ex[f"{proj}.lora_A"]), d),
+                ((e, *ex[f"{proj}.lora_B"]), d),
+            )
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            mods[f"layers.{layer}.self_attn.{proj}"] = ((at[f"{proj}.lora_A"], d),
-                                                        (at[f"{proj}.lora_B"], d))
+            mods[f"layers.{layer}.self_attn.{proj}"] = ((at[f"{proj}.lora_A"], d), (at[f"{proj}.lora_B"], d))
     return mods
 
 
@@ -102,8 +101,7 @@ def run_variant(variant: str, shape: MoEShape, n: int) -> dict:
             resident.append(build_vllm_way(shape, load_adapter(shape, seed=i)))
         else:
             adapter = pool.load(i, mods, fill_from_checkpoint(i))
-            resident.append([t for layer in adapter.layers.values()
-                             for t in (layer.lora_a, layer.lora_b)])
+            resident.append([t for layer in adapter.layers.values() for t in (layer.lora_a, layer.lora_b)])
         load_times.append(time.perf_counter() - t0)
     peak = peak_rss_bytes() - base
     malloc_trim()
@@ -112,12 +110,18 @@ def run_variant(variant: str, shape: MoEShape, n: int) -> dict:
     swap = gpu_swap_s(resident[-1])
     ceiling = pinned_ceiling_gbps(2 << 30 if not shape.layers < 4 else 64 << 20)
     out = {
-        "variant": variant, "adapters": n, "adapter_bytes": adapter_bytes,
-        "peak_rss_added_bytes": peak, "peak_ratio": peak / total,
-        "held_rss_added_bytes": held, "held_ratio": held / total,
-        "load_s_per_adapter": statistics.mean(load_times), "load_s": load_times,
+        "variant": variant,
+        "adapters": n,
+        "adapter_bytes": adapter_bytes,
+        "peak_rss_added_bytes": peak,
+        "peak_ratio": peak / total,
+        "held_rss_added_bytes": held,
+        "held_ratio": held / total,
+        "load_s_per_adapter": statistics.mean(load_times),
+        "load_s": load_times,
         "all_pinned": bool(CUDA and all(t.is_pinned() for t in resident[-1])),
-        "swap_s": swap, "ceiling_gbps": ceiling,
+        "swap_s": swap,
+        "ceiling_gbps": ceiling,
         "swap_ideal_s": adapter_bytes / (ceiling * 1e9) if ceiling else None,
     }
     if swap and ceiling:
@@ -143,8 +147,16 @@ def main() -> None:
         return
     runs = []
     for variant in ("vllm", "pool"):
-        cmd = [sys.executable, __file__, "--variant", variant, "--adapters", str(args.adapters),
-               "--layers", str(shape.layers)] + (["--tiny"] if args.tiny else [])
+        cmd = [
+            sys.executable,
+            __file__,
+            "--variant",
+            variant,
+            "--adapters",
+            str(args.adapters),
+            "--layers",
+            str(shape.layers),
+        ] + (["--tiny"] if args.tiny else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             runs.append({"variant": variant, "error": proc.stderr[-2000:]})
@@ -153,8 +165,7 @@ def main() -> None:
     doc = {"shape": {k: str(v) for k, v in vars(shape).items()}, "cuda": CUDA, "runs": runs}
     by = {r["variant"]: r for r in runs if "error" not in r}
     if "vllm" in by and "pool" in by:
-        doc["peak_saving_vs_vllm"] = 1 - by["pool"]["peak_rss_added_bytes"] / max(
-            by["vllm"]["peak_rss_added_bytes"], 1)
+        doc["peak_saving_vs_vllm"] = 1 - by["pool"]["peak_rss_added_bytes"] / max(by["vllm"]["peak_rss_added_bytes"], 1)
     text = json.dumps(doc, indent=2)
     print(text)
     if args.out:
@@ -163,11 +174,13 @@ def main() -> None:
         if "error" in r:
             print(f"{r['variant']}: FAILED\n{r['error']}", file=sys.stderr)
             continue
-        swap = f"{r['swap_s'] * 1e3:.1f} ms ({r.get('swap_vs_ideal', 0):.0%} of ideal)" \
-            if r["swap_s"] else "n/a"
-        print(f"{r['variant']:>5}: peak +{r['peak_ratio']:.2f}x, held {r['held_ratio']:.2f}x of "
-              f"{r['adapters']} x {r['adapter_bytes'] / 1e9:.2f} GB, load "
-              f"{r['load_s_per_adapter']:.2f} s/adapter, swap {swap}", file=sys.stderr)
+        swap = f"{r['swap_s'] * 1e3:.1f} ms ({r.get('swap_vs_ideal', 0):.0%} of ideal)" if r["swap_s"] else "n/a"
+        print(
+            f"{r['variant']:>5}: peak +{r['peak_ratio']:.2f}x, held {r['held_ratio']:.2f}x of "
+            f"{r['adapters']} x {r['adapter_bytes'] / 1e9:.2f} GB, load "
+            f"{r['load_s_per_adapter']:.2f} s/adapter, swap {swap}",
+            file=sys.stderr,
+        )
     if "peak_saving_vs_vllm" in doc:
         print(f"pool peak RSS is {doc['peak_saving_vs_vllm']:.0%} below vLLM's way", file=sys.stderr)
     sys.exit(1 if any("error" in r for r in runs) else 0)

@@ -7,6 +7,7 @@ Qwen3-30B-A3B: 48 layers, hidden 2048, 128 experts, moe_intermediate 768, 32 que
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import math
@@ -35,18 +36,25 @@ class MoEShape:
         """Per-expert LoRA tensor shapes, as a PEFT checkpoint stores them."""
         r, h, i = self.rank, self.hidden, self.moe_inter
         return {
-            "gate_proj.lora_A": (r, h), "gate_proj.lora_B": (i, r),
-            "up_proj.lora_A": (r, h), "up_proj.lora_B": (i, r),
-            "down_proj.lora_A": (r, i), "down_proj.lora_B": (h, r),
+            "gate_proj.lora_A": (r, h),
+            "gate_proj.lora_B": (i, r),
+            "up_proj.lora_A": (r, h),
+            "up_proj.lora_B": (i, r),
+            "down_proj.lora_A": (r, i),
+            "down_proj.lora_B": (h, r),
         }
 
     def attention_tensors(self) -> dict[str, tuple[int, ...]]:
         r, h = self.rank, self.hidden
         return {
-            "q_proj.lora_A": (r, h), "q_proj.lora_B": (self.q_dim, r),
-            "k_proj.lora_A": (r, h), "k_proj.lora_B": (self.kv_dim, r),
-            "v_proj.lora_A": (r, h), "v_proj.lora_B": (self.kv_dim, r),
-            "o_proj.lora_A": (r, self.q_dim), "o_proj.lora_B": (h, r),
+            "q_proj.lora_A": (r, h),
+            "q_proj.lora_B": (self.q_dim, r),
+            "k_proj.lora_A": (r, h),
+            "k_proj.lora_B": (self.kv_dim, r),
+            "v_proj.lora_A": (r, h),
+            "v_proj.lora_B": (self.kv_dim, r),
+            "o_proj.lora_A": (r, self.q_dim),
+            "o_proj.lora_B": (h, r),
         }
 
     def itemsize(self) -> int:
@@ -67,8 +75,7 @@ def load_adapter(shape: MoEShape, seed: int = 0) -> dict[str, torch.Tensor]:
             tensors[f"layers.{layer}.self_attn.{name}"] = torch.full(dims, value, dtype=shape.dtype)
         for expert in range(shape.experts):
             for name, dims in shape.expert_tensors().items():
-                tensors[f"layers.{layer}.mlp.experts.{expert}.{name}"] = torch.full(
-                    dims, value, dtype=shape.dtype)
+                tensors[f"layers.{layer}.mlp.experts.{expert}.{name}"] = torch.full(dims, value, dtype=shape.dtype)
     return tensors
 
 
@@ -85,10 +92,8 @@ def packed_groups(shape: MoEShape) -> list[tuple[str, list[str]]]:
 def malloc_trim() -> None:
     """Give freed heap pages back to the OS, so RSS shows what is really held."""
     gc.collect()
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
 
 
 def rss_bytes() -> int:
@@ -124,7 +129,7 @@ def h2d_seconds(tensors: list[torch.Tensor], repeats: int = 5) -> float | None:
     for _ in range(repeats + 1):  # the first pass warms up and is not counted
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for d, s in zip(dst, tensors):
+        for d, s in zip(dst, tensors, strict=False):
             d.copy_(s, non_blocking=True)
         end.record()
         end.synchronize()

@@ -31,12 +31,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine_patches.moe.device_slots import DeviceSlotTables  # noqa: E402
-from engine_patches.moe import fetch_experts  # noqa: E402
-from engine_patches.moe.experts_triton import down_and_sum, gemv_experts  # noqa: E402
-from engine_patches.moe.fetch_experts import fetch_and_compute  # noqa: E402
-from engine_patches.moe.gather import copy_expert_pairs_indexed  # noqa: E402
-from engine_patches.pinned import empty_pinned  # noqa: E402
+from engine_patches.moe import fetch_experts
+from engine_patches.moe.device_slots import DeviceSlotTables
+from engine_patches.moe.experts_triton import down_and_sum, gemv_experts
+from engine_patches.moe.fetch_experts import fetch_and_compute
+from engine_patches.moe.gather import copy_expert_pairs_indexed
+from engine_patches.pinned import empty_pinned
 
 
 def replay_seconds(fn, layers: int) -> float:
@@ -62,14 +62,20 @@ def replay_seconds(fn, layers: int) -> float:
 
 # Launch shapes of the fetch kernel: (rows, hidden columns, warps, w2 in programs of its own)
 # (the first is the shipped default)
-FETCH_CONFIGS = [(16, 512, 4, False), (16, 256, 4, False), (16, 256, 4, True), (8, 256, 4, True),
-                 (16, 512, 8, True), (32, 256, 8, True), (8, 512, 4, True)]
+FETCH_CONFIGS = [
+    (16, 512, 4, False),
+    (16, 256, 4, False),
+    (16, 256, 4, True),
+    (8, 256, 4, True),
+    (16, 512, 8, True),
+    (32, 256, 8, True),
+    (8, 512, 4, True),
+]
 
 
 def use_fetch_config(cfg) -> None:
     """Make ``fetch_and_compute`` launch with ``cfg`` from now on (it reads these per call)."""
-    (fetch_experts.BLOCK_ROWS, fetch_experts.BLOCK_H, fetch_experts.NUM_WARPS,
-     fetch_experts.SPLIT_W2) = cfg
+    (fetch_experts.BLOCK_ROWS, fetch_experts.BLOCK_H, fetch_experts.NUM_WARPS, fetch_experts.SPLIT_W2) = cfg
 
 
 def fetch_sweep(host, slots, x, w, ids, configs, ms=(2,)):
@@ -86,8 +92,9 @@ def fetch_sweep(host, slots, x, w, ids, configs, ms=(2,)):
         for m in ms:
             lm = torch.where(torch.arange(k, device=dev) < m, slot_ids[0], -1).view(1, k).int()
             try:
-                out[(cfg, m)] = replay_seconds(lambda l: fetch_and_compute(
-                    x, slots[l], host[l], w, ids[l], slot_ids, lm), len(host))
+                out[(cfg, m)] = replay_seconds(
+                    lambda l: fetch_and_compute(x, slots[l], host[l], w, ids[l], slot_ids, lm), len(host)
+                )
             except Exception as exc:  # report, go on with the others
                 out[(cfg, m)] = f"failed: {exc!r}"[:200]
     use_fetch_config(FETCH_CONFIGS[0])
@@ -115,8 +122,12 @@ def main(argv=None) -> int:
         w13.copy_((torch.randn(E, 2 * I, H, device=dev, generator=g) / H**0.5).to(bf))
         w2.copy_((torch.randn(E, H, I, device=dev, generator=g) / I**0.5).to(bf))
         host.append((w13, w2))
-        slots.append((torch.randn(K, 2 * I, H, device=dev, generator=g).to(bf) / H**0.5,
-                      torch.randn(K, H, I, device=dev, generator=g).to(bf) / I**0.5))
+        slots.append(
+            (
+                torch.randn(K, 2 * I, H, device=dev, generator=g).to(bf) / H**0.5,
+                torch.randn(K, H, I, device=dev, generator=g).to(bf) / I**0.5,
+            )
+        )
     expert_bytes = (2 * I * H + H * I) * 2
     src = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
@@ -147,13 +158,12 @@ def main(argv=None) -> int:
             row["GBps"] = m * expert_bytes / sec / 1e9
             row["x_link_bound"] = sec / (m * expert_bytes / link)
         rows.append(row)
-        extra = (f"  {row['GBps']:5.1f} GB/s  x{row['x_link_bound']:.3f} link bound" if m else "")
+        extra = f"  {row['GBps']:5.1f} GB/s  x{row['x_link_bound']:.3f} link bound" if m else ""
         print(f"{name:24s}{sec * 1e6:9.1f} us/layer{extra}", flush=True)
 
     tables = DeviceSlotTables(L, E, 32, dev)
     add("plan", replay_seconds(lambda l: tables.plan(l, ids[l]), L))
-    add("experts (8 resident)", replay_seconds(
-        lambda l: gemv_experts(x, slots[l][0], slots[l][1], w, slot_ids), L))
+    add("experts (8 resident)", replay_seconds(lambda l: gemv_experts(x, slots[l][0], slots[l][1], w, slot_ids), L))
     add("down", replay_seconds(lambda l: down_and_sum(act, slots[l][1], slot_ids, w, bf), L))
     for m in (1, 2, 4):
         lm = loads(m)
@@ -171,16 +181,19 @@ def main(argv=None) -> int:
             gemv_experts(x, slots[l][0], slots[l][1], w, slot_ids)
 
         add(f"gather {m} + experts", replay_seconds(gather_then_math, L), m)
-        add(f"fetch {m}", replay_seconds(lambda l: fetch_and_compute(
-            x, slots[l], host[l], w, ids[l], slot_ids, lm), L), m)
+        add(
+            f"fetch {m}",
+            replay_seconds(lambda l: fetch_and_compute(x, slots[l], host[l], w, ids[l], slot_ids, lm), L),
+            m,
+        )
     sweep = fetch_sweep(host, slots, x, w, ids, FETCH_CONFIGS, (1, 2))
     res["fetch_configs"] = []
     for (cfg, m), sec in sweep.items():
         if isinstance(sec, float):
-            res["fetch_configs"].append({"rows_h_warps_split": cfg, "m": m, "us": sec * 1e6,
-                                         "GBps": m * expert_bytes / sec / 1e9})
-            print(f"fetch {m} {cfg}: {sec * 1e6:8.1f} us  {m * expert_bytes / sec / 1e9:5.1f} GB/s",
-                  flush=True)
+            res["fetch_configs"].append(
+                {"rows_h_warps_split": cfg, "m": m, "us": sec * 1e6, "GBps": m * expert_bytes / sec / 1e9}
+            )
+            print(f"fetch {m} {cfg}: {sec * 1e6:8.1f} us  {m * expert_bytes / sec / 1e9:5.1f} GB/s", flush=True)
         else:
             print(f"fetch {m} {cfg}: {sec}", flush=True)
     # Same numbers both ways: the fetched slots hold the host experts, the outputs agree.
@@ -189,8 +202,9 @@ def main(argv=None) -> int:
     ref = gemv_experts(x, slots[0][0], slots[0][1], w, slot_ids)
     e0 = int(ids[0][0, 0])
     res["fetch_check"] = {
-        "slot_equals_host": bool(torch.equal(slots[0][0][0].cpu(), host[0][0][e0])
-                                 and torch.equal(slots[0][1][0].cpu(), host[0][1][e0])),
+        "slot_equals_host": bool(
+            torch.equal(slots[0][0][0].cpu(), host[0][0][e0]) and torch.equal(slots[0][1][0].cpu(), host[0][1][e0])
+        ),
         "rel_err_vs_resident_math": float((got.float() - ref.float()).norm() / ref.float().norm()),
     }
     print("check:", res["fetch_check"], f"link {link / 1e9:.1f} GB/s", flush=True)

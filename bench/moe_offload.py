@@ -25,16 +25,14 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine_patches.moe.experts import auto_experts, looped_experts, reference_moe  # noqa: E402
-from engine_patches.moe.device_slots import DeviceSlotTables  # noqa: E402
-from engine_patches.moe.gather import (  # noqa: E402
-    copy_expert_pairs_indexed, copy_experts, copy_experts_indexed)
-from engine_patches.moe.offload import ExpertOffload  # noqa: E402
-from moe_layer_parts import (  # noqa: E402
-    FETCH_CONFIGS, fetch_sweep, replay_seconds, use_fetch_config)
-from engine_patches.moe.sizing import slots_for_budget  # noqa: E402
-from engine_patches.moe.store import ExpertStore  # noqa: E402
+from moe_layer_parts import FETCH_CONFIGS, fetch_sweep, replay_seconds, use_fetch_config
 
+from engine_patches.moe.device_slots import DeviceSlotTables
+from engine_patches.moe.experts import auto_experts, looped_experts, reference_moe
+from engine_patches.moe.gather import copy_expert_pairs_indexed, copy_experts, copy_experts_indexed
+from engine_patches.moe.offload import ExpertOffload
+from engine_patches.moe.sizing import slots_for_budget
+from engine_patches.moe.store import ExpertStore
 
 REGISTERED: set[int] = set()
 
@@ -110,8 +108,7 @@ class Stack:
         def rnd(*shape):
             return (torch.randn(*shape, device=device, generator=gen_device) / shape[0] ** 0.5).to(dtype)
 
-        self.layers = [(rnd(h, qkv), rnd(a.heads * a.head_dim, h), rnd(h, a.experts))
-                       for _ in range(a.layers)]
+        self.layers = [(rnd(h, qkv), rnd(a.heads * a.head_dim, h), rnd(h, a.experts)) for _ in range(a.layers)]
         self.q_dim = a.heads * a.head_dim
 
     def step(self, x, topk_weights, ids, moe):
@@ -177,19 +174,24 @@ def check_device_planner(device, a, steps=40):
     ref = DeviceSlotTables(2, a.experts, slots, device, use_triton=False)
     for step in range(steps):
         tokens = int(torch.randint(1, slots // a.top_k + 1, (1,), generator=g))
-        ids = torch.stack([torch.randperm(a.experts, generator=g)[: a.top_k]
-                           for _ in range(tokens)]).to(device)
+        ids = torch.stack([torch.randperm(a.experts, generator=g)[: a.top_k] for _ in range(tokens)]).to(device)
         p, q = kern.plan(step % 2, ids), ref.plan(step % 2, ids)
-        for x, y in ((p.slot_ids, q.slot_ids), (p.load_experts, q.load_experts),
-                     (p.load_slots, q.load_slots), (kern.expert_slot, ref.expert_slot),
-                     (kern.last_used, ref.last_used), (kern.counts, ref.counts)):
+        for x, y in (
+            (p.slot_ids, q.slot_ids),
+            (p.load_experts, q.load_experts),
+            (p.load_slots, q.load_slots),
+            (kern.expert_slot, ref.expert_slot),
+            (kern.last_used, ref.last_used),
+            (kern.counts, ref.counts),
+        ):
             if not torch.equal(x, y):
                 return f"differs at step {step}"
     return "same"
 
 
-GATHER_CONFIGS = [(programs, block, warps) for programs in (0, 264, 132, 66)
-                  for block, warps in ((2048, 4), (4096, 4), (8192, 8))]
+GATHER_CONFIGS = [
+    (programs, block, warps) for programs in (0, 264, 132, 66) for block, warps in ((2048, 4), (4096, 4), (8192, 8))
+]
 
 
 def gather_sweep(store, device, configs, n_experts_list, reps=16):
@@ -201,23 +203,29 @@ def gather_sweep(store, device, configs, n_experts_list, reps=16):
     lay = store.layers[0]
     out, g = {}, torch.Generator().manual_seed(4)
     for n in n_experts_list:
-        dst = (torch.empty((n, *lay.w13.shape[1:]), dtype=lay.w13.dtype, device=device),
-               torch.empty((n, *lay.w2.shape[1:]), dtype=lay.w2.dtype, device=device))
-        sets = [torch.randperm(lay.num_experts, generator=g)[:n].int().to(device)
-                for _ in range(reps)]
+        dst = (
+            torch.empty((n, *lay.w13.shape[1:]), dtype=lay.w13.dtype, device=device),
+            torch.empty((n, *lay.w2.shape[1:]), dtype=lay.w2.dtype, device=device),
+        )
+        sets = [torch.randperm(lay.num_experts, generator=g)[:n].int().to(device) for _ in range(reps)]
         slots = torch.arange(n, dtype=torch.int32, device=device)
-        variants = {"rows 8192/8": lambda e: [copy_experts_indexed(
-            s_t, d_t, e, slots, block=8192, num_warps=8) for s_t, d_t in zip((lay.w13, lay.w2), dst)]}
+        variants = {
+            "rows 8192/8": lambda e: [
+                copy_experts_indexed(s_t, d_t, e, slots, block=8192, num_warps=8)
+                for s_t, d_t in zip((lay.w13, lay.w2), dst, strict=False)
+            ]
+        }
         for p_, b_, w_ in configs:
-            variants[f"pairs {p_}/{b_}/{w_}"] = (
-                lambda e, p_=p_, b_=b_, w_=w_: copy_expert_pairs_indexed(
-                    (lay.w13, lay.w2), dst, e, slots, programs=p_, block=b_, num_warps=w_))
+            variants[f"pairs {p_}/{b_}/{w_}"] = lambda e, p_=p_, b_=b_, w_=w_: copy_expert_pairs_indexed(
+                (lay.w13, lay.w2), dst, e, slots, programs=p_, block=b_, num_warps=w_
+            )
         for name, fn in variants.items():
             try:
                 per_set = replay_seconds(lambda i, fn=fn: fn(sets[i]), len(sets))
                 e = int(sets[-1][-1])
-                assert torch.equal(dst[0][-1].cpu(), lay.w13[e]) and torch.equal(
-                    dst[1][-1].cpu(), lay.w2[e]), f"{name} copied the wrong expert"
+                assert torch.equal(dst[0][-1].cpu(), lay.w13[e]) and torch.equal(dst[1][-1].cpu(), lay.w2[e]), (
+                    f"{name} copied the wrong expert"
+                )
                 out[f"{name} @{n}"] = n * lay.expert_bytes / per_set / 1e9
             except Exception as exc:  # report, go on with the others
                 out[f"{name} @{n}"] = f"failed: {exc!r}"[:200]
@@ -237,8 +245,7 @@ def check_experts_fn(device, dtype, a, experts_fn):
         ids[0, 0] = -1
         tw = torch.rand(tokens, a.top_k, generator=g)
         ref = reference_moe(x.float(), w13.float(), w2.float(), tw, ids).double()
-        got = experts_fn(x.to(device), w13.to(device), w2.to(device), tw.to(device),
-                         ids.to(device))
+        got = experts_fn(x.to(device), w13.to(device), w2.to(device), tw.to(device), ids.to(device))
         worst = max(worst, float((got.double().cpu() - ref).norm() / ref.norm()))
     return worst
 
@@ -249,15 +256,24 @@ def check_offload_matches_resident(store, gpu_experts, device, a, method, expert
     worst = 0.0
     # Host planner (8 tokens, top_k slots: rounds and evictions), copy-all, and the device planner
     # (1-2 tokens in 2*top_k slots: evictions) with the host taking over at 8 tokens now and then.
-    for mode, planner, slots in (("cached", "host", a.top_k), ("copy_all", "auto", None),
-                                 ("cached", "auto", 2 * a.top_k)):
-        off = ExpertOffload(store, device=device, mode=mode, copy_method=method,
-                            slots_per_layer=slots, experts_fn=experts_fn, planner=planner)
+    for mode, planner, slots in (
+        ("cached", "host", a.top_k),
+        ("copy_all", "auto", None),
+        ("cached", "auto", 2 * a.top_k),
+    ):
+        off = ExpertOffload(
+            store,
+            device=device,
+            mode=mode,
+            copy_method=method,
+            slots_per_layer=slots,
+            experts_fn=experts_fn,
+            planner=planner,
+        )
         for rnd in range(6 if planner == "auto" else 3):
             tokens = 8 if planner != "auto" or rnd == 3 else 1 + rnd % 2
             for layer in range(min(4, a.layers)):
-                ids = torch.stack([torch.randperm(a.experts, generator=g)[: a.top_k]
-                                   for _ in range(tokens)]).to(device)
+                ids = torch.stack([torch.randperm(a.experts, generator=g)[: a.top_k] for _ in range(tokens)]).to(device)
                 tw = torch.rand(tokens, a.top_k, generator=g).to(device)
                 x = torch.randn(tokens, a.hidden, generator=g).to(gpu_experts[0][0].dtype).to(device)
                 ref = experts_fn(x, *gpu_experts[layer], tw, ids).float()
@@ -283,8 +299,9 @@ def copy_method_bandwidth(store, device, method, n_experts, repeats=10):
         if r:
             times.append(time.perf_counter() - t0)
         if r == repeats:  # the last copy must be right
-            assert torch.equal(dst13[-1].cpu(), lay.w13[ids[-1]]) and torch.equal(
-                dst2[0].cpu(), lay.w2[ids[0]]), f"{method} copied the wrong experts"
+            assert torch.equal(dst13[-1].cpu(), lay.w13[ids[-1]]) and torch.equal(dst2[0].cpu(), lay.w2[ids[0]]), (
+                f"{method} copied the wrong experts"
+            )
     return moved / statistics.median(times) / 1e9
 
 
@@ -300,11 +317,15 @@ def main(argv=None):
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
-    p.add_argument("--budgets", type=float, nargs="+", default=[0.10, 0.25, 0.50],
-                   help="GPU cache budget as a fraction of all expert bytes")
+    p.add_argument(
+        "--budgets",
+        type=float,
+        nargs="+",
+        default=[0.10, 0.25, 0.50],
+        help="GPU cache budget as a fraction of all expert bytes",
+    )
     p.add_argument("--alpha", type=float, default=1.0, help="Zipf exponent of expert popularity")
-    p.add_argument("--reuse", type=float, default=0.5,
-                   help="chance a sequence keeps each expert of its previous token")
+    p.add_argument("--reuse", type=float, default=0.5, help="chance a sequence keeps each expert of its previous token")
     p.add_argument("--warmup", type=int, default=12)
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--copy-all-steps", type=int, default=4)
@@ -332,24 +353,22 @@ def main(argv=None):
         res["experts_fn_rel_err"] = check_experts_fn(device, dtype, a, looped_experts)
         assert res["experts_fn_rel_err"] < tol
     res["experts_fn"] = experts_fn.__name__
-    log(f"expert math ({experts_fn.__name__}) vs float64 reference: "
-        f"rel err {res['experts_fn_rel_err']:.2e}")
+    log(f"expert math ({experts_fn.__name__}) vs float64 reference: rel err {res['experts_fn_rel_err']:.2e}")
 
     gdev = torch.Generator(device=device).manual_seed(0)
     t0 = time.perf_counter()
     store = ExpertStore(allocator=registered_host_empty)
     gpu_experts = []
     for _ in range(a.layers):
-        w13 = (torch.randn(a.experts, 2 * a.inter, a.hidden, device=device, generator=gdev)
-               / a.hidden**0.5).to(dtype)
-        w2 = (torch.randn(a.experts, a.hidden, a.inter, device=device, generator=gdev)
-              / a.inter**0.5).to(dtype)
+        w13 = (torch.randn(a.experts, 2 * a.inter, a.hidden, device=device, generator=gdev) / a.hidden**0.5).to(dtype)
+        w2 = (torch.randn(a.experts, a.hidden, a.inter, device=device, generator=gdev) / a.inter**0.5).to(dtype)
         store.add_layer(w13, w2)
         gpu_experts.append((w13, w2))
-    res["store"] = {"host_bytes": store.host_bytes, "pinned": store.pinned,
-                    "build_s": time.perf_counter() - t0}
-    log(f"expert store: {store.host_bytes / 1e9:.2f} GB host, pinned={store.pinned}, "
-        f"built in {res['store']['build_s']:.1f} s")
+    res["store"] = {"host_bytes": store.host_bytes, "pinned": store.pinned, "build_s": time.perf_counter() - t0}
+    log(
+        f"expert store: {store.host_bytes / 1e9:.2f} GB host, pinned={store.pinned}, "
+        f"built in {res['store']['build_s']:.1f} s"
+    )
     stack = Stack(a, device, dtype, gdev)
     expert_b = store.layers[0].expert_bytes
 
@@ -366,8 +385,7 @@ def main(argv=None):
     for method in res["copy_methods_GBps"]:
         if isinstance(res["copy_methods_GBps"][method], float):
             try:
-                err = check_offload_matches_resident(store, gpu_experts, device, a, method,
-                                                     experts_fn)
+                err = check_offload_matches_resident(store, gpu_experts, device, a, method, experts_fn)
             except Exception as exc:  # report and go on to the timings
                 err = f"failed: {exc!r}"[:300]
             res["offload_rel_err"][method] = err
@@ -383,10 +401,11 @@ def main(argv=None):
         except Exception as exc:  # report; the device variants will fail and say so too
             res["device_planner_check"] = f"failed: {exc!r}"[:300]
         res["gather_GBps"] = gather_sweep(store, device, GATHER_CONFIGS, [2, 8])
-        log(f"device planner (Triton vs torch): {res['device_planner_check']}; gather GB/s "
-            "(graph replays): " + ", ".join(
-                f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}"
-                for k, v in res["gather_GBps"].items()))
+        log(
+            f"device planner (Triton vs torch): {res['device_planner_check']}; gather GB/s "
+            "(graph replays): "
+            + ", ".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}" for k, v in res["gather_GBps"].items())
+        )
 
     def rate(cfg):  # GB/s for 2 experts, the typical batch-1 miss count per layer
         v = res["gather_GBps"].get(f"pairs {cfg[0]}/{cfg[1]}/{cfg[2]} @2")
@@ -402,38 +421,49 @@ def main(argv=None):
     log(f"gather picked (programs, block, warps): {top}; best per grid size: {best}")
     if cuda:  # the fetch kernel's launch shapes (2 of 8 experts loading); the runs use the default
         layers = min(8, a.layers)
-        slots8 = [tuple(torch.empty((a.top_k, *t.shape[1:]), dtype=t.dtype, device=device)
-                        for t in (lay.w13, lay.w2)) for lay in store.layers[:layers]]
+        slots8 = [
+            tuple(torch.empty((a.top_k, *t.shape[1:]), dtype=t.dtype, device=device) for t in (lay.w13, lay.w2))
+            for lay in store.layers[:layers]
+        ]
         host8 = [(lay.w13, lay.w2) for lay in store.layers[:layers]]
-        ids8 = [torch.randperm(a.experts, device=device, generator=gdev)[:a.top_k].view(1, -1)
-                for _ in range(layers)]
+        ids8 = [torch.randperm(a.experts, device=device, generator=gdev)[: a.top_k].view(1, -1) for _ in range(layers)]
         xs = torch.randn(1, a.hidden, device=device, generator=gdev).to(dtype)
         ws = torch.softmax(torch.randn(1, a.top_k, device=device, generator=gdev), -1)
         sweep = fetch_sweep(host8, slots8, xs, ws, ids8, FETCH_CONFIGS, (2,))
         ok = {cfg: sec for (cfg, _), sec in sweep.items() if isinstance(sec, float)}
-        res["fetch_us_by_config"] = {str(cfg): (sec * 1e6 if isinstance(sec, float) else sec)
-                                     for (cfg, _), sec in sweep.items()}
+        res["fetch_us_by_config"] = {
+            str(cfg): (sec * 1e6 if isinstance(sec, float) else sec) for (cfg, _), sec in sweep.items()
+        }
         use_fetch_config(FETCH_CONFIGS[0])  # the shipped default, whatever was fastest here
         if ok:
             res["fetch_config_fastest"] = min(ok, key=ok.get)
-            log(f"fetch kernel (rows, columns, warps, split w2), us/layer for 2 loading: "
+            log(
+                "fetch kernel (rows, columns, warps, split w2), us/layer for 2 loading: "
                 + ", ".join(f"{c}: {t * 1e6:.1f}" for c, t in ok.items())
-                + f"; runs use the default {FETCH_CONFIGS[0]}")
+                + f"; runs use the default {FETCH_CONFIGS[0]}"
+            )
         del slots8
 
     def record(run, st, timed):
         link_s = st.bytes_moved / timed / (bw * 1e9)
-        run |= {"link_bound_step_s": link_s,
-                "link_bound_tokens_per_s": run["batch"] / link_s if link_s else None,
-                "vs_link_bound": run["step_s"] / link_s if link_s else None,
-                "stats": st.as_dict()}
+        run |= {
+            "link_bound_step_s": link_s,
+            "link_bound_tokens_per_s": run["batch"] / link_s if link_s else None,
+            "vs_link_bound": run["step_s"] / link_s if link_s else None,
+            "stats": st.as_dict(),
+        }
         res["runs"].append(run)
-        copy = (f"copy {st.copy_time_s / timed * 1e3:7.2f} ms/step, exposed "
-                f"{st.exposed_time_s / timed * 1e3:7.2f}" if st.timed else "copy not timed")
-        log(f"b={run['batch']:3d} {run['variant']:22s}{run['tokens_per_s']:9.1f} tok/s  "
+        copy = (
+            f"copy {st.copy_time_s / timed * 1e3:7.2f} ms/step, exposed {st.exposed_time_s / timed * 1e3:7.2f}"
+            if st.timed
+            else "copy not timed"
+        )
+        log(
+            f"b={run['batch']:3d} {run['variant']:22s}{run['tokens_per_s']:9.1f} tok/s  "
             f"hit {st.hit_rate:5.1%}  {st.bytes_per_token / 1e6:8.1f} MB/token  link bound "
             f"{run['link_bound_tokens_per_s'] or 0:9.1f} tok/s (x{run['vs_link_bound'] or 0:.2f})  "
-            f"{copy}")
+            f"{copy}"
+        )
 
     gen = torch.Generator().manual_seed(42)
     for batch in a.batches:
@@ -442,8 +472,7 @@ def main(argv=None):
         trace = trace.to(device)
         tw = torch.softmax(torch.randn(a.layers, batch, a.top_k, generator=gen), -1).to(device)
         x = torch.randn(batch, a.hidden, generator=gen).to(dtype).to(device)
-        uniq = statistics.mean(len(torch.unique(trace[s, lay]))
-                               for s in range(n_trace) for lay in range(a.layers))
+        uniq = statistics.mean(len(torch.unique(trace[s, lay])) for s in range(n_trace) for lay in range(a.layers))
         base = {"batch": batch, "unique_experts_per_layer": uniq}
 
         def resident(layer, h, w, ids):
@@ -451,14 +480,12 @@ def main(argv=None):
 
         dt = time_steps(device, stack, x, tw, trace, resident, a.warmup, a.steps)
         res["runs"].append(base | {"variant": "resident", "step_s": dt, "tokens_per_s": batch / dt})
-        log(f"b={batch:3d} resident              {batch / dt:9.1f} tok/s  "
-            f"(unique experts/layer {uniq:.1f})")
+        log(f"b={batch:3d} resident              {batch / dt:9.1f} tok/s  (unique experts/layer {uniq:.1f})")
         ref_out = None
         if cuda:  # the same expert math, launched as one CUDA graph per step
             try:
                 dt, ref_out = graph_steps(device, stack, x, tw, trace, resident, a.warmup, a.steps)
-                res["runs"].append(base | {"variant": "resident_graph", "step_s": dt,
-                                           "tokens_per_s": batch / dt})
+                res["runs"].append(base | {"variant": "resident_graph", "step_s": dt, "tokens_per_s": batch / dt})
                 log(f"b={batch:3d} resident_graph        {batch / dt:9.1f} tok/s")
             except Exception as exc:  # report, go on with the eager figures
                 res.setdefault("graph_failed", []).append(f"resident b{batch}: {exc!r}"[:300])
@@ -495,21 +522,37 @@ def main(argv=None):
                 variants.append(("cached", f, "device", "memcpy", True, gather_kw, ""))
                 if batch == 1:  # run 5's default (gather, then the expert kernels), and with
                     # the resident experts computed beside the gather
-                    variants.append(("cached", f, "device", "memcpy", True,
-                                     gather_kw | {"fetch_in_kernel": False}, "_gather"))
-                    variants.append(("cached", f, "device", "memcpy", True,
-                                     gather_kw | {"fetch_in_kernel": False,
-                                                  "device_overlap": True}, "_gather_overlap"))
+                    variants.append(
+                        ("cached", f, "device", "memcpy", True, gather_kw | {"fetch_in_kernel": False}, "_gather")
+                    )
+                    variants.append(
+                        (
+                            "cached",
+                            f,
+                            "device",
+                            "memcpy",
+                            True,
+                            gather_kw | {"fetch_in_kernel": False, "device_overlap": True},
+                            "_gather_overlap",
+                        )
+                    )
         for mode, frac, planner, method, graphed, opts, suffix in variants:
-            kw = dict(device=device, mode=mode, copy_method=method, experts_fn=experts_fn,
-                      measure_copy_time=not graphed, planner=planner, **opts)
+            kw = dict(
+                device=device,
+                mode=mode,
+                copy_method=method,
+                experts_fn=experts_fn,
+                measure_copy_time=not graphed,
+                planner=planner,
+                **opts,
+            )
             gcfg = (opts.get("gather_programs"), opts.get("gather_block"), opts.get("gather_warps"))
             overlap = opts.get("device_overlap", False)
             if mode == "cached":
                 gib = frac * store.host_bytes / 2**30
                 kw["slots_per_layer"] = slots_for_budget(
-                    gib, num_experts=a.experts, num_layers=a.layers, one_expert_bytes=expert_b,
-                    top_k=a.top_k)
+                    gib, num_experts=a.experts, num_layers=a.layers, one_expert_bytes=expert_b, top_k=a.top_k
+                )
                 if graphed and batch * a.top_k > kw["slots_per_layer"]:
                     continue  # too many experts per batch for the device planner: host path only
             off = ExpertOffload(store, **kw)
@@ -523,18 +566,24 @@ def main(argv=None):
             def moe(layer, h, w, ids, _off=off):
                 return _off.forward(layer, h, w, ids)
 
-            run = base | {"variant": name, "copy_method": method, "planner": planner,
-                          "overlap": overlap, "gather_programs_block_warps": gcfg,
-                          "fetch_in_kernel": off.fetch_in_kernel,
-                          "budget_fraction": frac, "slots_per_layer": off.slots_per_layer,
-                          "gpu_cache_bytes": off.gpu_cache_bytes}
+            run = base | {
+                "variant": name,
+                "copy_method": method,
+                "planner": planner,
+                "overlap": overlap,
+                "gather_programs_block_warps": gcfg,
+                "fetch_in_kernel": off.fetch_in_kernel,
+                "budget_fraction": frac,
+                "slots_per_layer": off.slots_per_layer,
+                "gpu_cache_bytes": off.gpu_cache_bytes,
+            }
             try:
                 if graphed:
-                    dt, out = graph_steps(device, stack, x, tw, trace, moe, warm, timed,
-                                          before_timing=off.reset_stats)
+                    dt, out = graph_steps(device, stack, x, tw, trace, moe, warm, timed, before_timing=off.reset_stats)
                     if ref_out is not None:  # same ids, same step: the offloaded graph's output
                         run["rel_err_vs_resident_graph"] = float(
-                            (out.float() - ref_out.float()).norm() / ref_out.float().norm())
+                            (out.float() - ref_out.float()).norm() / ref_out.float().norm()
+                        )
                 else:
                     for s in range(warm):
                         stack.step(x, tw, trace[s % n_trace], moe)

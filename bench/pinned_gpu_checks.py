@@ -12,9 +12,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from engine_patches.pinned import CudaHostRegistrar, PinnedAllocator  # noqa: E402
+from engine_patches.pinned import CudaHostRegistrar, PinnedAllocator
 
 
 def main() -> int:
@@ -32,7 +32,7 @@ def main() -> int:
     # Copies that stay inside one chunk work...
     g = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
     for start in range(0, 64 << 20, 1 << 20):
-        g[start:start + (1 << 20)].copy_(t[start:start + (1 << 20)], non_blocking=True)
+        g[start : start + (1 << 20)].copy_(t[start : start + (1 << 20)], non_blocking=True)
     torch.cuda.synchronize()
     checks["per_chunk_copy_correct"] = bool((g == 3).all().item())
     # ...one that spans two registrations is refused by CUDA (recorded, not asserted).
@@ -44,8 +44,7 @@ def main() -> int:
         observed["span_copy"] = f"refused: {str(exc).splitlines()[0]}"
     single = PinnedAllocator().empty((64 << 20,), torch.uint8)
     single.fill_(5)
-    checks["single_registration_copy_correct"] = bool(
-        (single.to("cuda", non_blocking=True) == 5).all().item())
+    checks["single_registration_copy_correct"] = bool((single.to("cuda", non_blocking=True) == 5).all().item())
     del single
     ptr = t.data_ptr()
     del t, g
@@ -76,8 +75,7 @@ def main() -> int:
     del c
     gc.collect()
     ok = all(v is True or (isinstance(v, int) and not isinstance(v, bool)) for v in checks.values())
-    print(json.dumps({"cuda": True, "ptr_seen": hex(ptr), "checks": checks, "observed": observed,
-                      "ok": ok}, indent=2))
+    print(json.dumps({"cuda": True, "ptr_seen": hex(ptr), "checks": checks, "observed": observed, "ok": ok}, indent=2))
     return 0 if ok else 1
 
 

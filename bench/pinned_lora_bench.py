@@ -35,9 +35,16 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
-
-from lora_shapes import (MoEShape, h2d_seconds, load_adapter, malloc_trim, packed_groups,  # noqa: E402
-                         peak_rss_bytes, reset_peak_rss, rss_bytes)
+from lora_shapes import (  # noqa: E402
+    MoEShape,
+    h2d_seconds,
+    load_adapter,
+    malloc_trim,
+    packed_groups,
+    peak_rss_bytes,
+    reset_peak_rss,
+    rss_bytes,
+)
 
 CUDA = torch.cuda.is_available()
 VARIANTS = ("vllm", "exact_adapter", "exact_direct")
@@ -114,8 +121,7 @@ def run_variant(variant: str, shape: MoEShape) -> dict:
     malloc_trim()
     rss_loaded = rss_bytes()
     reset_peak_rss()
-    build = {"vllm": build_vllm_way, "exact_adapter": build_exact_adapter,
-             "exact_direct": build_exact_direct}[variant]
+    build = {"vllm": build_vllm_way, "exact_adapter": build_exact_adapter, "exact_direct": build_exact_direct}[variant]
     t0 = time.perf_counter()
     result = build(shape, tensors)
     elapsed = time.perf_counter() - t0
@@ -139,7 +145,7 @@ def run_variant(variant: str, shape: MoEShape) -> dict:
         "h2d_gbps": h2d_gbps(result),
         # the stacked expert tensors alone (a few MB each; the 64 KiB attention tensors pay
         # a per-copy overhead that no allocator removes)
-        "h2d_gbps_packed": h2d_gbps(result[:len(packed_groups(shape))]),
+        "h2d_gbps_packed": h2d_gbps(result[: len(packed_groups(shape))]),
     }
     if variant == "vllm":
         out["caching_host_allocator"] = host_allocator_stats()
@@ -170,13 +176,20 @@ def main() -> None:
         shape = dataclasses.replace(shape, layers=args.layers)
 
     if args.variant:  # child process: one variant, JSON on the last stdout line
-        doc = run_ceiling(64 << 20 if args.tiny else 2 << 30) if args.variant == "ceiling" \
+        doc = (
+            run_ceiling(64 << 20 if args.tiny else 2 << 30)
+            if args.variant == "ceiling"
             else run_variant(args.variant, shape)
+        )
         print(json.dumps(doc))
         return
 
-    results = {"shape": {k: str(v) for k, v in vars(shape).items()}, "cuda": CUDA,
-               "torch": torch.__version__, "device": torch.cuda.get_device_name() if CUDA else "cpu"}
+    results = {
+        "shape": {k: str(v) for k, v in vars(shape).items()},
+        "cuda": CUDA,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if CUDA else "cpu",
+    }
     runs = []
     for variant in ("ceiling", *VARIANTS):
         cmd = [sys.executable, __file__, "--variant", variant] + (["--tiny"] if args.tiny else [])
@@ -202,9 +215,12 @@ def main() -> None:
             print(f"{r['variant']}: FAILED\n{r['error']}", file=sys.stderr)
         elif r["variant"] != "ceiling":
             gbps = f"{r['h2d_gbps']:.1f} GB/s" if r["h2d_gbps"] else "n/a"
-            print(f"{r['variant']:>14}: RSS held {r['rss_held_ratio']:.3f}x of "
-                  f"{r['adapter_bytes'] / 1e9:.2f} GB, peak +{r['peak_rss_added_bytes'] / 1e9:.2f} GB, "
-                  f"build {r['build_s']:.2f} s, h2d {gbps}", file=sys.stderr)
+            print(
+                f"{r['variant']:>14}: RSS held {r['rss_held_ratio']:.3f}x of "
+                f"{r['adapter_bytes'] / 1e9:.2f} GB, peak +{r['peak_rss_added_bytes'] / 1e9:.2f} GB, "
+                f"build {r['build_s']:.2f} s, h2d {gbps}",
+                file=sys.stderr,
+            )
     if any("error" in r for r in runs):
         sys.exit(1)
 

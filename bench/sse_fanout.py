@@ -89,9 +89,7 @@ async def run_clients(url: str, clients: int, seconds: float, pid: int | None) -
     events = sum(s.events for s in all_stats)
 
     def ms(q: float) -> float | None:
-        return (
-            round(1000 * delays[min(len(delays) - 1, int(q * len(delays)))], 1) if delays else None
-        )
+        return round(1000 * delays[min(len(delays) - 1, int(q * len(delays)))], 1) if delays else None
 
     return {
         "clients": clients,
@@ -107,14 +105,10 @@ async def run_clients(url: str, clients: int, seconds: float, pid: int | None) -
         "delay_ms_max": round(1000 * delays[-1], 1) if delays else None,
         "delay_ms_mean": round(1000 * statistics.fmean(delays), 1) if delays else None,
         "server_cpu_pct": (
-            round(100 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / wall, 1)
-            if server
-            else None
+            round(100 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / wall, 1) if server else None
         ),
         "server_rss_mib": round(server.memory_info().rss / 2**20) if server else None,
-        "bench_clients_cpu_pct": round(
-            100 * ((me1.user + me1.system) - (me0.user + me0.system)) / wall, 1
-        ),
+        "bench_clients_cpu_pct": round(100 * ((me1.user + me1.system) - (me0.user + me0.system)) / wall, 1),
         "host_cpus": psutil.cpu_count(),
     }
 
@@ -132,10 +126,7 @@ def serve(port: int, workers: int) -> None:
 
     # Stand-in workers: this process as their process tree, no engine to scrape; they make the
     # message as large as a real dashboard's and the tree sampling as costly.
-    listed = [
-        WorkerInfo(f"worker-{i}", "stand-in", "starting", root_pid=os.getpid())
-        for i in range(workers)
-    ]
+    listed = [WorkerInfo(f"worker-{i}", "stand-in", "starting", root_pid=os.getpid()) for i in range(workers)]
     collector = MetricsCollector(lambda: listed, disks=[("data", "/")])
 
     async def stream(request):
@@ -162,9 +153,7 @@ def _free_port() -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="the manager's SSE URL")
     ap.add_argument("--pid", type=int, help="the manager's pid, to measure its CPU")
     ap.add_argument("--clients", type=int, default=50)

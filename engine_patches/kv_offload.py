@@ -129,17 +129,18 @@ class OffloadRegionError(RuntimeError):
     """The CPU KV offload region would not fit in /dev/shm or the cgroup's memory."""
 
 
-def check_offload_region(required: int, *, shm_path: str | os.PathLike[str] = "/dev/shm",
-                         cgroup_root: str | os.PathLike[str] = "/sys/fs/cgroup") -> None:
+def check_offload_region(
+    required: int,
+    *,
+    shm_path: str | os.PathLike[str] = "/dev/shm",
+    cgroup_root: str | os.PathLike[str] = "/sys/fs/cgroup",
+) -> None:
     """Raise ``OffloadRegionError`` naming the size asked and the size available."""
     problems = []
     if os.path.isdir(shm_path):
         free = shutil.disk_usage(shm_path).free
         if required > free:
-            problems.append(
-                f"{shm_path} has {_gib(free)} free (raise it with docker's --shm-size or use "
-                f"--ipc=host)"
-            )
+            problems.append(f"{shm_path} has {_gib(free)} free (raise it with docker's --shm-size or use --ipc=host)")
     cgroup = read_cgroup_memory(cgroup_root)
     if cgroup is not None and required > cgroup.headroom:
         problems.append(

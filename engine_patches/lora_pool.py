@@ -12,6 +12,7 @@ Torch only; no vllm.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -73,8 +74,7 @@ class _Slab:
 class PooledLoRALayerWeights:
     """One module's LoRA A and B living in pool slots; ``release()`` gives them back."""
 
-    def __init__(self, module_name: str, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                 pool: CPULoRAPool) -> None:
+    def __init__(self, module_name: str, lora_a: torch.Tensor, lora_b: torch.Tensor, pool: CPULoRAPool) -> None:
         self.module_name = module_name
         self.lora_a = lora_a
         self.lora_b = lora_b
@@ -91,10 +91,8 @@ class PooledLoRALayerWeights:
             pool.deallocate(self.lora_b)
 
     def __del__(self) -> None:  # safety net only: eviction and removal release explicitly
-        try:
+        with contextlib.suppress(Exception):
             self.release()
-        except Exception:
-            pass
 
 
 @dataclass
@@ -117,11 +115,16 @@ class CPULoRAPool:
     owner can drop its own references (vLLM's CPU LoRA cache) in the same step.
     """
 
-    def __init__(self, capacity_bytes: int, *, allocator: PinnedAllocator | None = None,
-                 slab_bytes: int = 64 << 20,
-                 on_change: Callable[[PoolStats], None] | None = None,
-                 can_evict: Callable[[AdapterId], bool] | None = None,
-                 on_evict: Callable[[AdapterId], None] | None = None) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        *,
+        allocator: PinnedAllocator | None = None,
+        slab_bytes: int = 64 << 20,
+        on_change: Callable[[PoolStats], None] | None = None,
+        can_evict: Callable[[AdapterId], bool] | None = None,
+        on_evict: Callable[[AdapterId], None] | None = None,
+    ) -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
@@ -176,8 +179,9 @@ class CPULoRAPool:
         slab_bytes = min(self.slab_bytes, max(slot_bytes, self.capacity_bytes // 16))
         slots = min(max(1, slab_bytes // slot_bytes), room // slot_bytes)
         if slots < 1:
-            raise PoolFullError(f"no room for a {list(shape)} {dtype} tensor: the pool's "
-                                f"{self.capacity_bytes} bytes are in use")
+            raise PoolFullError(
+                f"no room for a {list(shape)} {dtype} tensor: the pool's {self.capacity_bytes} bytes are in use"
+            )
         storage = self.allocator.empty((slots, *shape), dtype)  # taken once, reused after
         return self._add_slab(key, storage)
 
@@ -188,8 +192,7 @@ class CPULoRAPool:
         self._stats.reserved_bytes += slab.nbytes
         return slab
 
-    def _drop_empty_slabs(self, except_key: TensorSpec | None = None,
-                          keep: set[TensorSpec] = frozenset()) -> None:
+    def _drop_empty_slabs(self, except_key: TensorSpec | None = None, keep: set[TensorSpec] = frozenset()) -> None:
         for key, slabs in self._slabs.items():
             if key == except_key or key in keep:
                 continue
@@ -200,20 +203,25 @@ class CPULoRAPool:
 
     # -- adapters -----------------------------------------------------------------------------
 
-    def load(self, adapter_id: int | str, modules: Mapping[str, tuple[TensorSpec, TensorSpec]],
-             fill: Callable[[str, torch.Tensor, torch.Tensor], None], *,
-             pinned: bool = False) -> PooledAdapter:
+    def load(
+        self,
+        adapter_id: int | str,
+        modules: Mapping[str, tuple[TensorSpec, TensorSpec]],
+        fill: Callable[[str, torch.Tensor, torch.Tensor], None],
+        *,
+        pinned: bool = False,
+    ) -> PooledAdapter:
         """Make room, take slots for every module's (A, B), and let ``fill`` write them.
 
         ``fill(module_name, lora_a, lora_b)`` reads the checkpoint straight into the slots.
         """
-        need = sum(math.prod(a[0]) * _itemsize(a[1]) + math.prod(b[0]) * _itemsize(b[1])
-                   for a, b in modules.values())
+        need = sum(math.prod(a[0]) * _itemsize(a[1]) + math.prod(b[0]) * _itemsize(b[1]) for a, b in modules.values())
         if need > self.capacity_bytes:
             raise AdapterTooLargeError(
                 f"LoRA adapter {adapter_id!r} needs {need / 2**30:.2f} GiB but the CPU LoRA pool "
                 f"holds {self.capacity_bytes / 2**30:.2f} GiB in all: raise lora_pool_bytes "
-                f"(lora_pool_gib in the offload profile), or use a smaller rank")
+                f"(lora_pool_gib in the offload profile), or use a smaller rank"
+            )
         with self._lock:
             self.remove(adapter_id)
             self._reserve(Counter(_key(spec) for pair in modules.values() for spec in pair))
@@ -237,8 +245,7 @@ class CPULoRAPool:
     def _reserve(self, need: Counter[TensorSpec]) -> None:
         """Make sure free slots exist for ``need``, adding slabs and evicting LRU adapters."""
         while True:
-            missing = {k: n - sum(len(s.free) for s in self._slabs.get(k, []))
-                       for k, n in need.items()}
+            missing = {k: n - sum(len(s.free) for s in self._slabs.get(k, [])) for k, n in need.items()}
             missing = {k: n for k, n in missing.items() if n > 0}
             missing_bytes = sum(n * _nbytes(k) for k, n in missing.items())
             if self._stats.reserved_bytes + missing_bytes > self.capacity_bytes:
@@ -248,18 +255,19 @@ class CPULoRAPool:
                     self._new_slab(key, slots_wanted=n)
                 return
             unpinned = [a for a in self._adapters.values() if not a.pinned]
-            victim = next((a for a in unpinned
-                           if self.can_evict is None or self.can_evict(a.adapter_id)), None)
+            victim = next((a for a in unpinned if self.can_evict is None or self.can_evict(a.adapter_id)), None)
             if victim is None:
                 if not unpinned:
                     raise PoolFullError(
                         "the CPU LoRA pool is full and every resident adapter is pinned: unpin "
-                        "one or raise lora_pool_bytes (lora_pool_gib in the offload profile)")
+                        "one or raise lora_pool_bytes (lora_pool_gib in the offload profile)"
+                    )
                 raise PoolFullError(
                     f"the CPU LoRA pool ({self.capacity_bytes / 2**30:.2f} GiB) is full with "
                     f"adapters the current batch uses or that are pinned: it cannot hold one "
                     f"batch's adapters (max_loras) plus this one; raise lora_pool_bytes "
-                    f"(lora_pool_gib in the offload profile) or lower max_loras")
+                    f"(lora_pool_gib in the offload profile) or lower max_loras"
+                )
             logger.info("CPU LoRA pool full: evicting adapter %r", victim.adapter_id)
             self._stats.evictions += 1
             self.remove(victim.adapter_id)
@@ -342,9 +350,16 @@ def _nbytes(key: TensorSpec) -> int:
 # avoids the full-size intermediate tensor safetensors' own loader makes.
 
 _SAFETENSORS_DTYPES = {
-    "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 
 
@@ -371,11 +386,12 @@ class SafetensorsFile:
                 continue
             dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
             if dtype is None:
-                raise ValueError(f"{path}: tensor {name!r} has dtype {entry['dtype']}, which the "
-                                 f"CPU LoRA pool does not read; turn lora_pool off for it")
+                raise ValueError(
+                    f"{path}: tensor {name!r} has dtype {entry['dtype']}, which the "
+                    f"CPU LoRA pool does not read; turn lora_pool off for it"
+                )
             start, end = entry["data_offsets"]
-            self.tensors[name] = StoredTensor(name, dtype, tuple(entry["shape"]),
-                                              8 + header_len + start, end - start)
+            self.tensors[name] = StoredTensor(name, dtype, tuple(entry["shape"]), 8 + header_len + start, end - start)
         self._file = None
 
     def __enter__(self) -> SafetensorsFile:
@@ -391,8 +407,7 @@ class SafetensorsFile:
         """Fill ``out`` (same shape, any dtype) with the stored tensor ``name``."""
         stored = self.tensors[name]
         if tuple(out.shape) != stored.shape:
-            raise ValueError(f"{self.path}: {name} is {list(stored.shape)}, "
-                             f"the slot is {list(out.shape)}")
+            raise ValueError(f"{self.path}: {name} is {list(stored.shape)}, the slot is {list(out.shape)}")
         if out.dtype == stored.dtype and out.is_contiguous():
             self._read(stored, out)
         else:  # a cast: one tensor-sized temporary, never the whole file

@@ -199,8 +199,7 @@ class PinnedAllocator:
         if not self.registrar.available():
             return None  # no CUDA here: pageable by design, not a fallback
         with self._lock:
-            over = (self.budget_bytes is not None
-                    and self._stats.pinned_bytes + mapped > self.budget_bytes)
+            over = self.budget_bytes is not None and self._stats.pinned_bytes + mapped > self.budget_bytes
             if over:
                 self._stats.over_budget += 1
                 self._stats.pageable_fallbacks += 1
@@ -226,7 +225,8 @@ class PinnedAllocator:
                     "register",
                     "cudaHostRegister of %d bytes failed (code %d): the allocation stays "
                     "pageable (about 6x slower to copy); check the memlock limit (ulimit -l)",
-                    size, code,
+                    size,
+                    code,
                 )
                 return None
             done.append(ptr + start)
@@ -270,8 +270,7 @@ class _Release:
 
     __slots__ = ("allocator", "nbytes", "mapped", "chunks")
 
-    def __init__(self, allocator: PinnedAllocator, nbytes: int, mapped: int,
-                 chunks: list[int] | None) -> None:
+    def __init__(self, allocator: PinnedAllocator, nbytes: int, mapped: int, chunks: list[int] | None) -> None:
         self.allocator, self.nbytes, self.mapped, self.chunks = allocator, nbytes, mapped, chunks
 
     def __call__(self) -> None:

@@ -8,7 +8,6 @@ a broken patch must cost its feature, not the engine.
 from __future__ import annotations
 
 import importlib
-
 import logging
 import os
 from collections.abc import Callable
@@ -57,8 +56,9 @@ def _register() -> None:
     version = vllm_version()
     if not version.startswith(SUPPORTED_SERIES):
         logger.warning(
-            "engine_patches supports vLLM %sx and this is vLLM %s: no patches applied "
-            "(the engine runs as stock vLLM)", SUPPORTED_SERIES, version,
+            "engine_patches supports vLLM %sx and this is vLLM %s: no patches applied (the engine runs as stock vLLM)",
+            SUPPORTED_SERIES,
+            version,
         )
         return
 
@@ -81,10 +81,13 @@ def _register() -> None:
         except Exception:
             logger.exception("engine_patches: the %s patch failed to install; it is off", name)
 
-    stats.publish("plugin", {"vllm_version": version, "patches": installed_patches(),
-                             "settings": settings.to_dict()})
-    logger.info("engine_patches: offload_patches active in pid %d (%s), patched: %s",
-                os.getpid(), stats.snapshot()["role"], ", ".join(installed_patches()) or "nothing")
+    stats.publish("plugin", {"vllm_version": version, "patches": installed_patches(), "settings": settings.to_dict()})
+    logger.info(
+        "engine_patches: offload_patches active in pid %d (%s), patched: %s",
+        os.getpid(),
+        stats.snapshot()["role"],
+        ", ".join(installed_patches()) or "nothing",
+    )
 
 
 def _configure_allocator(settings: PatchSettings):  # -> PinnedAllocator, torch imported lazily
@@ -93,8 +96,9 @@ def _configure_allocator(settings: PatchSettings):  # -> PinnedAllocator, torch 
     def publish(s: pinned.PinnedStats) -> None:
         stats.publish("pinned", s.as_dict())
 
-    allocator = pinned.configure_default(budget_bytes=settings.pin_budget_bytes,
-                                         chunk_bytes=settings.pin_chunk_bytes, on_change=publish)
+    allocator = pinned.configure_default(
+        budget_bytes=settings.pin_budget_bytes, chunk_bytes=settings.pin_chunk_bytes, on_change=publish
+    )
     publish(allocator.stats())
     return allocator
 
@@ -133,8 +137,9 @@ def _moe(settings: PatchSettings) -> list[str]:
     try:
         vllm_adapter = importlib.import_module("engine_patches.moe.vllm_adapter")
     except ImportError:
-        logger.warning("engine_patches: moe_offload is on but engine_patches.moe.vllm_adapter "
-                       "is not installed; MoE offload is off")
+        logger.warning(
+            "engine_patches: moe_offload is on but engine_patches.moe.vllm_adapter is not installed; MoE offload is off"
+        )
         return []
     result = vllm_adapter.install(settings)
     return list(result) if isinstance(result, (list, tuple)) else ["moe_offload"]

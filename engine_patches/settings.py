@@ -76,9 +76,7 @@ class PatchSettings:
                 continue
             values[key] = _check_type(key, known[key].type, value)
         if unknown:
-            logger.warning(
-                "%s has keys this plugin does not know, ignored: %s", ENV_VAR, ", ".join(unknown)
-            )
+            logger.warning("%s has keys this plugin does not know, ignored: %s", ENV_VAR, ", ".join(unknown))
         return cls(**values, unknown_keys=tuple(unknown))
 
     @classmethod
@@ -119,7 +117,6 @@ def _check_type(key: str, annotation: Any, value: Any) -> Any:
     elif text.startswith("float"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SettingsError(f"{ENV_VAR}: {key} must be a number, got {value!r}")
-    elif text.startswith("str"):
-        if not isinstance(value, str):
-            raise SettingsError(f"{ENV_VAR}: {key} must be a string, got {value!r}")
+    elif text.startswith("str") and not isinstance(value, str):
+        raise SettingsError(f"{ENV_VAR}: {key} must be a string, got {value!r}")
     return value

@@ -69,8 +69,9 @@ def _current() -> _Channel:
     return _channel
 
 
-def configure(run_dir: str | os.PathLike[str] | None, *, role: str | None = None,
-              interval_s: float = MIN_INTERVAL_S) -> None:
+def configure(
+    run_dir: str | os.PathLike[str] | None, *, role: str | None = None, interval_s: float = MIN_INTERVAL_S
+) -> None:
     """Set where this process publishes; ``None`` keeps stats in memory only."""
     ch = _current()
     with ch.lock:
@@ -136,8 +137,7 @@ def _ensure_writer(ch: _Channel) -> None:
     with ch.lock:
         if ch.thread is not None and ch.thread.is_alive():
             return
-        ch.thread = threading.Thread(target=_writer_loop, args=(ch,), name="engine-patches-stats",
-                                     daemon=True)
+        ch.thread = threading.Thread(target=_writer_loop, args=(ch,), name="engine-patches-stats", daemon=True)
         ch.thread.start()
 
 

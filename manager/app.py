@@ -6,8 +6,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from fastapi.responses import JSONResponse
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from manager import __version__, web
 from manager.db import make_engine, migrate
@@ -60,8 +60,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
         # Field, rule and message only: echoing the input back can fail (Infinity is not JSON) and
         # would repeat secrets such as environment values.
-        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-                  for e in exc.errors()]
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()
+        ]
         return JSONResponse(status_code=422, content={"detail": errors})
 
     @app.exception_handler(ManagerError)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -44,7 +44,7 @@ def _register_lora_commands() -> None:
 _register_lora_commands()
 app.command("plan", help="Plan memory for a model: what fits, why, and what would extend it.")(_plan_command())
 
-DataDir = Annotated[Optional[Path], typer.Option("--data-dir", help="Data folder (default ~/.local/share/vllm-manager).")]
+DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data folder (default ~/.local/share/vllm-manager).")]
 
 
 def _settings(data_dir: Path | None = None, **overrides) -> Settings:
@@ -73,8 +73,15 @@ def _print(data) -> None:
 
 @app.command()
 def serve(
-    host: Annotated[Optional[str], typer.Option(help="Address to bind (default 127.0.0.1, or VLLM_MANAGER_HOST). Public addresses need an API token.")] = None,
-    port: Annotated[Optional[int], typer.Option(help=f"Port to listen on (default {DEFAULT_PORT}, or VLLM_MANAGER_PORT).")] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            help="Address to bind (default 127.0.0.1, or VLLM_MANAGER_HOST). Public addresses need an API token."
+        ),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help=f"Port to listen on (default {DEFAULT_PORT}, or VLLM_MANAGER_PORT).")
+    ] = None,
     data_dir: DataDir = None,
 ) -> None:
     """Run the manager's web server and API."""
@@ -104,7 +111,9 @@ def serve(
 
 
 @token_app.command("create")
-def token_create(name: Annotated[str, typer.Option(help="A label for the token.")] = "default", data_dir: DataDir = None) -> None:
+def token_create(
+    name: Annotated[str, typer.Option(help="A label for the token.")] = "default", data_dir: DataDir = None
+) -> None:
     """Create an API token. It is printed once; only its hash is stored."""
     from manager.services import tokens
 
@@ -157,7 +166,10 @@ def models_show(name: str, data_dir: DataDir = None) -> None:
 
 
 @models_app.command("add")
-def models_add(file: Annotated[Path, typer.Argument(help="YAML or JSON file with the config's fields, name included.")], data_dir: DataDir = None) -> None:
+def models_add(
+    file: Annotated[Path, typer.Argument(help="YAML or JSON file with the config's fields, name included.")],
+    data_dir: DataDir = None,
+) -> None:
     from pydantic import ValidationError
 
     from manager.schemas.model_config import ModelConfigCreate
@@ -200,7 +212,10 @@ def profiles_show(name: str, data_dir: DataDir = None) -> None:
 
 
 @profiles_app.command("add")
-def profiles_add(file: Annotated[Path, typer.Argument(help="YAML or JSON file with the profile's fields, name included.")], data_dir: DataDir = None) -> None:
+def profiles_add(
+    file: Annotated[Path, typer.Argument(help="YAML or JSON file with the profile's fields, name included.")],
+    data_dir: DataDir = None,
+) -> None:
     from pydantic import ValidationError
 
     from manager.schemas.offload_profile import OffloadProfileCreate
@@ -225,7 +240,11 @@ def profiles_rm(name: str, data_dir: DataDir = None) -> None:
 
 
 @app.command("command")
-def command(name: str, validate: Annotated[bool, typer.Option(help="Check it with vLLM's own parser.")] = True, data_dir: DataDir = None) -> None:
+def command(
+    name: str,
+    validate: Annotated[bool, typer.Option(help="Check it with vLLM's own parser.")] = True,
+    data_dir: DataDir = None,
+) -> None:
     """Show the exact argv and environment a model config launches."""
     from manager.services import models
     from manager.services.command import preview_command
@@ -245,7 +264,9 @@ def command(name: str, validate: Annotated[bool, typer.Option(help="Check it wit
 
 
 @app.command("export")
-def export(file: Annotated[Path, typer.Argument(help="Where to write the YAML ('-' for stdout).")], data_dir: DataDir = None) -> None:
+def export(
+    file: Annotated[Path, typer.Argument(help="Where to write the YAML ('-' for stdout).")], data_dir: DataDir = None
+) -> None:
     """Export every model config and offload profile as one YAML file."""
     from manager.services import transfer
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from manager.cli_workers import Token, Url, call
 
-loras_app = typer.Typer(help="LoRA adapters: register them, load them into running workers, pin them.",
-                        no_args_is_help=True)
+loras_app = typer.Typer(
+    help="LoRA adapters: register them, load them into running workers, pin them.", no_args_is_help=True
+)
 
 
 def _line(a: dict) -> str:
@@ -19,8 +20,11 @@ def _line(a: dict) -> str:
 
 
 @loras_app.command("list")
-def list_(worker: Annotated[Optional[int], typer.Option(help="Show what this worker has loaded.")] = None,
-          url: Url = None, token: Token = None) -> None:
+def list_(
+    worker: Annotated[int | None, typer.Option(help="Show what this worker has loaded.")] = None,
+    url: Url = None,
+    token: Token = None,
+) -> None:
     """List registered adapters, or one worker's loaded adapters and its CPU LoRA pool."""
     if worker is None:
         for adapter in call(url, token, "GET", "/api/loras"):
@@ -34,26 +38,35 @@ def list_(worker: Annotated[Optional[int], typer.Option(help="Show what this wor
         if not item["loaded"]:
             typer.echo(f"  unloaded {item['name']:<24}{'  pinned' if item['pinned'] else ''}")
     if info.get("running") is not None:
-        typer.echo(f"  running: {', '.join(info['running']) or '-'}   waiting: "
-                   f"{', '.join(info['waiting'] or []) or '-'}   max_loras: {info.get('max_loras')}")
+        typer.echo(
+            f"  running: {', '.join(info['running']) or '-'}   waiting: "
+            f"{', '.join(info['waiting'] or []) or '-'}   max_loras: {info.get('max_loras')}"
+        )
     pool = info.get("pool")
     if pool:
-        typer.echo(f"  CPU LoRA pool: {pool.get('adapters_resident', 0):.0f} adapters, "
-                   f"{pool.get('used_bytes', 0) / 2**20:.1f} MiB used of "
-                   f"{pool.get('capacity_bytes', 0) / 2**20:.1f} MiB, hit rate "
-                   f"{pool.get('hit_rate', 0):.0%}, {pool.get('evictions', 0):.0f} evictions")
+        typer.echo(
+            f"  CPU LoRA pool: {pool.get('adapters_resident', 0):.0f} adapters, "
+            f"{pool.get('used_bytes', 0) / 2**20:.1f} MiB used of "
+            f"{pool.get('capacity_bytes', 0) / 2**20:.1f} MiB, hit rate "
+            f"{pool.get('hit_rate', 0):.0%}, {pool.get('evictions', 0):.0f} evictions"
+        )
     else:
         typer.echo(f"  CPU LoRA pool: {info.get('pool_note')}")
 
 
 @loras_app.command()
-def add(name: str, path: str,
-        config: Annotated[str, typer.Option("--config", help="The model config it was trained for.")],
-        pin: Annotated[bool, typer.Option("--pin", help="Keep it loaded in that config's workers.")] = False,
-        url: Url = None, token: Token = None) -> None:
+def add(
+    name: str,
+    path: str,
+    config: Annotated[str, typer.Option("--config", help="The model config it was trained for.")],
+    pin: Annotated[bool, typer.Option("--pin", help="Keep it loaded in that config's workers.")] = False,
+    url: Url = None,
+    token: Token = None,
+) -> None:
     """Register an adapter folder (checked: adapter_config.json, rank, target modules)."""
-    result = call(url, token, "POST", "/api/loras",
-                   json={"name": name, "path": path, "base_config": config, "pinned": pin})
+    result = call(
+        url, token, "POST", "/api/loras", json={"name": name, "path": path, "base_config": config, "pinned": pin}
+    )
     typer.echo(_line(result))
     if result.get("note"):
         typer.secho(f"note: {result['note']}", fg="yellow")
@@ -83,9 +96,12 @@ def unload(worker: int, name: str, url: Url = None, token: Token = None) -> None
 
 
 @loras_app.command()
-def pin(name: str,
-        off: Annotated[bool, typer.Option("--off", help="Unpin instead.")] = False,
-        url: Url = None, token: Token = None) -> None:
+def pin(
+    name: str,
+    off: Annotated[bool, typer.Option("--off", help="Unpin instead.")] = False,
+    url: Url = None,
+    token: Token = None,
+) -> None:
     """Pin an adapter: loaded now into ready workers of its config, and again after restarts."""
     result = call(url, token, "POST", f"/api/loras/{name}/pin", json={"pinned": not off})
     typer.echo(_line(result))

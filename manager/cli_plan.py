@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -14,18 +14,22 @@ _SECTIONS = {"model": "Model", "gpu": "Device", "extend": "What would extend it"
 
 def plan(
     model: Annotated[str, typer.Argument(help="Model folder, or a Hugging Face id already in the local cache.")],
-    gpu: Annotated[str, typer.Option(help='"detected", a GPU model (rtx-4090, l40s, a100-80, h100-80, h200, ...) or "cpu".')] = "detected",
-    max_model_len: Annotated[Optional[int], typer.Option(help="Context to plan for (default: the model's).")] = None,
+    gpu: Annotated[
+        str, typer.Option(help='"detected", a GPU model (rtx-4090, l40s, a100-80, h100-80, h200, ...) or "cpu".')
+    ] = "detected",
+    max_model_len: Annotated[int | None, typer.Option(help="Context to plan for (default: the model's).")] = None,
     max_num_seqs: Annotated[int, typer.Option(help="Sequences at once.")] = 256,
     kv_cache_dtype: Annotated[str, typer.Option(help="auto or fp8.")] = "auto",
     dtype: Annotated[str, typer.Option(help="Model dtype (auto: from config.json).")] = "auto",
     tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp")] = 1,
     gpu_memory_utilization: Annotated[float, typer.Option()] = 0.9,
-    kv_offload_gib: Annotated[float, typer.Option(help="CPU KV offload size (prefix-cache capacity, not context).")] = 0,
+    kv_offload_gib: Annotated[
+        float, typer.Option(help="CPU KV offload size (prefix-cache capacity, not context).")
+    ] = 0,
     moe_expert_offload: Annotated[bool, typer.Option(help="Our MoE expert offload.")] = False,
     moe_gpu_cache_gib: Annotated[float, typer.Option(help="GPU expert cache of the MoE offload.")] = 0,
     cpu_offload_gb: Annotated[float, typer.Option(help="vLLM --cpu-offload-gb.")] = 0,
-    host_ram_gib: Annotated[Optional[float], typer.Option(help="Plan another machine's RAM.")] = None,
+    host_ram_gib: Annotated[float | None, typer.Option(help="Plan another machine's RAM.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """What fits on the GPU for MODEL, why, and what would extend it."""
@@ -33,11 +37,19 @@ def plan(
 
     try:
         request = PlanRequest(
-        model=model, gpu=gpu, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-        kv_cache_dtype=kv_cache_dtype, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
-        gpu_memory_utilization=gpu_memory_utilization, kv_offload_gib=kv_offload_gib,
-        moe_expert_offload=moe_expert_offload, moe_gpu_cache_gib=moe_gpu_cache_gib,
-        cpu_offload_gb=cpu_offload_gb, host_ram_gib=host_ram_gib,
+            model=model,
+            gpu=gpu,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            kv_cache_dtype=kv_cache_dtype,
+            dtype=dtype,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_offload_gib=kv_offload_gib,
+            moe_expert_offload=moe_expert_offload,
+            moe_gpu_cache_gib=moe_gpu_cache_gib,
+            cpu_offload_gb=cpu_offload_gb,
+            host_ram_gib=host_ram_gib,
         )
     except ValidationError as exc:
         first = exc.errors()[0]

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated, Optional
+from typing import Annotated
 
 import httpx
 import typer
 
 from manager.settings import DEFAULT_PORT
 
-Url = Annotated[Optional[str], typer.Option("--url", help="The manager's address (default http://127.0.0.1:7999, or $VLLM_MANAGER_URL).")]
-Token = Annotated[Optional[str], typer.Option("--token", help="API token (default $VLLM_MANAGER_API_TOKEN).")]
+Url = Annotated[
+    str | None,
+    typer.Option("--url", help="The manager's address (default http://127.0.0.1:7999, or $VLLM_MANAGER_URL)."),
+]
+Token = Annotated[str | None, typer.Option("--token", help="API token (default $VLLM_MANAGER_API_TOKEN).")]
 
 
 def _client(url: str | None, token: str | None) -> httpx.Client:
-    base = url or os.environ.get("VLLM_MANAGER_URL") or f"http://127.0.0.1:{os.environ.get('VLLM_MANAGER_PORT', DEFAULT_PORT)}"
+    base = (
+        url
+        or os.environ.get("VLLM_MANAGER_URL")
+        or f"http://127.0.0.1:{os.environ.get('VLLM_MANAGER_PORT', DEFAULT_PORT)}"
+    )
     token = token or os.environ.get("VLLM_MANAGER_API_TOKEN")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.Client(base_url=base, headers=headers, timeout=httpx.Timeout(60, read=600))
@@ -46,10 +53,14 @@ def _line(w: dict) -> str:
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def start(model: str, gpus: Annotated[Optional[str], typer.Option(help="GPU ids, e.g. 0,1")] = None,
-              port: Annotated[Optional[int], typer.Option()] = None,
-              force: Annotated[bool, typer.Option(help="Start even if the memory plan says it will not fit.")] = False,
-              url: Url = None, token: Token = None) -> None:
+    def start(
+        model: str,
+        gpus: Annotated[str | None, typer.Option(help="GPU ids, e.g. 0,1")] = None,
+        port: Annotated[int | None, typer.Option()] = None,
+        force: Annotated[bool, typer.Option(help="Start even if the memory plan says it will not fit.")] = False,
+        url: Url = None,
+        token: Token = None,
+    ) -> None:
         """Start a worker for a model config."""
         body = {"model": model, "port": port, "force": force}
         if gpus:
@@ -72,8 +83,11 @@ def register(app: typer.Typer) -> None:
         typer.echo(_line(call(url, token, "POST", f"/api/workers/{worker}/switch", json={"model": model})))
 
     @app.command()
-    def ps(all_: Annotated[bool, typer.Option("--all", help="Also list vLLM servers the manager did not start.")] = False,
-           url: Url = None, token: Token = None) -> None:
+    def ps(
+        all_: Annotated[bool, typer.Option("--all", help="Also list vLLM servers the manager did not start.")] = False,
+        url: Url = None,
+        token: Token = None,
+    ) -> None:
         """List workers."""
         for w in call(url, token, "GET", "/api/workers"):
             typer.echo(_line(w))
@@ -82,17 +96,22 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"  -  unmanaged model {u['model']} port {u['port']} pid {u['pid']}")
 
     @app.command()
-    def logs(worker: int, tail: Annotated[int, typer.Option()] = 100,
-             follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
-             url: Url = None, token: Token = None) -> None:
+    def logs(
+        worker: int,
+        tail: Annotated[int, typer.Option()] = 100,
+        follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
+        url: Url = None,
+        token: Token = None,
+    ) -> None:
         """Show a worker's engine output."""
         if not follow:
             for line in call(url, token, "GET", f"/api/workers/{worker}/logs", params={"tail": tail})["lines"]:
                 typer.echo(line)
             return
-        with _client(url, token) as client, client.stream(
-            "GET", f"/api/workers/{worker}/logs/stream", params={"tail": tail}, timeout=None
-        ) as resp:
+        with (
+            _client(url, token) as client,
+            client.stream("GET", f"/api/workers/{worker}/logs/stream", params={"tail": tail}, timeout=None) as resp,
+        ):
             for raw in resp.iter_lines():
                 if raw.startswith("data:"):
                     typer.echo(raw[5:].removeprefix(" "))

@@ -25,9 +25,7 @@ def _on_connect(dbapi_conn, _record) -> None:
 
 def make_engine(db_path: Path) -> Engine:
     db_path.parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(
-        f"sqlite:///{db_path}", connect_args={"check_same_thread": False}
-    )
+    engine = create_engine(f"sqlite:///{db_path}", connect_args={"check_same_thread": False})
     event.listen(engine, "connect", _on_connect)
     return engine
 

@@ -9,8 +9,30 @@ from __future__ import annotations
 from pathlib import Path
 
 WORDS = [
-    "hello", "world", "the", "a", "model", "token", "cache", "offload", "gpu", "cpu", "memory",
-    "fast", "slow", "one", "two", "three", "yes", "no", "and", "or", "is", "of", "to", "in",
+    "hello",
+    "world",
+    "the",
+    "a",
+    "model",
+    "token",
+    "cache",
+    "offload",
+    "gpu",
+    "cpu",
+    "memory",
+    "fast",
+    "slow",
+    "one",
+    "two",
+    "three",
+    "yes",
+    "no",
+    "and",
+    "or",
+    "is",
+    "of",
+    "to",
+    "in",
 ]
 
 
@@ -28,18 +50,26 @@ def _save_tokenizer(folder: Path, vocab_size: int) -> None:
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
     )
     # A chat template lets /v1/chat/completions work on the tiny model too.
-    fast.chat_template = (
-        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
-    )
+    fast.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
     fast.save_pretrained(folder)
 
 
 def _shape(layers: int, vocab_size: int) -> dict:
     """What every tiny model shares: hidden 128, 4 heads of 32 (vLLM's CPU minimum), 2 KV heads."""
     return dict(
-        vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
-        torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=False,
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=4096,
+        torch_dtype="bfloat16",
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        tie_word_embeddings=False,
     )
 
 
@@ -62,8 +92,12 @@ def make_tiny_qwen3_moe(folder: Path, *, layers: int = 2, vocab_size: int = 1024
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     Qwen3MoeConfig(
-        architectures=["Qwen3MoeForCausalLM"], moe_intermediate_size=64, num_experts=8,
-        num_experts_per_tok=2, decoder_sparse_step=1, **_shape(layers, vocab_size),
+        architectures=["Qwen3MoeForCausalLM"],
+        moe_intermediate_size=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        **_shape(layers, vocab_size),
     ).save_pretrained(folder)
     _save_tokenizer(folder, vocab_size)
     return folder

@@ -65,8 +65,13 @@ def engine_settings(tmp_path, engine_slot) -> Iterator[Settings]:
     from tests.support.engine import stop_leftover_engines
 
     settings = Settings(
-        data_dir=tmp_path / "data", engine_python=sys.executable, api_token=None,
-        health_interval_s=1.0, backoff_base_s=1.0, stop_grace_s=15.0, worker_ports="18100-18199",
+        data_dir=tmp_path / "data",
+        engine_python=sys.executable,
+        api_token=None,
+        health_interval_s=1.0,
+        backoff_base_s=1.0,
+        stop_grace_s=15.0,
+        worker_ports="18100-18199",
     )
     yield settings
     stop_leftover_engines(settings.data_dir)

@@ -24,9 +24,28 @@ try:  # Triton is optional: the torch path below computes the same plan.
     import triton.language as tl
 
     @triton.jit
-    def _plan_kernel(ids_ptr, n, expert_slot, slot_expert, last_used, clock, counts,
-                     slot_ids_out, hit_ids_out, miss_ids_out, load_e_out, load_s_out, E, S, P, T,
-                     BN: tl.constexpr, BE: tl.constexpr, BS: tl.constexpr, BP: tl.constexpr):
+    def _plan_kernel(
+        ids_ptr,
+        n,
+        expert_slot,
+        slot_expert,
+        last_used,
+        clock,
+        counts,
+        slot_ids_out,
+        hit_ids_out,
+        miss_ids_out,
+        load_e_out,
+        load_s_out,
+        E,
+        S,
+        P,
+        T,
+        BN: tl.constexpr,
+        BE: tl.constexpr,
+        BS: tl.constexpr,
+        BP: tl.constexpr,
+    ):
         # One program plans one layer. Every set operation is a small all-pairs comparison
         # ([BE, BN], [BS, BS], ...): for E, S <= 256 that is cheaper than any sort.
         n_r = tl.arange(0, BN)
@@ -47,8 +66,9 @@ try:  # Triton is optional: the torch path below computes the same plan.
         cls = tl.where(s_ok, held.to(tl.int32), 2)
         cls_a, cls_b = cls[None, :], cls[:, None]
         lu_a, lu_b = lu[None, :], lu[:, None]
-        before = (cls_a < cls_b) | ((cls_a == cls_b) & (
-            (lu_a < lu_b) | ((lu_a == lu_b) & (s_r[None, :] < s_r[:, None]))))
+        before = (cls_a < cls_b) | (
+            (cls_a == cls_b) & ((lu_a < lu_b) | ((lu_a == lu_b) & (s_r[None, :] < s_r[:, None])))
+        )
         rank = tl.sum(before.to(tl.int32), axis=1)  # [BS], a permutation of 0..BS-1
         miss_rank = tl.cumsum(miss.to(tl.int32), 0) - 1
         # The j-th missing expert takes the slot of rank j (and evicts what was there).
@@ -72,10 +92,8 @@ try:  # Triton is optional: the torch path below computes the same plan.
         tl.store(miss_ids_out + n_r, tl.where(loading, sid, -1), mask=n_r < n)
         p_r = tl.arange(0, BP)
         at = (miss_rank[None, :] == p_r[:, None]) & miss[None, :]
-        tl.store(load_e_out + p_r, tl.sum(tl.where(at, e_r[None, :] + 1, 0), axis=1) - 1,
-                 mask=p_r < P)
-        tl.store(load_s_out + p_r, tl.sum(tl.where(at, new_slot[None, :] + 1, 0), axis=1) - 1,
-                 mask=p_r < P)
+        tl.store(load_e_out + p_r, tl.sum(tl.where(at, e_r[None, :] + 1, 0), axis=1) - 1, mask=p_r < P)
+        tl.store(load_s_out + p_r, tl.sum(tl.where(at, new_slot[None, :] + 1, 0), axis=1) - 1, mask=p_r < P)
         tl.store(counts, tl.load(counts) + tl.sum(hit.to(tl.int64), axis=0))
         tl.store(counts + 1, tl.load(counts + 1) + tl.sum(miss.to(tl.int64), axis=0))
         tl.store(counts + 2, tl.load(counts + 2) + T)
@@ -101,8 +119,14 @@ class DevicePlan:
 class DeviceSlotTables:
     """LRU slot tables of every layer as GPU (or CPU) tensors, planned without host reads."""
 
-    def __init__(self, num_layers: int, num_experts: int, num_slots: int,
-                 device: torch.device | str, use_triton: bool | None = None) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_experts: int,
+        num_slots: int,
+        device: torch.device | str,
+        use_triton: bool | None = None,
+    ) -> None:
         if not 1 <= num_slots <= num_experts:
             raise ValueError(f"num_slots must be in 1..{num_experts}, got {num_slots}")
         self.device = torch.device(device)
@@ -115,8 +139,9 @@ class DeviceSlotTables:
         i32 = dict(dtype=torch.int32, device=self.device)
         self.expert_slot = torch.full((num_layers, num_experts), -1, **i32)
         self.slot_expert = torch.full((num_layers, num_slots), -1, **i32)
-        self.last_used = torch.full((num_layers, num_slots), -1, dtype=torch.int64,
-                                    device=self.device)  # clock tick of last use, -1: never
+        self.last_used = torch.full(
+            (num_layers, num_slots), -1, dtype=torch.int64, device=self.device
+        )  # clock tick of last use, -1: never
         self.clock = torch.zeros(num_layers, dtype=torch.int64, device=self.device)
         # hits, misses, tokens: counted on the device so CUDA-graph replays are counted too
         self.counts = torch.zeros(num_layers, 3, dtype=torch.int64, device=self.device)
@@ -128,8 +153,10 @@ class DeviceSlotTables:
     def plan(self, layer: int, topk_ids: torch.Tensor) -> DevicePlan:
         """Assign slots for ``topk_ids`` [T, k] of ``layer``, updating the LRU state in place."""
         if not self.fits(topk_ids):
-            raise ValueError(f"{topk_ids.numel()} (token, k) entries do not fit in "
-                             f"{self.num_slots} slots: use the host table for this batch")
+            raise ValueError(
+                f"{topk_ids.numel()} (token, k) entries do not fit in "
+                f"{self.num_slots} slots: use the host table for this batch"
+            )
         n = topk_ids.numel()
         p = min(n, self.num_slots)
         slot_ids = torch.empty(topk_ids.shape, dtype=torch.int32, device=self.device)
@@ -139,12 +166,28 @@ class DeviceSlotTables:
         if self.use_triton:
             ids = topk_ids.reshape(-1).contiguous()
             _plan_kernel[(1,)](
-                ids, n, self.expert_slot[layer], self.slot_expert[layer], self.last_used[layer],
-                self.clock[layer:layer + 1], self.counts[layer], slot_ids, hit_ids, miss_ids,
-                load_e, load_s,
-                self.num_experts, self.num_slots, p, topk_ids.shape[0],
-                BN=_pow2(n), BE=_pow2(self.num_experts), BS=_pow2(self.num_slots),
-                BP=_pow2(p), num_warps=4)
+                ids,
+                n,
+                self.expert_slot[layer],
+                self.slot_expert[layer],
+                self.last_used[layer],
+                self.clock[layer : layer + 1],
+                self.counts[layer],
+                slot_ids,
+                hit_ids,
+                miss_ids,
+                load_e,
+                load_s,
+                self.num_experts,
+                self.num_slots,
+                p,
+                topk_ids.shape[0],
+                BN=_pow2(n),
+                BE=_pow2(self.num_experts),
+                BS=_pow2(self.num_slots),
+                BP=_pow2(p),
+                num_warps=4,
+            )
         else:
             self._plan_torch(layer, topk_ids, slot_ids, load_e, load_s)
             loaded = torch.zeros(self.num_experts + 1, dtype=torch.bool, device=self.device)
@@ -179,8 +222,7 @@ class DeviceSlotTables:
         es_ext[torch.where(miss, torch.arange(E, device=self.device), E)] = new_slot.int()
         es.copy_(es_ext[:E])
         se_ext = torch.cat([se, se.new_full((1,), -1)])
-        se_ext[torch.where(miss, new_slot, S)] = torch.arange(E, device=self.device,
-                                                              dtype=torch.int32)
+        se_ext[torch.where(miss, new_slot, S)] = torch.arange(E, device=self.device, dtype=torch.int32)
         se.copy_(se_ext[:S])
         lu_ext = torch.cat([lu, lu.new_full((1,), -1)])
         lu_ext[torch.where(need, slot_now, S)] = self.clock[layer]

@@ -8,19 +8,19 @@ An ``ExpertsFn(x, w13, w2, topk_weights, slot_ids)`` gets ids in slot space wher
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from .experts_triton import HAVE_TRITON, MAX_ENTRIES, gemv_experts, gemv_experts_split
 
-ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-                     torch.Tensor]
+ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def reference_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                  topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+def reference_moe(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
     """Token by token, in float64: slow and obviously right."""
     x64, w13_64, w2_64 = x.double(), w13.double(), w2.double()
     inter = w2.shape[-1]
@@ -36,8 +36,9 @@ def reference_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     return out.to(x.dtype)
 
 
-def looped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                   topk_weights: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
+def looped_experts(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, slot_ids: torch.Tensor
+) -> torch.Tensor:
     """One pass per used slot; reads the ids on the host. Portable (the CPU path)."""
     out = torch.zeros_like(x)
     inter = w2.shape[-1]
@@ -55,8 +56,9 @@ def looped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     return out
 
 
-def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                    topk_weights: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
+def grouped_experts(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, slot_ids: torch.Tensor
+) -> torch.Tensor:
     """Two grouped matmuls over (token, k) pairs sorted by slot; no host sync (GPU path)."""
     num_slots, inter = w13.shape[0], w2.shape[-1]
     k = slot_ids.shape[1]
@@ -81,8 +83,9 @@ def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     return out
 
 
-def auto_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                 topk_weights: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
+def auto_experts(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, slot_ids: torch.Tensor
+) -> torch.Tensor:
     """On CUDA: Triton matrix-vector kernels for decode-sized batches (few (token, k) entries),
     grouped_mm above that (bf16, rows a multiple of 16 bytes); the loop elsewhere."""
     if x.is_cuda and HAVE_TRITON and slot_ids.numel() <= MAX_ENTRIES:
@@ -93,17 +96,23 @@ def auto_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     return looped_experts(x, w13, w2, topk_weights, slot_ids)
 
 
-def split_experts(fn: ExpertsFn, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                  topk_weights: torch.Tensor, first_ids: torch.Tensor, second_ids: torch.Tensor,
-                  between: Callable[[], None]) -> torch.Tensor:
+def split_experts(
+    fn: ExpertsFn,
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    first_ids: torch.Tensor,
+    second_ids: torch.Tensor,
+    between: Callable[[], None],
+) -> torch.Tensor:
     """``fn`` over ``first_ids``, then ``between()``, then over ``second_ids``, summed.
 
     The runtime's way to compute a layer's resident experts while its missing ones load. With
     ``auto_experts`` at decode sizes this is the matrix-vector kernels in two passes sharing one
     output (two launches more than one pass); otherwise two calls of ``fn`` and an add.
     """
-    if (fn is auto_experts and x.is_cuda and HAVE_TRITON
-            and first_ids.numel() <= MAX_ENTRIES):
+    if fn is auto_experts and x.is_cuda and HAVE_TRITON and first_ids.numel() <= MAX_ENTRIES:
         return gemv_experts_split(x, w13, w2, topk_weights, first_ids, second_ids, between)
     y = fn(x, w13, w2, topk_weights, first_ids)
     between()
@@ -112,5 +121,4 @@ def split_experts(fn: ExpertsFn, x: torch.Tensor, w13: torch.Tensor, w2: torch.T
 
 def splits_cheaply(fn: ExpertsFn, x: torch.Tensor, slot_ids: torch.Tensor) -> bool:
     """Whether ``split_experts`` costs only a couple of launches (not a second grouped pass)."""
-    return not x.is_cuda or (fn is auto_experts and HAVE_TRITON
-                             and slot_ids.numel() <= MAX_ENTRIES)
+    return not x.is_cuda or (fn is auto_experts and HAVE_TRITON and slot_ids.numel() <= MAX_ENTRIES)

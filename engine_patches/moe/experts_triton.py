@@ -25,8 +25,9 @@ try:
     import triton.language as tl
 
     @triton.jit
-    def _gate_up_kernel(x, w13, slot_ids, act, H, I, K,
-                        BI: tl.constexpr, BH: tl.constexpr, WRITE_SKIPPED: tl.constexpr):
+    def _gate_up_kernel(
+        x, w13, slot_ids, act, H, I, K, BI: tl.constexpr, BH: tl.constexpr, WRITE_SKIPPED: tl.constexpr
+    ):
         entry = tl.program_id(0)
         i_r = tl.program_id(1) * BI + tl.arange(0, BI)
         slot = tl.load(slot_ids + entry).to(tl.int64)
@@ -57,8 +58,9 @@ try:
         tl.store(act + entry * I + i_r, a, mask=i_r < o_lim)
 
     @triton.jit
-    def _down_kernel(act, w2, slot_ids, weights, y, H, I,
-                     BO: tl.constexpr, BI: tl.constexpr, WRITE_SKIPPED: tl.constexpr):
+    def _down_kernel(
+        act, w2, slot_ids, weights, y, H, I, BO: tl.constexpr, BI: tl.constexpr, WRITE_SKIPPED: tl.constexpr
+    ):
         entry = tl.program_id(0)
         o_r = tl.program_id(1) * BO + tl.arange(0, BO)
         slot = tl.load(slot_ids + entry).to(tl.int64)
@@ -76,15 +78,15 @@ try:
             i_r = i0 + tl.arange(0, BI)
             i_ok = i_r < i_lim
             av = tl.load(act + entry * I + i_r, mask=i_ok, other=0.0)
-            w = tl.load(base + o_r[:, None] * I + i_r[None, :],
-                        mask=o_ok[:, None] & i_ok[None, :], other=0.0)
+            w = tl.load(base + o_r[:, None] * I + i_r[None, :], mask=o_ok[:, None] & i_ok[None, :], other=0.0)
             acc += tl.sum(w.to(tl.float32) * av[None, :], axis=1)
         wt = tl.load(weights + entry).to(tl.float32)
         tl.store(y + entry * H + o_r, acc * wt, mask=o_r < y_lim)  # acc is 0 if skipped
 
     @triton.jit
-    def _down_sum_kernel(act, w2, slot_ids, weights, out, H, I, K,
-                         BK: tl.constexpr, BO: tl.constexpr, BI: tl.constexpr):
+    def _down_sum_kernel(
+        act, w2, slot_ids, weights, out, H, I, K, BK: tl.constexpr, BO: tl.constexpr, BI: tl.constexpr
+    ):
         # One token's output rows o_r: the down projections of all its k entries at once (a
         # [BK, BO, BI] tile per step, so a program keeps k loads in flight), weighted, summed in
         # fp32 and written in the output's dtype: no per-entry buffer, sum or cast follows.
@@ -102,8 +104,11 @@ try:
             i_r = i0 + tl.arange(0, BI)
             i_ok = i_r[None, :] < i_lim[:, None]  # [BK, BI]
             av = tl.load(act + (tok * K + k_r[:, None]) * I + i_r[None, :], mask=i_ok, other=0.0)
-            w = tl.load(w2 + base[:, None, None] + o_r[None, :, None] * I + i_r[None, None, :],
-                        mask=i_ok[:, None, :] & o_ok[None, :, None], other=0.0)
+            w = tl.load(
+                w2 + base[:, None, None] + o_r[None, :, None] * I + i_r[None, None, :],
+                mask=i_ok[:, None, :] & o_ok[None, :, None],
+                other=0.0,
+            )
             acc += tl.sum(w.to(tl.float32) * av[:, None, :], axis=2)
         y = tl.sum(acc * wt[:, None], axis=0)
         tl.store(out + tok * H + o_r, y.to(out.dtype.element_ty), mask=o_ok)
@@ -117,17 +122,18 @@ def _gemv_pass(x, w13, w2, ids, wts, act, y, write_skipped: bool) -> None:
     entries, hidden, inter = ids.shape[0], x.shape[1], w2.shape[-1]
     k = entries // x.shape[0]
     bi, bh = 16, GATE_UP_BLOCK_H
-    _gate_up_kernel[(entries, triton.cdiv(inter, bi))](x, w13, ids, act, hidden, inter, k,
-                                                       BI=bi, BH=bh, WRITE_SKIPPED=write_skipped,
-                                                       num_warps=4)
+    _gate_up_kernel[(entries, triton.cdiv(inter, bi))](
+        x, w13, ids, act, hidden, inter, k, BI=bi, BH=bh, WRITE_SKIPPED=write_skipped, num_warps=4
+    )
     bo, bk = 16, 256
-    _down_kernel[(entries, triton.cdiv(hidden, bo))](act, w2, ids, wts, y, hidden, inter,
-                                                     BO=bo, BI=bk, WRITE_SKIPPED=write_skipped,
-                                                     num_warps=4)
+    _down_kernel[(entries, triton.cdiv(hidden, bo))](
+        act, w2, ids, wts, y, hidden, inter, BO=bo, BI=bk, WRITE_SKIPPED=write_skipped, num_warps=4
+    )
 
 
-def down_and_sum(act: torch.Tensor, w2: torch.Tensor, slot_ids: torch.Tensor,
-                 topk_weights: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def down_and_sum(
+    act: torch.Tensor, w2: torch.Tensor, slot_ids: torch.Tensor, topk_weights: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
     """sum_k weight * (w2[slot] @ act) per token, from ``act`` [T * k, I]; one launch."""
     tokens, k = slot_ids.shape
     hidden, inter = w2.shape[1], w2.shape[2]
@@ -135,13 +141,25 @@ def down_and_sum(act: torch.Tensor, w2: torch.Tensor, slot_ids: torch.Tensor,
     bk = max(2, triton.next_power_of_2(k))
     bo = max(1, 32 // bk)  # a [bk, bo, 256] tile: 8192 weights per step
     _down_sum_kernel[(tokens, triton.cdiv(hidden, bo))](
-        act, w2, slot_ids.reshape(-1).contiguous(), topk_weights.reshape(-1).contiguous(), out,
-        hidden, inter, k, BK=bk, BO=bo, BI=256, num_warps=4)
+        act,
+        w2,
+        slot_ids.reshape(-1).contiguous(),
+        topk_weights.reshape(-1).contiguous(),
+        out,
+        hidden,
+        inter,
+        k,
+        BK=bk,
+        BO=bo,
+        BI=256,
+        num_warps=4,
+    )
     return out
 
 
-def gemv_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                 topk_weights: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
+def gemv_experts(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, slot_ids: torch.Tensor
+) -> torch.Tensor:
     """The ``ExpertsFn`` contract with one matrix-vector product per (token, k) entry."""
     if not HAVE_TRITON:
         raise RuntimeError("gemv_experts needs Triton installed; use grouped_experts")
@@ -150,16 +168,21 @@ def gemv_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
     ids = slot_ids.reshape(-1).contiguous()
     act = torch.empty(tokens * k, inter, dtype=torch.float32, device=x.device)
-    _gate_up_kernel[(tokens * k, triton.cdiv(inter, 16))](x, w13, ids, act, x.shape[1], inter, k,
-                                                         BI=16, BH=GATE_UP_BLOCK_H,
-                                                         WRITE_SKIPPED=True,
-                                                         num_warps=4)
+    _gate_up_kernel[(tokens * k, triton.cdiv(inter, 16))](
+        x, w13, ids, act, x.shape[1], inter, k, BI=16, BH=GATE_UP_BLOCK_H, WRITE_SKIPPED=True, num_warps=4
+    )
     return down_and_sum(act, w2, slot_ids, topk_weights, x.dtype)
 
 
-def gemv_experts_split(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                       topk_weights: torch.Tensor, first_ids: torch.Tensor,
-                       second_ids: torch.Tensor | None, between) -> torch.Tensor:
+def gemv_experts_split(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    first_ids: torch.Tensor,
+    second_ids: torch.Tensor | None,
+    between,
+) -> torch.Tensor:
     """The entries of ``first_ids``, then ``between()``, then those of ``second_ids``; one sum.
 
     For a cache whose missing experts are still loading: the resident ones (``first_ids``) are

@@ -41,9 +41,25 @@ if HAVE_TRITON:
             tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
 
     @triton.jit
-    def _gate_up_fetch_kernel(x, w13, host_w13, w2, host_w2, expert_ids, slot_ids, load_slot_ids,
-                              act, H, I, PARTS, W2_CHUNK, BI: tl.constexpr, BH: tl.constexpr,
-                              BC: tl.constexpr, SPLIT_W2: tl.constexpr):
+    def _gate_up_fetch_kernel(
+        x,
+        w13,
+        host_w13,
+        w2,
+        host_w2,
+        expert_ids,
+        slot_ids,
+        load_slot_ids,
+        act,
+        H,
+        I,
+        PARTS,
+        W2_CHUNK,
+        BI: tl.constexpr,
+        BH: tl.constexpr,
+        BC: tl.constexpr,
+        SPLIT_W2: tl.constexpr,
+    ):
         # Programs (entry, part): part < PARTS computes BI intermediate rows of the entry's
         # gate/up; with SPLIT_W2 the parts past PARTS each copy one W2_CHUNK of a loading
         # expert's w2, else every gate/up program of a loading entry copies its own share.
@@ -84,14 +100,13 @@ if HAVE_TRITON:
                 up += tl.sum(wu.to(tl.float32) * xv[None, :], axis=1)
             a = gate / (1.0 + tl.exp(-gate)) * up
             tl.store(act + entry * I + i_r, a, mask=i_r < I)
-            if not SPLIT_W2:
-                if fetch:
-                    _copy_chunk(w2_src, w2 + slot * n2, part.to(tl.int64) * W2_CHUNK, n2,
-                                W2_CHUNK, BC)
+            if not SPLIT_W2 and fetch:
+                _copy_chunk(w2_src, w2 + slot * n2, part.to(tl.int64) * W2_CHUNK, n2, W2_CHUNK, BC)
         else:
             if fetch:
-                _copy_chunk(w2_src, w2 + tl.maximum(slot, 0) * n2,
-                            (part - PARTS).to(tl.int64) * W2_CHUNK, n2, W2_CHUNK, BC)
+                _copy_chunk(
+                    w2_src, w2 + tl.maximum(slot, 0) * n2, (part - PARTS).to(tl.int64) * W2_CHUNK, n2, W2_CHUNK, BC
+                )
 
 
 def fetches_in_kernel(x: torch.Tensor, entries: int) -> bool:
@@ -99,10 +114,15 @@ def fetches_in_kernel(x: torch.Tensor, entries: int) -> bool:
     return x.is_cuda and HAVE_TRITON and x.shape[0] == 1 and entries <= MAX_ENTRIES
 
 
-def fetch_and_compute(x: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor],
-                      host: tuple[torch.Tensor, torch.Tensor], topk_weights: torch.Tensor,
-                      topk_ids: torch.Tensor, slot_ids: torch.Tensor,
-                      load_slot_ids: torch.Tensor) -> torch.Tensor:
+def fetch_and_compute(
+    x: torch.Tensor,
+    slots: tuple[torch.Tensor, torch.Tensor],
+    host: tuple[torch.Tensor, torch.Tensor],
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    slot_ids: torch.Tensor,
+    load_slot_ids: torch.Tensor,
+) -> torch.Tensor:
     """The MoE output of one token whose missing experts are loaded by the same kernels.
 
     ``slots``: the layer's cache (w13 [S, 2I, H], w2 [S, H, I]) on the GPU; ``host``: its store
@@ -117,8 +137,7 @@ def fetch_and_compute(x: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor],
     if not HAVE_TRITON:
         raise RuntimeError("fetch_and_compute needs Triton installed")
     (w13, w2), (host_w13, host_w2) = slots, host
-    for name, t in (("slot w13", w13), ("slot w2", w2), ("host w13", host_w13),
-                    ("host w2", host_w2)):
+    for name, t in (("slot w13", w13), ("slot w2", w2), ("host w13", host_w13), ("host w2", host_w2)):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
     if host_w13.shape[1:] != w13.shape[1:] or host_w2.shape[1:] != w2.shape[1:]:
@@ -141,7 +160,23 @@ def fetch_and_compute(x: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor],
     act = torch.empty(entries, inter, dtype=torch.float32, device=x.device)
     x = x.contiguous()
     _gate_up_fetch_kernel[grid](
-        x, w13, host_w13, w2, host_w2, ids, sids, load_slot_ids.reshape(-1).contiguous(), act,
-        hidden, inter, parts, chunk, BI=BLOCK_ROWS, BH=BLOCK_H, BC=min(bc, chunk),
-        SPLIT_W2=SPLIT_W2, num_warps=NUM_WARPS)
+        x,
+        w13,
+        host_w13,
+        w2,
+        host_w2,
+        ids,
+        sids,
+        load_slot_ids.reshape(-1).contiguous(),
+        act,
+        hidden,
+        inter,
+        parts,
+        chunk,
+        BI=BLOCK_ROWS,
+        BH=BLOCK_H,
+        BC=min(bc, chunk),
+        SPLIT_W2=SPLIT_W2,
+        num_warps=NUM_WARPS,
+    )
     return down_and_sum(act, w2, slot_ids, topk_weights, x.dtype)

@@ -9,7 +9,8 @@ Two ways, same result for any ids:
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
@@ -35,8 +36,9 @@ try:  # Triton is optional: the CPU build and a machine without it use the torch
         tl.store(dst + d_row * row_elems + offs, vals, mask=mask)
 
     @triton.jit
-    def _gather_pairs_kernel(src_a, dst_a, src_b, dst_b, experts, slots, P, words_a, words_b,
-                             BLOCK: tl.constexpr, BP: tl.constexpr):
+    def _gather_pairs_kernel(
+        src_a, dst_a, src_b, dst_b, experts, slots, P, words_a, words_b, BLOCK: tl.constexpr, BP: tl.constexpr
+    ):
         # Both weight tensors of every listed expert in one launch, so the link never idles
         # between a w13 launch and a w2 launch. The grid may be smaller than the work: each
         # program strides over the (expert, tensor, chunk) units, which leaves SMs free for the
@@ -75,7 +77,7 @@ except Exception:  # pragma: no cover - depends on the install
 def _runs(experts: Sequence[int], slots: Sequence[int]) -> list[tuple[int, int, int]]:
     """Merge pairs whose expert and slot both step by one: (first expert, first slot, length)."""
     runs: list[tuple[int, int, int]] = []
-    for e, s in sorted(zip(experts, slots)):
+    for e, s in sorted(zip(experts, slots, strict=False)):
         if runs and runs[-1][0] + runs[-1][2] == e and runs[-1][1] + runs[-1][2] == s:
             runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
         else:
@@ -83,10 +85,9 @@ def _runs(experts: Sequence[int], slots: Sequence[int]) -> list[tuple[int, int, 
     return runs
 
 
-def copy_rows_memcpy(src: torch.Tensor, dst: torch.Tensor, experts: Sequence[int],
-                     slots: Sequence[int]) -> None:
+def copy_rows_memcpy(src: torch.Tensor, dst: torch.Tensor, experts: Sequence[int], slots: Sequence[int]) -> None:
     for e, s, n in _runs(experts, slots):
-        dst[s:s + n].copy_(src[e:e + n], non_blocking=True)
+        dst[s : s + n].copy_(src[e : e + n], non_blocking=True)
 
 
 def _as_words(t: torch.Tensor) -> torch.Tensor:
@@ -99,12 +100,12 @@ def _as_words(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
-def copy_rows_triton(src: torch.Tensor, dst: torch.Tensor, experts: Sequence[int],
-                     slots: Sequence[int], block: int = 4096) -> None:
+def copy_rows_triton(
+    src: torch.Tensor, dst: torch.Tensor, experts: Sequence[int], slots: Sequence[int], block: int = 4096
+) -> None:
     if not HAVE_TRITON:
         raise RuntimeError("the triton copy method needs Triton installed; use copy_method='memcpy'")
-    if not (src.is_contiguous() and dst.is_contiguous() and src.dtype == dst.dtype
-            and src.shape[1:] == dst.shape[1:]):
+    if not (src.is_contiguous() and dst.is_contiguous() and src.dtype == dst.dtype and src.shape[1:] == dst.shape[1:]):
         raise ValueError("triton expert copy needs contiguous src/dst of the same dtype and row shape")
     if src.device.type == "cpu" and not src.is_pinned():
         raise ValueError("triton expert copy reads host memory in place: src must be pinned")
@@ -118,9 +119,16 @@ def copy_rows_triton(src: torch.Tensor, dst: torch.Tensor, experts: Sequence[int
     _gather_rows_kernel[grid](s_words, d_words, idx[0], idx[1], row, BLOCK=block)
 
 
-def copy_experts_indexed(src: torch.Tensor, dst: torch.Tensor, experts: torch.Tensor,
-                         slots: torch.Tensor, *, use_triton: bool | None = None,
-                         block: int = 4096, num_warps: int = 4) -> None:
+def copy_experts_indexed(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    experts: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    use_triton: bool | None = None,
+    block: int = 4096,
+    num_warps: int = 4,
+) -> None:
     """``dst[slots[i]] = src[experts[i]]`` where the ids are tensors on the device; -1 skips.
 
     The device slot planner's copies: which experts to fetch is known only on the GPU, so on
@@ -135,22 +143,27 @@ def copy_experts_indexed(src: torch.Tensor, dst: torch.Tensor, experts: torch.Te
         return
     if not HAVE_TRITON:
         raise RuntimeError("copying experts chosen on the GPU needs Triton installed")
-    if not (src.is_contiguous() and dst.is_contiguous() and src.dtype == dst.dtype
-            and src.shape[1:] == dst.shape[1:]):
+    if not (src.is_contiguous() and dst.is_contiguous() and src.dtype == dst.dtype and src.shape[1:] == dst.shape[1:]):
         raise ValueError("expert gather needs contiguous src/dst of the same dtype and row shape")
     if src.device.type == "cpu" and dst.is_cuda and not src.is_pinned():
         raise ValueError("the expert gather reads host memory in place: src must be pinned")
     s_words, d_words = _as_words(src), _as_words(dst)
     row = s_words.shape[1]
     grid = (experts.shape[0], triton.cdiv(row, block))
-    _gather_rows_kernel[grid](s_words, d_words, experts, slots, row, BLOCK=block,
-                              num_warps=num_warps)
+    _gather_rows_kernel[grid](s_words, d_words, experts, slots, row, BLOCK=block, num_warps=num_warps)
 
 
-def copy_expert_pairs_indexed(src: tuple[torch.Tensor, torch.Tensor],
-                              dst: tuple[torch.Tensor, torch.Tensor], experts: torch.Tensor,
-                              slots: torch.Tensor, *, use_triton: bool | None = None,
-                              programs: int = 0, block: int = 4096, num_warps: int = 4) -> None:
+def copy_expert_pairs_indexed(
+    src: tuple[torch.Tensor, torch.Tensor],
+    dst: tuple[torch.Tensor, torch.Tensor],
+    experts: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    use_triton: bool | None = None,
+    programs: int = 0,
+    block: int = 4096,
+    num_warps: int = 4,
+) -> None:
     """``dst[j][slots[i]] = src[j][experts[i]]`` for both weight tensors (w13, w2); -1 skips.
 
     The same copy as two ``copy_experts_indexed`` calls, in one Triton launch on CUDA.
@@ -161,15 +174,16 @@ def copy_expert_pairs_indexed(src: tuple[torch.Tensor, torch.Tensor],
     if use_triton is None:
         use_triton = dst[0].is_cuda
     if not use_triton:
-        for s_t, d_t in zip(src, dst):
+        for s_t, d_t in zip(src, dst, strict=False):
             copy_experts_indexed(s_t, d_t, experts, slots, use_triton=False)
         return
     if not HAVE_TRITON:
         raise RuntimeError("copying experts chosen on the GPU needs Triton installed")
     words = []
-    for s_t, d_t in zip(src, dst):
-        if not (s_t.is_contiguous() and d_t.is_contiguous() and s_t.dtype == d_t.dtype
-                and s_t.shape[1:] == d_t.shape[1:]):
+    for s_t, d_t in zip(src, dst, strict=False):
+        if not (
+            s_t.is_contiguous() and d_t.is_contiguous() and s_t.dtype == d_t.dtype and s_t.shape[1:] == d_t.shape[1:]
+        ):
             raise ValueError("expert gather needs contiguous src/dst of the same dtype and row shape")
         if s_t.device.type == "cpu" and d_t.is_cuda and not s_t.is_pinned():
             raise ValueError("the expert gather reads host memory in place: src must be pinned")
@@ -178,13 +192,25 @@ def copy_expert_pairs_indexed(src: tuple[torch.Tensor, torch.Tensor],
     n = experts.shape[0]
     units = n * (triton.cdiv(sa.shape[1], block) + triton.cdiv(sb.shape[1], block))
     grid = (max(1, min(programs, units)) if programs > 0 else max(1, units),)
-    _gather_pairs_kernel[grid](sa, da, sb, db, experts, slots, n, sa.shape[1], sb.shape[1],
-                               BLOCK=block, BP=max(2, 1 << (n - 1).bit_length()),
-                               num_warps=num_warps)
+    _gather_pairs_kernel[grid](
+        sa,
+        da,
+        sb,
+        db,
+        experts,
+        slots,
+        n,
+        sa.shape[1],
+        sb.shape[1],
+        BLOCK=block,
+        BP=max(2, 1 << (n - 1).bit_length()),
+        num_warps=num_warps,
+    )
 
 
-def copy_experts(src: torch.Tensor, dst: torch.Tensor, experts: Sequence[int],
-                 slots: Sequence[int], method: CopyMethod = "memcpy") -> int:
+def copy_experts(
+    src: torch.Tensor, dst: torch.Tensor, experts: Sequence[int], slots: Sequence[int], method: CopyMethod = "memcpy"
+) -> int:
     """Copy ``src[experts[i]]`` into ``dst[slots[i]]`` on the current stream; returns bytes moved."""
     if len(experts) != len(slots):
         raise ValueError(f"{len(experts)} experts but {len(slots)} slots")

@@ -27,8 +27,8 @@ from typing import Literal
 
 import torch
 
-from .experts import ExpertsFn, auto_experts, split_experts, splits_cheaply
 from .device_slots import HAVE_TRITON, DeviceSlotTables
+from .experts import ExpertsFn, auto_experts, split_experts, splits_cheaply
 from .fetch_experts import fetch_and_compute, fetches_in_kernel
 from .gather import CopyMethod, copy_expert_pairs_indexed, copy_experts
 from .sizing import slots_for_budget
@@ -99,12 +99,14 @@ class ExpertOffload:
             possible = not self._cuda or HAVE_TRITON
             if planner == "device" and not possible:
                 raise RuntimeError("planner='device' needs Triton on CUDA; use planner='host'")
-            self._device = (DeviceSlotTables(len(store.layers), num_experts, slots, self.device)
-                            if planner != "host" and possible else None)
+            self._device = (
+                DeviceSlotTables(len(store.layers), num_experts, slots, self.device)
+                if planner != "host" and possible
+                else None
+            )
             # True where the device tables changed since the host table last saw them.
             self._host_stale = [False] * len(store.layers)
-            self._gather_kw = dict(block=gather_block, num_warps=gather_warps,
-                                   programs=gather_programs)
+            self._gather_kw = dict(block=gather_block, num_warps=gather_warps, programs=gather_programs)
         else:
             first = store.layers[0]
             for lay in store.layers:
@@ -124,18 +126,25 @@ class ExpertOffload:
         self._wait_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     @classmethod
-    def from_budget(cls, store: ExpertStore, cache_gib: float, *, top_k: int,
-                    device: torch.device | str, **kwargs) -> "ExpertOffload":
+    def from_budget(
+        cls, store: ExpertStore, cache_gib: float, *, top_k: int, device: torch.device | str, **kwargs
+    ) -> ExpertOffload:
         """Size the per-layer slots from a GiB budget (the same arithmetic the planner uses)."""
         lay = store.layers[0]
-        slots = slots_for_budget(cache_gib, num_experts=lay.num_experts,
-                                 num_layers=len(store.layers), one_expert_bytes=lay.expert_bytes,
-                                 top_k=top_k)
+        slots = slots_for_budget(
+            cache_gib,
+            num_experts=lay.num_experts,
+            num_layers=len(store.layers),
+            one_expert_bytes=lay.expert_bytes,
+            top_k=top_k,
+        )
         return cls(store, device=device, slots_per_layer=slots, **kwargs)
 
     def _empty_like_rows(self, w13: torch.Tensor, w2: torch.Tensor, rows: int):
-        return (torch.empty((rows, *w13.shape[1:]), dtype=w13.dtype, device=self.device),
-                torch.empty((rows, *w2.shape[1:]), dtype=w2.dtype, device=self.device))
+        return (
+            torch.empty((rows, *w13.shape[1:]), dtype=w13.dtype, device=self.device),
+            torch.empty((rows, *w2.shape[1:]), dtype=w2.dtype, device=self.device),
+        )
 
     @property
     def num_layers(self) -> int:
@@ -148,8 +157,9 @@ class ExpertOffload:
 
     # -- copies -------------------------------------------------------------------------------
 
-    def _copy(self, layer: int, dst: tuple[torch.Tensor, torch.Tensor],
-              loads: list[tuple[int, int]]) -> torch.cuda.Event | None:
+    def _copy(
+        self, layer: int, dst: tuple[torch.Tensor, torch.Tensor], loads: list[tuple[int, int]]
+    ) -> torch.cuda.Event | None:
         """Start the copies of ``loads`` into ``dst``; returns the event the compute must wait on."""
         if not loads:
             return None
@@ -194,17 +204,23 @@ class ExpertOffload:
 
     # -- forward ------------------------------------------------------------------------------
 
-    def forward(self, layer: int, x: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor, experts_fn: ExpertsFn | None = None, *,
-                own_math: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        experts_fn: ExpertsFn | None = None,
+        *,
+        own_math: bool = False,
+    ) -> torch.Tensor:
         """The MoE output of ``layer`` for hidden states ``x`` [T, H] routed by ``topk_ids`` [T, k].
 
         ``own_math``: ``experts_fn`` computes the plain silu-gated MoE, so for one token the
         runtime may use its own kernels instead (the fetch path)."""
         fn = experts_fn or self.experts_fn
         if self.plans_on_device(topk_ids):  # counts its tokens on the device
-            return self._forward_device(layer, x, topk_weights, topk_ids, fn,
-                                        own_math or fn is auto_experts)
+            return self._forward_device(layer, x, topk_weights, topk_ids, fn, own_math or fn is auto_experts)
         self._tokens_in += x.shape[0]
         if self.mode == "copy_all":
             return self._forward_copy_all(layer, x, topk_weights, topk_ids, fn)
@@ -212,8 +228,7 @@ class ExpertOffload:
 
     def plans_on_device(self, topk_ids: torch.Tensor) -> bool:
         """Whether this batch runs without host reads (and so may be captured in a CUDA graph)."""
-        return (self.mode == "cached" and self._device is not None
-                and self._device.fits(topk_ids))
+        return self.mode == "cached" and self._device is not None and self._device.fits(topk_ids)
 
     def _forward_device(self, layer, x, topk_weights, topk_ids, fn, own_math) -> torch.Tensor:
         plan = self._device.plan(layer, topk_ids)
@@ -227,25 +242,28 @@ class ExpertOffload:
             self._copy_s += dt
             self._exposed_s += dt
             if self.device_overlap:
-                return split_experts(fn, x, dst[0], dst[1], topk_weights, plan.hit_slot_ids,
-                                     plan.miss_slot_ids, lambda: None)
+                return split_experts(
+                    fn, x, dst[0], dst[1], topk_weights, plan.hit_slot_ids, plan.miss_slot_ids, lambda: None
+                )
             return fn(x, dst[0], dst[1], topk_weights, plan.slot_ids)
         # Events cannot be timed inside a graph capture, so only eager runs are timed.
         timed = self.measure and not torch.cuda.is_current_stream_capturing()
-        if (self.fetch_in_kernel and not self.device_overlap and own_math
-                and fetches_in_kernel(x, plan.slot_ids.numel())):
+        if (
+            self.fetch_in_kernel
+            and not self.device_overlap
+            and own_math
+            and fetches_in_kernel(x, plan.slot_ids.numel())
+        ):
             # Copy and math are one kernel here, so no copy time can be told apart: the stats
             # say "not timed" rather than count the math as copying.
             self._untimed_calls += 1
-            return fetch_and_compute(x, dst, weights, topk_weights, topk_ids, plan.slot_ids,
-                                     plan.miss_slot_ids)
+            return fetch_and_compute(x, dst, weights, topk_weights, topk_ids, plan.slot_ids, plan.miss_slot_ids)
         if not (self.device_overlap and splits_cheaply(fn, x, plan.slot_ids)):
             # The gather on the compute stream: the layer waits for all of it (all exposed).
             if timed:
                 start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
                 start.record()
-            copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots,
-                                      **self._gather_kw)
+            copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots, **self._gather_kw)
             if timed:
                 end.record()
                 self._critical_events.append((start, end))
@@ -261,8 +279,7 @@ class ExpertOffload:
             start = torch.cuda.Event(enable_timing=True) if timed else None
             if start is not None:
                 start.record(side)
-            copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots,
-                                      **self._gather_kw)
+            copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots, **self._gather_kw)
             ready = torch.cuda.Event(enable_timing=timed)
             ready.record(side)
         if start is not None:
@@ -274,8 +291,7 @@ class ExpertOffload:
             else:
                 main.wait_event(ready)
 
-        return split_experts(fn, x, dst[0], dst[1], topk_weights, plan.hit_slot_ids,
-                             plan.miss_slot_ids, wait_for_copy)
+        return split_experts(fn, x, dst[0], dst[1], topk_weights, plan.hit_slot_ids, plan.miss_slot_ids, wait_for_copy)
 
     def _forward_cached(self, layer, x, topk_weights, topk_ids, fn) -> torch.Tensor:
         table = self._tables[layer]
@@ -289,7 +305,7 @@ class ExpertOffload:
         order = [e for e in needed if e in resident] + [e for e in needed if e not in resident]
         out = None
         for start in range(0, len(order), table.num_slots):
-            plan = table.assign(order[start:start + table.num_slots])
+            plan = table.assign(order[start : start + table.num_slots])
             self._hits += len(plan.hits)
             self._misses += len(plan.loads)
             ready = self._copy(layer, slots, plan.loads)
@@ -365,12 +381,18 @@ class ExpertOffload:
             hits += sum(c[0] for c in counts)
             misses += sum(c[1] for c in counts)
             tokens += sum(c[2] for c in counts)
-            moved += sum(c[1] * lay.expert_bytes for c, lay in zip(counts, self.store.layers))
+            moved += sum(c[1] * lay.expert_bytes for c, lay in zip(counts, self.store.layers, strict=False))
         return ExpertCacheStats(
-            mode=self.mode, gpu_cache_bytes=self.gpu_cache_bytes, host_bytes=self.store.host_bytes,
-            pinned=self.store.pinned, hits=hits, misses=misses,
-            bytes_moved=moved, tokens=tokens // self.num_layers,
-            copy_time_s=self._copy_s, exposed_time_s=self._exposed_s,
+            mode=self.mode,
+            gpu_cache_bytes=self.gpu_cache_bytes,
+            host_bytes=self.store.host_bytes,
+            pinned=self.store.pinned,
+            hits=hits,
+            misses=misses,
+            bytes_moved=moved,
+            tokens=tokens // self.num_layers,
+            copy_time_s=self._copy_s,
+            exposed_time_s=self._exposed_s,
             timed=(self.measure or not self._cuda) and not self._untimed_calls,
         )
 

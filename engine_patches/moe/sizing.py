@@ -37,9 +37,7 @@ def expert_bytes(hidden_size: int, moe_intermediate_size: int, dtype_bytes: floa
     return int(3 * hidden_size * moe_intermediate_size * dtype_bytes)
 
 
-def slots_for_budget(
-    cache_gib: float, *, num_experts: int, num_layers: int, one_expert_bytes: int, top_k: int
-) -> int:
+def slots_for_budget(cache_gib: float, *, num_experts: int, num_layers: int, one_expert_bytes: int, top_k: int) -> int:
     """Cache slots per layer that fit in ``cache_gib``; at least top_k so one token fits in one pass."""
     if num_experts <= 0 or num_layers <= 0 or one_expert_bytes <= 0:
         raise ValueError(
@@ -72,7 +70,10 @@ def expert_offload_sizing(
     total = one * num_experts * num_layers
     if mode == "cached":
         slots = slots_for_budget(
-            cache_gib, num_experts=num_experts, num_layers=num_layers, one_expert_bytes=one,
+            cache_gib,
+            num_experts=num_experts,
+            num_layers=num_layers,
+            one_expert_bytes=one,
             top_k=top_k,
         )
         kept = slots * num_layers * one
@@ -82,6 +83,11 @@ def expert_offload_sizing(
     else:
         raise ValueError(f"moe_mode must be 'cached' or 'copy_all', got {mode!r}")
     return ExpertOffloadSizing(
-        mode=mode, expert_bytes=one, all_expert_bytes=total, slots_per_layer=slots,
-        gpu_bytes_kept=kept, gpu_bytes_freed=total - kept, host_bytes=total,
+        mode=mode,
+        expert_bytes=one,
+        all_expert_bytes=total,
+        slots_per_layer=slots,
+        gpu_bytes_kept=kept,
+        gpu_bytes_freed=total - kept,
+        host_bytes=total,
     )

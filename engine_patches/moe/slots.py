@@ -7,8 +7,8 @@ question per layer and batch: "here are the experts I need, where are they and w
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 
 @dataclass

@@ -39,8 +39,7 @@ class ExpertCacheStats:
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        d.update(hit_rate=self.hit_rate, bytes_per_token=self.bytes_per_token,
-                 hidden_time_s=self.hidden_time_s)
+        d.update(hit_rate=self.hit_rate, bytes_per_token=self.bytes_per_token, hidden_time_s=self.hidden_time_s)
         return d
 
 

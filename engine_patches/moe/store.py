@@ -8,8 +8,8 @@ a store that ended up pageable says so in ``pinned``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -53,8 +53,7 @@ class LayerExperts:
 
     @property
     def expert_bytes(self) -> int:
-        return (self.w13[0].numel() * self.w13.element_size()
-                + self.w2[0].numel() * self.w2.element_size())
+        return self.w13[0].numel() * self.w13.element_size() + self.w2[0].numel() * self.w2.element_size()
 
 
 class ExpertStore:
@@ -67,9 +66,7 @@ class ExpertStore:
     def add_layer(self, w13: torch.Tensor, w2: torch.Tensor) -> int:
         """Copy one layer's expert weights (from any device) into host memory; returns its index."""
         if w13.shape[0] != w2.shape[0]:
-            raise ValueError(
-                f"w13 has {w13.shape[0]} experts but w2 has {w2.shape[0]}: pass one layer's weights"
-            )
+            raise ValueError(f"w13 has {w13.shape[0]} experts but w2 has {w2.shape[0]}: pass one layer's weights")
         host = []
         for w in (w13, w2):
             h = self._alloc(tuple(w.shape), w.dtype)
@@ -84,6 +81,4 @@ class ExpertStore:
 
     @property
     def pinned(self) -> bool:
-        return bool(self.layers) and all(
-            is_pinned(lay.w13) and is_pinned(lay.w2) for lay in self.layers
-        )
+        return bool(self.layers) and all(is_pinned(lay.w13) and is_pinned(lay.w2) for lay in self.layers)

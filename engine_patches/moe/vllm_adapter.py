@@ -61,17 +61,28 @@ class _Runtime:
             if gib is None:
                 gib = DEFAULT_CACHE_FRACTION * self.store.host_bytes / GIB
             self.offload = ExpertOffload.from_budget(
-                self.store, float(gib), top_k=top_k, device=device, mode=mode,
+                self.store,
+                float(gib),
+                top_k=top_k,
+                device=device,
+                mode=mode,
                 measure_copy_time=device.type == "cuda",
             )
             if not self.store.pinned and torch.cuda.is_available():
-                log.warning("engine_patches: MoE experts sit in pageable host memory; every "
-                            "expert copy runs about 6x slower. Check the pinned allocator's log.")
-            log.info("engine_patches: MoE expert offload (%s): %d layers, %d of %d experts per "
-                     "layer on the GPU (%.2f GiB), %.2f GiB of experts in host memory", mode,
-                     self.offload.num_layers, self.offload.slots_per_layer,
-                     self.offload.num_experts, self.offload.gpu_cache_bytes / GIB,
-                     self.store.host_bytes / GIB)
+                log.warning(
+                    "engine_patches: MoE experts sit in pageable host memory; every "
+                    "expert copy runs about 6x slower. Check the pinned allocator's log."
+                )
+            log.info(
+                "engine_patches: MoE expert offload (%s): %d layers, %d of %d experts per "
+                "layer on the GPU (%.2f GiB), %.2f GiB of experts in host memory",
+                mode,
+                self.offload.num_layers,
+                self.offload.slots_per_layer,
+                self.offload.num_experts,
+                self.offload.gpu_cache_bytes / GIB,
+                self.store.host_bytes / GIB,
+            )
         return self.offload
 
     def after_forward(self, layer_index: int) -> None:
@@ -101,8 +112,11 @@ def install(settings: Any = None) -> list[str]:
     if current is not None and current is _method_cls:
         return [f"{OOT_NAME}.oot"]
     if current is not None:
-        log.warning("engine_patches: %s is already replaced by %s (another plugin); MoE expert "
-                    "offload stays off", OOT_NAME, current.__qualname__)
+        log.warning(
+            "engine_patches: %s is already replaced by %s (another plugin); MoE expert offload stays off",
+            OOT_NAME,
+            current.__qualname__,
+        )
         return []
     _method_cls = _make_method_class(UnquantizedFusedMoEMethod)
     UnquantizedFusedMoEMethod.register_oot(_method_cls, name=OOT_NAME)
@@ -119,29 +133,30 @@ def _make_method_class(base: type) -> type:
             super().process_weights_after_loading(layer)
             reason = _unsupported(self, layer)
             if reason:
-                log.warning("engine_patches: MoE layer %s keeps its experts on the GPU: %s",
-                            getattr(layer, "layer_name", "?"), reason)
+                log.warning(
+                    "engine_patches: MoE layer %s keeps its experts on the GPU: %s",
+                    getattr(layer, "layer_name", "?"),
+                    reason,
+                )
                 return
             self.store_index = RUNTIME.add_layer(layer.w13_weight.data, layer.w2_weight.data)
             for name in ("w13_weight", "w2_weight"):
                 param = getattr(layer, name)
                 param.data = param.data.new_empty((0, *param.shape[1:]))
 
-        def apply(self, layer, x, topk_weights, topk_ids, shared_experts,
-                  shared_experts_input):
+        def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
             if self.store_index is None:
-                return super().apply(layer, x, topk_weights, topk_ids, shared_experts,
-                                     shared_experts_input)
+                return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
             offload = RUNTIME.cache(x.device, top_k=topk_ids.shape[1])
-            if (offload.mode == "cached" and x.is_cuda and _capturing()
-                    and not offload.plans_on_device(topk_ids)):
+            if offload.mode == "cached" and x.is_cuda and _capturing() and not offload.plans_on_device(topk_ids):
                 raise RuntimeError(
                     f"MoE expert offload: a batch of {x.shape[0]} tokens needs more experts than "
                     f"the {offload.slots_per_layer} cache slots per layer hold, so its copies are "
                     "planned on the host and cannot run inside a CUDA graph: capture graphs only "
                     f"up to {offload.slots_per_layer // topk_ids.shape[1]} tokens "
                     "(--max-cudagraph-capture-size), raise moe_gpu_cache_gib, serve with "
-                    "--enforce-eager, or set moe_mode to 'copy_all'")
+                    "--enforce-eager, or set moe_mode to 'copy_all'"
+                )
             pending_shared = [shared_experts]
 
             def experts_fn(h, w13, w2, weights, slot_ids):
@@ -149,22 +164,33 @@ def _make_method_class(base: type) -> type:
                 skip = slot_ids < 0
                 shared = pending_shared.pop() if pending_shared else None  # run it once
                 out = self.moe_kernel.apply(
-                    hidden_states=h, w1=w13, w2=w2,
+                    hidden_states=h,
+                    w1=w13,
+                    w2=w2,
                     topk_weights=weights.masked_fill(skip, 0.0),
                     topk_ids=slot_ids.clamp_min(0).to(topk_ids.dtype),
                     activation=layer.activation,
                     apply_router_weight_on_input=layer.apply_router_weight_on_input,
-                    global_num_experts=w13.shape[0], expert_map=None,
+                    global_num_experts=w13.shape[0],
+                    expert_map=None,
                     shared_experts=shared,
                     shared_experts_input=shared_experts_input if shared is not None else None,
                 )
                 if not isinstance(out, torch.Tensor):
-                    raise RuntimeError("MoE expert offload needs a finalized MoE output; this "
-                                       "kernel defers it. Turn moe_offload off for this model.")
+                    raise RuntimeError(
+                        "MoE expert offload needs a finalized MoE output; this "
+                        "kernel defers it. Turn moe_offload off for this model."
+                    )
                 return out
 
-            out = offload.forward(self.store_index, x, topk_weights, topk_ids, experts_fn,
-                                  own_math=own_kernels_fit(self, layer, x, shared_experts))
+            out = offload.forward(
+                self.store_index,
+                x,
+                topk_weights,
+                topk_ids,
+                experts_fn,
+                own_math=own_kernels_fit(self, layer, x, shared_experts),
+            )
             RUNTIME.after_forward(self.store_index)
             return out
 
@@ -175,8 +201,13 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-_ACTIVATION_EXTRAS = ("swiglu_limit", "swiglu_alpha", "swiglu_beta", "activation_situ_beta",
-                      "activation_situ_linear_beta")
+_ACTIVATION_EXTRAS = (
+    "swiglu_limit",
+    "swiglu_alpha",
+    "swiglu_beta",
+    "activation_situ_beta",
+    "activation_situ_linear_beta",
+)
 
 
 def own_kernels_fit(method, layer, x: torch.Tensor, shared_experts) -> bool:
@@ -213,7 +244,6 @@ def _unsupported(method, layer) -> str | None:
     if getattr(layer, "w13_bias", None) is not None or getattr(layer, "w2_bias", None) is not None:
         return "expert biases are not cached"
     parallel = getattr(method.moe, "moe_parallel_config", None)
-    if parallel is not None and (getattr(parallel, "use_ep", False)
-                                 or getattr(parallel, "enable_eplb", False)):
+    if parallel is not None and (getattr(parallel, "use_ep", False) or getattr(parallel, "enable_eplb", False)):
         return "expert parallelism / EPLB moves experts itself"
     return None

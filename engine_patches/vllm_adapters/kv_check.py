@@ -57,12 +57,16 @@ def _with_config(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _explain(original: Callable[..., Any]) -> Callable[..., Any]:
-    def check_with_both_tiers(available_memory: int, get_needed_memory: Callable[[], int],
-                              max_model_len: int, estimate_max_model_len: Callable[[int], int],
-                              *args: Any, **kwargs: Any) -> Any:
+    def check_with_both_tiers(
+        available_memory: int,
+        get_needed_memory: Callable[[], int],
+        max_model_len: int,
+        estimate_max_model_len: Callable[[int], int],
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
         try:
-            return original(available_memory, get_needed_memory, max_model_len,
-                            estimate_max_model_len, *args, **kwargs)
+            return original(available_memory, get_needed_memory, max_model_len, estimate_max_model_len, *args, **kwargs)
         except ValueError as exc:
             vllm_config = getattr(_local, "vllm_config", None)
             if vllm_config is None or available_memory <= 0:

@@ -96,6 +96,7 @@ def pool() -> CPULoRAPool | None:
 
 # -- patches ------------------------------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def loading_for(adapter_manager: Any, lora_request: Any) -> Iterator[None]:
     """Inside, ``LoRAModel.from_local_checkpoint`` reads into the pool for this request.
@@ -130,19 +131,26 @@ def _loading_context(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _pooled_checkpoint(original: Callable[..., Any]) -> Callable[..., Any]:
-    def from_local_checkpoint_into_pool(cls: Any, lora_dir: str, expected_lora_modules: set[str],
-                                        peft_helper: Any, **kwargs: Any) -> Any:
+    def from_local_checkpoint_into_pool(
+        cls: Any, lora_dir: str, expected_lora_modules: set[str], peft_helper: Any, **kwargs: Any
+    ) -> Any:
         loading = getattr(_local, "loading", None)
         path = os.path.join(lora_dir, "adapter_model.safetensors")
         lora = None
-        if (loading is not None and _state is not None and os.path.isfile(path)
-                and str(kwargs.get("device", "cuda")) == "cpu"):
-            lora = _load_into_pool(cls, loading[0], loading[1], path, expected_lora_modules,
-                                   peft_helper, **kwargs)
+        if (
+            loading is not None
+            and _state is not None
+            and os.path.isfile(path)
+            and str(kwargs.get("device", "cuda")) == "cpu"
+        ):
+            lora = _load_into_pool(cls, loading[0], loading[1], path, expected_lora_modules, peft_helper, **kwargs)
         if lora is None:
-            _warn_once("stock", "CPU LoRA pool: %s is loaded the stock way (not a safetensors "
-                       "adapter read by a worker, or a MoE layout the pool does not stack)",
-                       lora_dir)
+            _warn_once(
+                "stock",
+                "CPU LoRA pool: %s is loaded the stock way (not a safetensors "
+                "adapter read by a worker, or a MoE layout the pool does not stack)",
+                lora_dir,
+            )
             return original(cls, lora_dir, expected_lora_modules, peft_helper, **kwargs)
         return lora
 
@@ -202,18 +210,37 @@ def _release_on_remove(original: Callable[..., Any]) -> Callable[..., Any]:
 
 # -- loading ------------------------------------------------------------------------------------
 
-def _load_into_pool(cls: Any, adapter_manager: Any, lora_request: Any, path: str,
-                    expected_lora_modules: set[str], peft_helper: Any, *,
-                    lora_model_id: int | None = None,
-                    dtype: torch.dtype | None = None, model_vocab_size: int | None = None,
-                    weights_mapper: Any = None, skip_prefixes: list[str] | None = None,
-                    moe_ep_spec: Any = None, **_: Any) -> Any:
+
+def _load_into_pool(
+    cls: Any,
+    adapter_manager: Any,
+    lora_request: Any,
+    path: str,
+    expected_lora_modules: set[str],
+    peft_helper: Any,
+    *,
+    lora_model_id: int | None = None,
+    dtype: torch.dtype | None = None,
+    model_vocab_size: int | None = None,
+    weights_mapper: Any = None,
+    skip_prefixes: list[str] | None = None,
+    moe_ep_spec: Any = None,
+    **_: Any,
+) -> Any:
     """The adapter with its tensors in pool slots, or None when vLLM must load it itself."""
     from vllm.lora.utils import get_lora_id
 
     checkpoint = SafetensorsFile(path)
-    pairs, full = _index(cls, checkpoint, expected_lora_modules, peft_helper, model_vocab_size,
-                         weights_mapper, skip_prefixes, moe_ep_spec)
+    pairs, full = _index(
+        cls,
+        checkpoint,
+        expected_lora_modules,
+        peft_helper,
+        model_vocab_size,
+        weights_mapper,
+        skip_prefixes,
+        moe_ep_spec,
+    )
     stacks = _moe_stacks(adapter_manager, lora_request, pairs, checkpoint)
     stacked = {m for stack in stacks.values() for m in stack.members}
     if any(".experts" in m and m not in stacked for m in pairs):
@@ -227,13 +254,12 @@ def _load_into_pool(cls: Any, adapter_manager: Any, lora_request: Any, path: str
     # One slot pair per dense module; per MoE layer one [experts, ...] slot pair per projection,
     # named "<layer>#w1..3" in pack_moe's order.
     slots: dict[str, tuple[TensorSpec, TensorSpec]] = {
-        m: (spec(pair.a), spec(pair.b)) for m, pair in pairs.items() if m not in stacked}
+        m: (spec(pair.a), spec(pair.b)) for m, pair in pairs.items() if m not in stacked
+    }
     for stack_name, stack in stacks.items():
         for proj, members in enumerate(stack.by_projection(), start=1):
-            (a_shape, a_dtype), (b_shape, b_dtype) = (spec(pairs[members[0]].a),
-                                                      spec(pairs[members[0]].b))
-            slots[f"{stack_name}#w{proj}"] = (((len(members), *a_shape), a_dtype),
-                                              ((len(members), *b_shape), b_dtype))
+            (a_shape, a_dtype), (b_shape, b_dtype) = (spec(pairs[members[0]].a), spec(pairs[members[0]].b))
+            slots[f"{stack_name}#w{proj}"] = (((len(members), *a_shape), a_dtype), ((len(members), *b_shape), b_dtype))
 
     def fill(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
         if "#w" not in name:
@@ -257,12 +283,18 @@ def _load_into_pool(cls: Any, adapter_manager: Any, lora_request: Any, path: str
         modules_to_save = _full_modules(checkpoint, full)
     first = next(iter(adapter.layers.values()), None)
     if first is not None and _state.allocator.pinning_available() and not first.lora_a.is_pinned():
-        _warn_once("pageable", "CPU LoRA pool: its slabs are pageable (pin budget reached?); "
-                   "vLLM will make pinned copies of the adapters, doubling their host memory. "
-                   "Raise pin_budget_bytes or lower lora_pool_gib.")
-    lora = cls(lora_model_id, peft_helper.r,
-               _layer_weights(adapter, pairs, stacks, stacked, peft_helper),
-               modules_to_save=modules_to_save)
+        _warn_once(
+            "pageable",
+            "CPU LoRA pool: its slabs are pageable (pin budget reached?); "
+            "vLLM will make pinned copies of the adapters, doubling their host memory. "
+            "Raise pin_budget_bytes or lower lora_pool_gib.",
+        )
+    lora = cls(
+        lora_model_id,
+        peft_helper.r,
+        _layer_weights(adapter, pairs, stacks, stacked, peft_helper),
+        modules_to_save=modules_to_save,
+    )
     setattr(lora, POOL_KEY_ATTR, key)
     return lora
 
@@ -277,10 +309,16 @@ class _Pair:
     b: str = ""
 
 
-def _index(cls: Any, checkpoint: SafetensorsFile, expected_lora_modules: set[str],
-           peft_helper: Any, model_vocab_size: int | None, weights_mapper: Any,
-           skip_prefixes: list[str] | None, moe_ep_spec: Any
-           ) -> tuple[dict[str, _Pair], dict[str, dict[str, str]]]:
+def _index(
+    cls: Any,
+    checkpoint: SafetensorsFile,
+    expected_lora_modules: set[str],
+    peft_helper: Any,
+    model_vocab_size: int | None,
+    weights_mapper: Any,
+    skip_prefixes: list[str] | None,
+    moe_ep_spec: Any,
+) -> tuple[dict[str, _Pair], dict[str, dict[str, str]]]:
     """The checkpoint's LoRA pairs and full modules, checked as from_local_checkpoint checks."""
     from vllm.lora.lora_model import _is_remote_expert_key
     from vllm.lora.utils import is_base_embedding_weights, parse_fine_tuned_lora_name
@@ -290,8 +328,7 @@ def _index(cls: Any, checkpoint: SafetensorsFile, expected_lora_modules: set[str
     full: dict[str, dict[str, str]] = {}
     unexpected: list[str] = []
     for name in checkpoint.tensors:
-        if is_base_embedding_weights(name) or (
-                skip_prefixes and cls._should_skip_module(name, skip_prefixes)):
+        if is_base_embedding_weights(name) or (skip_prefixes and cls._should_skip_module(name, skip_prefixes)):
             continue
         if moe_ep_spec is not None and _is_remote_expert_key(name, moe_ep_spec):
             continue  # another expert-parallel rank's expert
@@ -305,18 +342,20 @@ def _index(cls: Any, checkpoint: SafetensorsFile, expected_lora_modules: set[str
         setattr(pair, "a" if is_a else "b", name)
     folder = os.path.dirname(checkpoint.path)
     if unexpected:
-        raise ValueError(f"While loading {folder}, expected target modules in "
-                         f"{expected_lora_modules} but received {unexpected}. Please verify that "
-                         f"the loaded LoRA module is correct")
+        raise ValueError(
+            f"While loading {folder}, expected target modules in "
+            f"{expected_lora_modules} but received {unexpected}. Please verify that "
+            f"the loaded LoRA module is correct"
+        )
     for pair in pairs.values():
         if not pair.a or not pair.b:
-            raise ValueError(f"{checkpoint.path}: module {pair.module} has only one of "
-                             f"lora_A / lora_B")
+            raise ValueError(f"{checkpoint.path}: module {pair.module} has only one of lora_A / lora_B")
         width = checkpoint.tensors[pair.a].shape[-1]
-        if model_vocab_size is not None and "lora_embedding_A" in pair.a \
-                and width != model_vocab_size:
-            raise RuntimeError(f"The embedding LoRA size({width}) must be consistent with "
-                               f"the base model's vocabulary size({model_vocab_size}).")
+        if model_vocab_size is not None and "lora_embedding_A" in pair.a and width != model_vocab_size:
+            raise RuntimeError(
+                f"The embedding LoRA size({width}) must be consistent with "
+                f"the base model's vocabulary size({model_vocab_size})."
+            )
     return pairs, full
 
 
@@ -329,13 +368,16 @@ def _full_modules(checkpoint: SafetensorsFile, full: dict[str, dict[str, str]]) 
         if "weight" not in parts:
             raise ValueError(f"Full module {module!r} is missing weight.")
         out[module] = LoRAFullModuleWeights(
-            module_name=module, weight=checkpoint.read(parts["weight"]),
-            bias=checkpoint.read(parts["bias"]) if "bias" in parts else None)
+            module_name=module,
+            weight=checkpoint.read(parts["weight"]),
+            bias=checkpoint.read(parts["bias"]) if "bias" in parts else None,
+        )
     return out
 
 
-def _layer_weights(adapter: Any, pairs: dict[str, _Pair], stacks: dict[str, _Stack],
-                   stacked: set[str], peft_helper: Any) -> dict[str, Any]:
+def _layer_weights(
+    adapter: Any, pairs: dict[str, _Pair], stacks: dict[str, _Stack], stacked: set[str], peft_helper: Any
+) -> dict[str, Any]:
     """vLLM's weight records over the pool slots; MoE layers already packed (scaling folded)."""
     from vllm.lora.lora_weights import LoRALayerWeights, PackedLoRALayerWeights
 
@@ -350,9 +392,13 @@ def _layer_weights(adapter: Any, pairs: dict[str, _Pair], stacks: dict[str, _Sta
     for stack_name in stacks:
         layers = [adapter.layers[f"{stack_name}#w{proj}"] for proj in (1, 2, 3)]
         loras[stack_name] = PackedLoRALayerWeights(
-            stack_name, layers[0].lora_a.shape[1], [peft_helper.lora_alpha] * 3,
-            [layer.lora_a for layer in layers], [layer.lora_b for layer in layers],
-            scaling=[1, 1, 1])
+            stack_name,
+            layers[0].lora_a.shape[1],
+            [peft_helper.lora_alpha] * 3,
+            [layer.lora_a for layer in layers],
+            [layer.lora_b for layer in layers],
+            scaling=[1, 1, 1],
+        )
     return loras
 
 
@@ -366,32 +412,40 @@ class _Stack:
         return [self.members[0::3], self.members[1::3], self.members[2::3]]
 
 
-def _moe_stacks(adapter_manager: Any, lora_request: Any, pairs: dict[str, _Pair],
-                checkpoint: SafetensorsFile) -> dict[str, _Stack]:
+def _moe_stacks(
+    adapter_manager: Any, lora_request: Any, pairs: dict[str, _Pair], checkpoint: SafetensorsFile
+) -> dict[str, _Stack]:
     """The MoE layers whose expert LoRAs can be written in pack_moe's layout inside the pool."""
     from vllm.lora.layers import FusedMoE3DWithLoRA, FusedMoEWithLoRA
 
-    if (adapter_manager._enable_moe_shared_loras or adapter_manager._is_non_gated_moe
-            or (adapter_manager._enable_mixed_moe_lora_format
-                and getattr(lora_request, "is_3d_lora_weight", False))):
+    if (
+        adapter_manager._enable_moe_shared_loras
+        or adapter_manager._is_non_gated_moe
+        or (adapter_manager._enable_mixed_moe_lora_format and getattr(lora_request, "is_3d_lora_weight", False))
+    ):
         if any(".experts." in m for m in pairs):
-            _warn_once("moe-layout", "CPU LoRA pool: this MoE LoRA layout (shared, non-gated or "
-                       "3D) is stacked by vLLM, outside the pool")
+            _warn_once(
+                "moe-layout",
+                "CPU LoRA pool: this MoE LoRA layout (shared, non-gated or 3D) is stacked by vLLM, outside the pool",
+            )
         return {}
     stacks: dict[str, _Stack] = {}
     for module_name, members in adapter_manager.packed_modules.items():
         module = adapter_manager.modules.get(module_name)
-        if (not module_name.endswith(".experts") or not isinstance(module, FusedMoEWithLoRA)
-                or isinstance(module, FusedMoE3DWithLoRA)):
+        if (
+            not module_name.endswith(".experts")
+            or not isinstance(module, FusedMoEWithLoRA)
+            or isinstance(module, FusedMoE3DWithLoRA)
+        ):
             continue
         members = adapter_manager._restrict_to_local_experts(module_name, members)
         if not members or len(members) % 3 or not all(m in pairs for m in members):
             continue  # vLLM handles partial expert sets (it pads or refuses) the stock way
         stack = _Stack(list(members))
         uniform = all(
-            len({(checkpoint.tensors[pairs[m].a].shape, checkpoint.tensors[pairs[m].b].shape)
-                 for m in proj}) == 1
-            for proj in stack.by_projection())
+            len({(checkpoint.tensors[pairs[m].a].shape, checkpoint.tensors[pairs[m].b].shape) for m in proj}) == 1
+            for proj in stack.by_projection()
+        )
         if uniform:
             stacks[module_name] = stack
     return stacks
@@ -399,21 +453,26 @@ def _moe_stacks(adapter_manager: Any, lora_request: Any, pairs: dict[str, _Pair]
 
 def _expected(module: str, expected: set[str], saved: set[str]) -> bool:
     if ".experts" in module:
-        return module[module.find(".experts") + 1:] in expected
+        return module[module.find(".experts") + 1 :] in expected
     base = module.rsplit(".", 1)[-1]
     return base in expected or base in saved
 
 
 # -- the pool -----------------------------------------------------------------------------------
 
+
 def _pool_for(adapter_manager: Any) -> CPULoRAPool:
     assert _state is not None
     _state.adapter_manager = adapter_manager
     if _state.pool is None:
         capacity = pool_capacity(_state.settings, adapter_manager)
-        _state.pool = CPULoRAPool(capacity, allocator=_state.allocator,
-                                  on_change=lambda s: _publish(s),
-                                  can_evict=_can_evict, on_evict=_evicted)
+        _state.pool = CPULoRAPool(
+            capacity,
+            allocator=_state.allocator,
+            on_change=lambda s: _publish(s),
+            can_evict=_can_evict,
+            on_evict=_evicted,
+        )
         logger.info("CPU LoRA pool: %.2f GiB for LoRA adapters", capacity / 2**30)
         _publish()
     return _state.pool
@@ -434,10 +493,8 @@ def max_adapter_bytes(adapter_manager: Any) -> int:
         for attr, value in vars(module).items():
             if not attr.endswith(("lora_a_stacked", "lora_b_stacked")):
                 continue  # the MoE layer's list of per-expert views repeats the tuples' bytes
-            tensors = [value] if isinstance(value, torch.Tensor) else (
-                list(value) if isinstance(value, tuple) else [])
-            total += sum(t.numel() * t.element_size() for t in tensors
-                         if isinstance(t, torch.Tensor))
+            tensors = [value] if isinstance(value, torch.Tensor) else (list(value) if isinstance(value, tuple) else [])
+            total += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
     return max(1, math.ceil(total / max(adapter_manager.lora_slots, 1)))
 
 
@@ -473,4 +530,3 @@ def _warn_once(key: str, msg: str, *args: object) -> None:
     if _state is not None and key not in _state.warned:
         _state.warned.add(key)
         logger.warning(msg, *args)
-

@@ -44,13 +44,15 @@ def convert_num_cpu_blocks(config: Any) -> Any:
     if not blocks or extra.get("cpu_bytes_to_use") or config.worker_kv_bytes_per_block <= 0:
         return config
     copies = 1 if config.replicated_layout else config.parallel.world_size
-    extra["cpu_bytes_to_use"] = cpu_bytes_for_blocks(int(blocks), config.worker_kv_bytes_per_block,
-                                                     copies)
+    extra["cpu_bytes_to_use"] = cpu_bytes_for_blocks(int(blocks), config.worker_kv_bytes_per_block, copies)
     logger.warning(
         "kv_connector_extra_config has num_cpu_blocks=%d, which vLLM 0.32 does not read: using "
         "cpu_bytes_to_use=%d (%d blocks x %d bytes per block per worker x %d). Set "
         "cpu_bytes_to_use or --kv-offloading-size instead.",
-        int(blocks), extra["cpu_bytes_to_use"], int(blocks), config.worker_kv_bytes_per_block,
+        int(blocks),
+        extra["cpu_bytes_to_use"],
+        int(blocks),
+        config.worker_kv_bytes_per_block,
         copies,
     )
     return dataclasses.replace(config, extra_config=extra)

@@ -18,8 +18,7 @@ def is_patched(owner: Any, name: str) -> bool:
     return bool(getattr(func, MARK, False))
 
 
-def wrap(owner: Any, name: str, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]
-         ) -> bool:
+def wrap(owner: Any, name: str, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
     """Set ``owner.name = make_wrapper(original)``; False when it was already patched.
 
     Works for module functions, methods, classmethods and staticmethods. The wrapper gets

@@ -33,8 +33,7 @@ def exact_pin_handler(allocator: PinnedAllocator) -> pin_routing.PinHandler:
     return pin_exact
 
 
-def _routed_through(handler: pin_routing.PinHandler
-                    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _routed_through(handler: pin_routing.PinHandler) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def routed(*args: Any, **kwargs: Any) -> Any:
             with pin_routing.routed(handler):
@@ -53,8 +52,7 @@ def install_lora(allocator: PinnedAllocator) -> list[str]:
     done = []
     if wrap(LoRAModel, "from_lora_tensors", _routed_through(pin_routing.keep_pageable)):
         done.append("LoRAModel.from_lora_tensors")
-    if wrap(LoRAModelManager, "_create_merged_loras_inplace",
-            _routed_through(exact_pin_handler(allocator))):
+    if wrap(LoRAModelManager, "_create_merged_loras_inplace", _routed_through(exact_pin_handler(allocator))):
         done.append("LoRAModelManager._create_merged_loras_inplace")
     return done
 

@@ -21,16 +21,17 @@ WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin", "adapter_model
 
 # Module names per model family, for models whose folder has no weights to read them from
 # (served with --load-format dummy, or not downloaded yet).
-_LLAMA_LIKE = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                         "down_proj", "embed_tokens", "lm_head"})
+_LLAMA_LIKE = frozenset(
+    {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head"}
+)
 FAMILY_MODULES: dict[str, frozenset[str]] = {
-    **{t: _LLAMA_LIKE for t in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2",
-                                "gemma3_text", "granite", "olmo2")},
+    **{
+        t: _LLAMA_LIKE
+        for t in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "granite", "olmo2")
+    },
     **{t: _LLAMA_LIKE | {"gate", "shared_expert_gate"} for t in ("qwen2_moe", "qwen3_moe")},
-    "mixtral": frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "w1", "w2", "w3", "gate",
-                          "embed_tokens", "lm_head"}),
-    "phi3": frozenset({"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "embed_tokens",
-                       "lm_head"}),
+    "mixtral": frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "w1", "w2", "w3", "gate", "embed_tokens", "lm_head"}),
+    "phi3": frozenset({"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "embed_tokens", "lm_head"}),
 }
 
 
@@ -45,11 +46,15 @@ def check_adapter(path: str, config: ModelConfig) -> AdapterCheck:
     """Raise Invalid (with what to do) unless ``path`` is an adapter ``config`` can serve."""
     folder = Path(path).expanduser()
     if not config.enable_lora:
-        raise Invalid(f"model config {config.name!r} has enable_lora off: turn it on (and set "
-                      f"max_lora_rank) before adding adapters for it")
+        raise Invalid(
+            f"model config {config.name!r} has enable_lora off: turn it on (and set "
+            f"max_lora_rank) before adding adapters for it"
+        )
     if not folder.is_dir():
-        raise Invalid(f"{folder} is not a folder on the manager's machine: give the path of the "
-                      f"adapter folder (the one holding adapter_config.json)")
+        raise Invalid(
+            f"{folder} is not a folder on the manager's machine: give the path of the "
+            f"adapter folder (the one holding adapter_config.json)"
+        )
     config_file = folder / "adapter_config.json"
     if not config_file.is_file():
         raise Invalid(f"{folder} has no adapter_config.json: it is not a PEFT LoRA adapter folder")
@@ -65,21 +70,28 @@ def check_adapter(path: str, config: ModelConfig) -> AdapterCheck:
     rank = _rank(peft, config_file)
     limit = config.max_lora_rank or VLLM_DEFAULT_MAX_LORA_RANK
     if rank > limit:
-        raise Invalid(f"adapter rank {rank} is above model config {config.name!r}'s "
-                      f"max_lora_rank {limit}: raise max_lora_rank to at least {rank} "
-                      f"(it sizes the GPU LoRA buffers) or use a lower-rank adapter")
+        raise Invalid(
+            f"adapter rank {rank} is above model config {config.name!r}'s "
+            f"max_lora_rank {limit}: raise max_lora_rank to at least {rank} "
+            f"(it sizes the GPU LoRA buffers) or use a lower-rank adapter"
+        )
 
     targets = peft.get("target_modules")
     known = known_modules(config.model)
     if known is None:
-        return AdapterCheck(rank, _as_tuple(targets),
-                            note=f"could not tell which modules {config.model} has (no weights "
-                                 f"and an unknown model type): target modules not checked")
+        return AdapterCheck(
+            rank,
+            _as_tuple(targets),
+            note=f"could not tell which modules {config.model} has (no weights "
+            f"and an unknown model type): target modules not checked",
+        )
     unknown = _unknown_targets(targets, known)
     if unknown:
-        raise Invalid(f"adapter targets modules the model {config.model} does not have: "
-                      f"{', '.join(unknown)} (it has {', '.join(sorted(known))}); was it trained "
-                      f"for another base model?")
+        raise Invalid(
+            f"adapter targets modules the model {config.model} does not have: "
+            f"{', '.join(unknown)} (it has {', '.join(sorted(known))}); was it trained "
+            f"for another base model?"
+        )
     return AdapterCheck(rank, _as_tuple(targets))
 
 

@@ -33,25 +33,24 @@ def _engine_message(resp: httpx.Response) -> str:
     return str(body.get("message") or body.get("detail") or body)[:500]
 
 
-async def _post(http: httpx.AsyncClient, port: int, path: str, body: dict,
-                timeout: float) -> httpx.Response:
+async def _post(http: httpx.AsyncClient, port: int, path: str, body: dict, timeout: float) -> httpx.Response:
     try:
         return await http.post(_url(port, path), json=body, timeout=timeout)
     except httpx.HTTPError as exc:
         raise EngineUnreachable(f"the worker on port {port} did not answer {path} ({exc})") from exc
 
 
-async def load(http: httpx.AsyncClient, port: int, name: str, path: str,
-               timeout: float = 600.0) -> float:
+async def load(http: httpx.AsyncClient, port: int, name: str, path: str, timeout: float = 600.0) -> float:
     """Load the adapter; returns the seconds the engine took (read from disk into its cache)."""
     started = time.perf_counter()
-    resp = await _post(http, port, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path},
-                       timeout)
+    resp = await _post(http, port, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout)
     seconds = time.perf_counter() - started
     if resp.status_code == 404:
-        raise Invalid(f"the worker on port {port} has no runtime LoRA endpoints: start it from a "
-                      f"model config with enable_lora on (the manager then sets "
-                      f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)")
+        raise Invalid(
+            f"the worker on port {port} has no runtime LoRA endpoints: start it from a "
+            f"model config with enable_lora on (the manager then sets "
+            f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)"
+        )
     if resp.status_code >= 400:
         message = _engine_message(resp)
         if "already been loaded" in message:
@@ -79,5 +78,8 @@ async def loaded(http: httpx.AsyncClient, port: int, timeout: float = 10.0) -> l
         entries = resp.json().get("data", [])
     except (httpx.HTTPError, ValueError) as exc:
         raise EngineUnreachable(f"could not list models on the worker on port {port} ({exc})") from exc
-    return [LoadedAdapter(name=e["id"], path=str(e.get("root") or ""), base_model=str(e["parent"]))
-            for e in entries if e.get("parent")]
+    return [
+        LoadedAdapter(name=e["id"], path=str(e.get("root") or ""), base_model=str(e["parent"]))
+        for e in entries
+        if e.get("parent")
+    ]

@@ -8,6 +8,7 @@ it also sweeps all ready workers when it starts and when an adapter is pinned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import httpx
@@ -22,8 +23,7 @@ log = logging.getLogger("vllm_manager.lora")
 
 
 class PinKeeper:
-    def __init__(self, engine: Engine, supervisor: Supervisor,
-                 http: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, engine: Engine, supervisor: Supervisor, http: httpx.AsyncClient | None = None) -> None:
         self.engine = engine
         self.supervisor = supervisor
         self.http = http or httpx.AsyncClient()
@@ -42,10 +42,8 @@ class PinKeeper:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
             self._task = None
         if self._owns_http:
             await self.http.aclose()
@@ -54,9 +52,11 @@ class PinKeeper:
         """Load missing pinned adapters into ready workers (one, or all); returns what it loaded."""
         done: list[str] = []
         async with self._lock:  # a "ready" event and a pin may sweep at once: load once
-            runners = ([self.supervisor.runners[worker_id]]
-                       if worker_id is not None and worker_id in self.supervisor.runners
-                       else list(self.supervisor.runners.values()))
+            runners = (
+                [self.supervisor.runners[worker_id]]
+                if worker_id is not None and worker_id in self.supervisor.runners
+                else list(self.supervisor.runners.values())
+            )
             for runner in runners:
                 snap = runner.snapshot()
                 if snap["state"] != "ready" or not snap["port"]:
@@ -82,14 +82,22 @@ class PinKeeper:
                 seconds = await engine_api.load(self.http, port, adapter.name, adapter.path)
             except ManagerError as exc:
                 self.supervisor.events.record(
-                    "lora_pin_failed", f"pinned LoRA adapter {adapter.name} did not load: "
-                    f"{exc.message}", worker_id, adapter=adapter.name)
+                    "lora_pin_failed",
+                    f"pinned LoRA adapter {adapter.name} did not load: {exc.message}",
+                    worker_id,
+                    adapter=adapter.name,
+                )
                 continue
             with session(self.engine) as db:
                 registry.record_load(db, adapter.name, seconds)
             self.supervisor.events.record(
-                "lora_loaded", f"pinned LoRA adapter {adapter.name} loaded in {seconds:.2f}s",
-                worker_id, adapter=adapter.name, seconds=round(seconds, 3), pinned=True)
+                "lora_loaded",
+                f"pinned LoRA adapter {adapter.name} loaded in {seconds:.2f}s",
+                worker_id,
+                adapter=adapter.name,
+                seconds=round(seconds, 3),
+                pinned=True,
+            )
             done.append(adapter.name)
         return done
 

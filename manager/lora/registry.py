@@ -33,12 +33,19 @@ def add_adapter(db: Session, data: LoraAdapterCreate) -> tuple[LoraAdapter, Adap
         raise Conflict(f"a LoRA adapter named {data.name!r} already exists")
     config = models.get_model(db, data.base_config)
     if data.name == config.name or data.name == (config.served_model_name or ""):
-        raise Conflict(f"{data.name!r} is the base model's own name; requests could not tell "
-                       f"the adapter from the model: choose another name")
+        raise Conflict(
+            f"{data.name!r} is the base model's own name; requests could not tell "
+            f"the adapter from the model: choose another name"
+        )
     check = check_adapter(data.path, config)
     # Engines run in their own folder: keep the absolute path the manager checked.
-    adapter = LoraAdapter(name=data.name, path=str(Path(data.path).expanduser().resolve()), base_config=data.base_config,
-                          rank=check.rank, pinned=data.pinned)
+    adapter = LoraAdapter(
+        name=data.name,
+        path=str(Path(data.path).expanduser().resolve()),
+        base_config=data.base_config,
+        rank=check.rank,
+        pinned=data.pinned,
+    )
     db.add(adapter)
     db.commit()
     db.refresh(adapter)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -19,9 +20,11 @@ from manager.supervisor.supervisor import Supervisor
 READY = "ready"
 # vLLM 0.32's /v1/unload_lora_adapter only drops the name in the API server (serving.py); the
 # engine keeps the weights in its CPU LoRA cache until that cache or the CPU pool evicts them.
-UNLOAD_KEEPS_WEIGHTS = ("Requests can no longer name it; vLLM 0.32 keeps its weights in the "
-                        "worker's CPU LoRA cache until evicted (max_cpu_loras, or the CPU LoRA "
-                        "pool when it needs the room).")
+UNLOAD_KEEPS_WEIGHTS = (
+    "Requests can no longer name it; vLLM 0.32 keeps its weights in the "
+    "worker's CPU LoRA cache until evicted (max_cpu_loras, or the CPU LoRA "
+    "pool when it needs the room)."
+)
 
 
 @dataclass(frozen=True)
@@ -55,54 +58,67 @@ class WorkerLoras:
 def ready_worker(supervisor: Supervisor, worker_id: int) -> WorkerTarget:
     snap = supervisor.runner(worker_id).snapshot()
     if snap["state"] != READY or not snap["port"]:
-        raise Conflict(f"worker {worker_id} is {snap['state']}, not ready: adapters load into a "
-                       f"serving worker (start it, or wait until it is ready)")
+        raise Conflict(
+            f"worker {worker_id} is {snap['state']}, not ready: adapters load into a "
+            f"serving worker (start it, or wait until it is ready)"
+        )
     return WorkerTarget(worker_id, int(snap["port"]), snap["model"], snap.get("run_dir"))
 
 
 def _check_base(adapter_config: str, target: WorkerTarget, name: str) -> None:
     if adapter_config != target.model_config:
-        raise Conflict(f"adapter {name!r} is registered for model config {adapter_config!r}, but "
-                       f"worker {target.id} runs {target.model_config!r}")
+        raise Conflict(
+            f"adapter {name!r} is registered for model config {adapter_config!r}, but "
+            f"worker {target.id} runs {target.model_config!r}"
+        )
 
 
-async def load_on_worker(db: Session, supervisor: Supervisor, http: httpx.AsyncClient,
-                         worker_id: int, name: str) -> dict[str, Any]:
+async def load_on_worker(
+    db: Session, supervisor: Supervisor, http: httpx.AsyncClient, worker_id: int, name: str
+) -> dict[str, Any]:
     adapter = registry.get_adapter(db, name)
     target = ready_worker(supervisor, worker_id)
     _check_base(adapter.base_config, target, name)
     seconds = await engine_api.load(http, target.port, adapter.name, adapter.path)
     registry.record_load(db, adapter.name, seconds)
-    supervisor.events.record("lora_loaded", f"LoRA adapter {name} loaded in {seconds:.2f}s",
-                             worker_id, adapter=name, seconds=round(seconds, 3))
+    supervisor.events.record(
+        "lora_loaded",
+        f"LoRA adapter {name} loaded in {seconds:.2f}s",
+        worker_id,
+        adapter=name,
+        seconds=round(seconds, 3),
+    )
     return {"worker": worker_id, "adapter": name, "load_s": seconds}
 
 
-async def unload_from_worker(db: Session, supervisor: Supervisor, http: httpx.AsyncClient,
-                             worker_id: int, name: str) -> dict[str, Any]:
+async def unload_from_worker(
+    db: Session, supervisor: Supervisor, http: httpx.AsyncClient, worker_id: int, name: str
+) -> dict[str, Any]:
     target = ready_worker(supervisor, worker_id)
     await engine_api.unload(http, target.port, name)
     pinned = False
-    try:
+    with contextlib.suppress(NotFound):  # loaded by hand, never registered: unloading it is still fine
         pinned = registry.get_adapter(db, name).pinned
-    except NotFound:
-        pass  # loaded by hand, never registered: unloading it is still fine
-    supervisor.events.record("lora_unloaded", f"LoRA adapter {name} unloaded", worker_id,
-                             adapter=name)
+    supervisor.events.record("lora_unloaded", f"LoRA adapter {name} unloaded", worker_id, adapter=name)
     notes = [UNLOAD_KEEPS_WEIGHTS]
     if pinned:
-        notes.append(f"{name} is pinned: it is loaded again when this worker restarts; unpin it "
-                     f"to keep it unloaded")
+        notes.append(f"{name} is pinned: it is loaded again when this worker restarts; unpin it to keep it unloaded")
     return {"worker": worker_id, "adapter": name, "unloaded": True, "note": " ".join(notes)}
 
 
-async def worker_loras(db: Session, supervisor: Supervisor, http: httpx.AsyncClient,
-                       worker_id: int, pools: PoolsReader | None = None) -> WorkerLoras:
+async def worker_loras(
+    db: Session, supervisor: Supervisor, http: httpx.AsyncClient, worker_id: int, pools: PoolsReader | None = None
+) -> WorkerLoras:
     target = ready_worker(supervisor, worker_id)
     loaded = await engine_api.loaded(http, target.port)
     registered = [
-        {"name": a.name, "pinned": a.pinned, "rank": a.rank, "last_load_s": a.last_load_s,
-         "loaded": any(item.name == a.name for item in loaded)}
+        {
+            "name": a.name,
+            "pinned": a.pinned,
+            "rank": a.rank,
+            "last_load_s": a.last_load_s,
+            "loaded": any(item.name == a.name for item in loaded),
+        }
         for a in registry.list_adapters(db, target.model_config)
     ]
     result = WorkerLoras(worker_id, target.model_config, loaded, registered)
@@ -117,6 +133,7 @@ async def worker_loras(db: Session, supervisor: Supervisor, http: httpx.AsyncCli
     report = (pools or PoolsReader.from_plugin()).sample(target.run_dir)
     result.pool = report.totals.get("lora_pool") if report.available else None
     if result.pool is None:
-        result.pool_note = report.reason or ("not available: the CPU LoRA pool is off for this "
-                                             "worker (lora_cpu_pooling in its offload profile)")
+        result.pool_note = report.reason or (
+            "not available: the CPU LoRA pool is off for this worker (lora_cpu_pooling in its offload profile)"
+        )
     return result

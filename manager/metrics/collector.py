@@ -8,6 +8,7 @@ It knows workers only through a callable that lists them, so it needs nothing fr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -274,10 +275,8 @@ class MetricsCollector:
         """Stop sampling, store the minute in progress, end every subscription."""
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
         if self.history is not None:
             try:

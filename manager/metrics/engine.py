@@ -146,9 +146,7 @@ def parse_metrics(text: str, taken_at: float) -> EngineReading:
             fraction = name in (KV_USAGE, OFFLOAD_CPU_USAGE)
             gauges[name] = sum(values) / len(values) if fraction else sum(values)
     histograms = {
-        name: Histogram(tuple(sorted(per)), tuple(per[b] for b in sorted(per)))
-        for name, per in buckets.items()
-        if per
+        name: Histogram(tuple(sorted(per)), tuple(per[b] for b in sorted(per))) for name, per in buckets.items() if per
     }
     return EngineReading(
         taken_at=taken_at,
@@ -223,9 +221,7 @@ def _ratio_pct(hits: float | None, queries: float | None) -> float | None:
     return 100.0 * hits / queries
 
 
-def derive(
-    latest: EngineReading, previous: EngineReading | None, oldest: EngineReading | None
-) -> EngineSample:
+def derive(latest: EngineReading, previous: EngineReading | None, oldest: EngineReading | None) -> EngineSample:
     """Rates between ``previous`` and ``latest``; percentiles and hit rates between ``oldest`` and
     ``latest``. Either may be None (first scrape): those values are then n/a."""
 
@@ -263,9 +259,7 @@ def derive(
         itl_p50_s=itl50,
         itl_p95_s=itl95,
         prefix_cache_hit_pct=_ratio_pct(delta(PREFIX_HITS, oldest), delta(PREFIX_QUERIES, oldest)),
-        cpu_prefix_cache_hit_pct=_ratio_pct(
-            delta(CPU_PREFIX_HITS, oldest), delta(CPU_PREFIX_QUERIES, oldest)
-        ),
+        cpu_prefix_cache_hit_pct=_ratio_pct(delta(CPU_PREFIX_HITS, oldest), delta(CPU_PREFIX_QUERIES, oldest)),
         kv_offload_load_bytes_per_s=rate(OFFLOAD_LOAD_BYTES),
         kv_offload_store_bytes_per_s=rate(OFFLOAD_STORE_BYTES),
         kv_offload_cpu_usage_pct=_pct(latest.gauges.get(OFFLOAD_CPU_USAGE)),

@@ -36,9 +36,7 @@ class SnapshotCollector(Collector):
         yield from _worker_metrics(snap)
         yield from _gpu_metrics(snap)
         yield from _host_metrics(snap)
-        age = GaugeMetricFamily(
-            P + "metrics_sample_timestamp_seconds", "When the values were sampled."
-        )
+        age = GaugeMetricFamily(P + "metrics_sample_timestamp_seconds", "When the values were sampled.")
         age.add_metric([], snap.taken_at)
         yield age
 
@@ -47,29 +45,19 @@ def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(P + name, doc, labels=labels)
 
 
-def _add(
-    family: GaugeMetricFamily, labels: list[str], value: float | None, scale: float = 1.0
-) -> None:
+def _add(family: GaugeMetricFamily, labels: list[str], value: float | None, scale: float = 1.0) -> None:
     if value is not None:
         family.add_metric(labels, value * scale)
 
 
 def _worker_metrics(snap: Snapshot) -> Iterator[Metric]:
     wl = ["worker", "model"]
-    state = _gauge(
-        "worker_state", "1 for the worker's current state (label state).", wl + ["state"]
-    )
-    restarts = CounterMetricFamily(
-        P + "worker_restarts", "Automatic restarts of the worker.", labels=wl
-    )
+    state = _gauge("worker_state", "1 for the worker's current state (label state).", wl + ["state"])
+    restarts = CounterMetricFamily(P + "worker_restarts", "Automatic restarts of the worker.", labels=wl)
     uptime = _gauge("worker_uptime_seconds", "Seconds since the worker's process started.", wl)
-    rss = _gauge(
-        "worker_rss_bytes", "Resident memory of the worker's process tree (sum of RSS).", wl
-    )
+    rss = _gauge("worker_rss_bytes", "Resident memory of the worker's process tree (sum of RSS).", wl)
     cpu = _gauge("worker_cpu_percent", "CPU of the worker's process tree, 100 per busy core.", wl)
-    gmem = _gauge(
-        "worker_gpu_memory_bytes", "GPU memory NVML attributes to the worker's processes.", wl
-    )
+    gmem = _gauge("worker_gpu_memory_bytes", "GPU memory NVML attributes to the worker's processes.", wl)
     for w in snap.workers:
         labels = [w.id, w.model]
         state.add_metric(labels + [w.state], 1)
@@ -83,9 +71,7 @@ def _worker_metrics(snap: Snapshot) -> Iterator[Metric]:
 
 
 def _gpu_metrics(snap: Snapshot) -> Iterator[Metric]:
-    available = _gauge(
-        "gpu_available", "1 when NVML reads the GPUs, 0 when no NVIDIA GPU is detected.", []
-    )
+    available = _gauge("gpu_available", "1 when NVML reads the GPUs, 0 when no NVIDIA GPU is detected.", [])
     available.add_metric([], 1 if snap.gpu.available else 0)
     yield available
     gl = ["gpu", "name", "uuid"]
@@ -133,9 +119,7 @@ def _host_metrics(snap: Snapshot) -> Iterator[Metric]:
         fam = _gauge(name, doc, [])
         fam.add_metric([], value)
         yield fam
-    total = _gauge(
-        "host_filesystem_total_bytes", "Size of the filesystem holding a path.", ["label", "path"]
-    )
+    total = _gauge("host_filesystem_total_bytes", "Size of the filesystem holding a path.", ["label", "path"])
     used = _gauge(
         "host_filesystem_used_bytes",
         "Used bytes of the filesystem holding a path.",

@@ -8,6 +8,7 @@ raises into the caller.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -108,12 +109,9 @@ class GpuCollector:
     def close(self) -> None:
         with self._lock:
             if self._ready and self._nvml is not None:
-                try:
+                # Shutting down a broken driver must not stop the manager's shutdown.
+                with contextlib.suppress(Exception):
                     self._nvml.nvmlShutdown()
-                except (
-                    Exception
-                ):  # shutting down a broken driver must not stop the manager's shutdown
-                    pass
             self._ready = False
             self._cached = None
 
@@ -130,10 +128,7 @@ class GpuCollector:
         except ImportError:
             why = "the nvidia-ml-py package is not installed (pip install nvidia-ml-py)"
         except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, _NoPermission, ...
-            why = (
-                f"NVML could not start ({type(exc).__name__}: {exc}); "
-                "is the NVIDIA driver installed?"
-            )
+            why = f"NVML could not start ({type(exc).__name__}: {exc}); is the NVIDIA driver installed?"
         else:
             self._ready = True
             self._failed = None
@@ -194,9 +189,7 @@ def _read_device(nvml: Any, index: int, handle: Any) -> GpuSample:
         utilization_pct=None if util is None else float(util.gpu),
         memory_used_bytes=None if mem is None else int(mem.used),
         memory_total_bytes=None if mem is None else int(mem.total),
-        temperature_c=_as_float(
-            _optional(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
-        ),
+        temperature_c=_as_float(_optional(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)),
         power_w=None if power_mw is None else power_mw / 1000.0,
         power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
         sm_clock_mhz=_optional(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
@@ -229,10 +222,7 @@ def _tag_workers(report: GpuReport, pid_to_worker: Mapping[int, str]) -> GpuRepo
     gpus = tuple(
         replace(
             g,
-            processes=tuple(
-                GpuProcess(p.pid, p.used_memory_bytes, pid_to_worker.get(p.pid))
-                for p in g.processes
-            ),
+            processes=tuple(GpuProcess(p.pid, p.used_memory_bytes, pid_to_worker.get(p.pid)) for p in g.processes),
         )
         for g in report.gpus
     )

@@ -106,9 +106,7 @@ class HistoryStore:
 
     def __init__(self, engine: Engine, *, retention_days: float = DEFAULT_RETENTION_DAYS) -> None:
         if retention_days <= 0:
-            raise ValueError(
-                f"metrics retention must be a positive number of days, got {retention_days}"
-            )
+            raise ValueError(f"metrics retention must be a positive number of days, got {retention_days}")
         self.engine = engine
         self.retention_s = retention_days * 86400.0
 
@@ -129,10 +127,7 @@ class HistoryStore:
             if until is not None:
                 q = q.where(MetricHistory.minute <= until)
             q = q.order_by(col(MetricHistory.minute))
-            return [
-                MinuteRow(r.series, r.minute, r.mean, r.low, r.high, r.samples)
-                for r in session.exec(q)
-            ]
+            return [MinuteRow(r.series, r.minute, r.mean, r.low, r.high, r.samples) for r in session.exec(q)]
 
     def series_names(self) -> list[str]:
         with Session(self.engine) as session:
@@ -167,8 +162,7 @@ def _upsert(rows: list[MinuteRow]):
         index_elements=["series", "minute"],
         set_={
             # Weighted by sample count: a minute written in two parts (a restart) averages right.
-            "mean": (table.c.mean * table.c.samples + new.mean * new.samples)
-            / (table.c.samples + new.samples),
+            "mean": (table.c.mean * table.c.samples + new.mean * new.samples) / (table.c.samples + new.samples),
             # SQLite's two-argument min()/max() are scalar functions, not the aggregates.
             "low": func.min(table.c.low, new.low),
             "high": func.max(table.c.high, new.high),

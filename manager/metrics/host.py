@@ -65,9 +65,7 @@ def disk_usage(label: str, path: Path | str) -> DiskUsage:
     try:
         du = psutil.disk_usage(str(path))
     except OSError as exc:
-        return DiskUsage(
-            label, str(path), error=f"cannot read disk usage of {path}: {exc.strerror or exc}"
-        )
+        return DiskUsage(label, str(path), error=f"cannot read disk usage of {path}: {exc.strerror or exc}")
     return DiskUsage(label, str(path), du.total, du.used, du.free)
 
 

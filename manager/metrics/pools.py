@@ -65,8 +65,7 @@ class PoolsReader:
         if not any(p.sections for p in processes):
             return PoolReport(
                 False,
-                "not available: no pool stats published yet "
-                "(is the offload_patches plugin enabled for this worker?)",
+                "not available: no pool stats published yet (is the offload_patches plugin enabled for this worker?)",
                 processes,
             )
         return PoolReport(True, None, processes, _totals(processes))

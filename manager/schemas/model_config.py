@@ -86,9 +86,7 @@ class ModelConfig(ModelConfigFields, table=True):
     __tablename__ = "model_config"
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(index=True, unique=True)
-    offload_profile_id: int | None = Field(
-        default=None, foreign_key="offload_profile.id", ondelete="RESTRICT"
-    )
+    offload_profile_id: int | None = Field(default=None, foreign_key="offload_profile.id", ondelete="RESTRICT")
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+
 from pydantic import field_validator, model_validator
 from sqlmodel import Field, SQLModel
 

@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine_patches.settings import PatchSettings
-
 from manager.errors import Invalid
-from manager.services.engine_flags import flag_value
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
+from manager.services.engine_flags import flag_value
 
 GIB = 1 << 30
 ENTRY_MODULE = "vllm.entrypoints.openai.api_server"
@@ -134,14 +133,19 @@ def build_command(
                 argv += ["--kv-offloading-size", _gib_text(kv_bytes), "--kv-offloading-backend", "native"]
             else:
                 # Only the connector's extra config carries a policy other than the default LRU.
-                argv += ["--kv-transfer-config", json.dumps({
-                    "kv_connector": "OffloadingConnector",
-                    "kv_role": "kv_both",
-                    "kv_connector_extra_config": {
-                        "cpu_bytes_to_use": kv_bytes,
-                        "eviction_policy": profile.kv_eviction_policy,
-                    },
-                })]
+                argv += [
+                    "--kv-transfer-config",
+                    json.dumps(
+                        {
+                            "kv_connector": "OffloadingConnector",
+                            "kv_role": "kv_both",
+                            "kv_connector_extra_config": {
+                                "cpu_bytes_to_use": kv_bytes,
+                                "eviction_policy": profile.kv_eviction_policy,
+                            },
+                        }
+                    ),
+                ]
     argv += config.extra_args
 
     env = dict(config.env)

@@ -40,9 +40,7 @@ def _fields(db: Session, data: ModelConfigIn, allow_code_flags: bool) -> dict:
     check_extra_args(data.extra_args, allow_code_flags)
     check_env(data.env, allow_code_flags)
     fields = data.model_dump(exclude={"offload_profile", "name"})
-    fields["offload_profile_id"] = (
-        profiles.get_profile(db, data.offload_profile).id if data.offload_profile else None
-    )
+    fields["offload_profile_id"] = profiles.get_profile(db, data.offload_profile).id if data.offload_profile else None
     return fields
 
 
@@ -56,9 +54,7 @@ def create_model(db: Session, data: ModelConfigCreate, *, allow_code_flags: bool
     return config
 
 
-def replace_model(
-    db: Session, name: str, data: ModelConfigIn, *, allow_code_flags: bool = False
-) -> ModelConfig:
+def replace_model(db: Session, name: str, data: ModelConfigIn, *, allow_code_flags: bool = False) -> ModelConfig:
     config = get_model(db, name)
     for key, value in _fields(db, data, allow_code_flags).items():
         setattr(config, key, value)

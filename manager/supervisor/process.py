@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -130,15 +131,11 @@ def stop_group(pid: int, grace_s: float, popen: subprocess.Popen | None = None) 
 
 
 def _signal_all(pgid: int, pids: set[int], sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
     for p in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(p, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _any_alive(pids: set[int]) -> bool:
@@ -181,8 +178,9 @@ def find_engines(exclude: set[int]) -> list[Unmanaged]:
             idx = cmd.index("serve")
             model = cmd[idx + 1] if idx + 1 < len(cmd) and not cmd[idx + 1].startswith("-") else None
         port = flag_value(cmd, "--port")
-        found.append(Unmanaged(info["pid"], cmd, model, int(port) if port and port.isdigit() else 8000,
-                               info["create_time"]))
+        found.append(
+            Unmanaged(info["pid"], cmd, model, int(port) if port and port.isdigit() else 8000, info["create_time"])
+        )
     return found
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import subprocess
@@ -97,10 +98,8 @@ class WorkerRunner:
         """Stop the owner task only; the engine keeps running (the manager is restarting)."""
         if self._task:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
 
     async def send(self, kind: str, model: str | None = None, force: bool = False) -> dict:
         if self._task is None or self._task.done():
@@ -241,19 +240,25 @@ class WorkerRunner:
             except OSError:
                 stale.remove(path)
         if stale:
-            self.deps.events.record("cleanup", f"removed {len(stale)} stale KV-offload file(s) from /dev/shm",
-                                    self.id, files=[str(p) for p in stale])
+            self.deps.events.record(
+                "cleanup",
+                f"removed {len(stale)} stale KV-offload file(s) from /dev/shm",
+                self.id,
+                files=[str(p) for p in stale],
+            )
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         log_path = new_log_file(self.log_dir)
         log_path.write_text(f"# vllm-manager: {reason}: {model_name}\n# argv: {launch.command.argv}\n")
         self.logs.follow(log_path)
         try:
-            self.popen = await asyncio.to_thread(process.spawn, launch.command.argv, launch.command.env,
-                                                 log_path, self.run_dir)
+            self.popen = await asyncio.to_thread(
+                process.spawn, launch.command.argv, launch.command.env, log_path, self.run_dir
+            )
         except OSError as exc:
-            raise Invalid(f"cannot run the engine interpreter {launch.command.argv[0]!r}: {exc}; "
-                          "check VLLM_MANAGER_ENGINE_PYTHON") from exc
+            raise Invalid(
+                f"cannot run the engine interpreter {launch.command.argv[0]!r}: {exc}; check VLLM_MANAGER_ENGINE_PYTHON"
+            ) from exc
         found = process.identity(self.popen.pid)
         self.row.model_name = model_name
         self.row.pid = self.popen.pid
@@ -266,8 +271,13 @@ class WorkerRunner:
         self.detail = "process started"
         self._deadline = time.monotonic() + launch.start_timeout_s
         self._health_failures = 0
-        self._transition(State.STARTING, "starting", f"{reason}: {model_name} on port {port}",
-                         pid=self.popen.pid, argv=launch.command.argv)
+        self._transition(
+            State.STARTING,
+            "starting",
+            f"{reason}: {model_name} on port {port}",
+            pid=self.popen.pid,
+            argv=launch.command.argv,
+        )
 
     async def _stop(self, reason: str) -> None:
         self._next_restart_at = None
@@ -288,8 +298,14 @@ class WorkerRunner:
             self.row.desired = "stopped"
             self.popen = None
             self.logs.poll()
-            self._transition(State.STOPPED, "stopped", message, graceful=report.graceful,
-                             leftover=report.leftover, killed=report.killed)
+            self._transition(
+                State.STOPPED,
+                "stopped",
+                message,
+                graceful=report.graceful,
+                leftover=report.leftover,
+                killed=report.killed,
+            )
         else:
             self.row.pid = None
             self.row.desired = "stopped"
@@ -307,8 +323,9 @@ class WorkerRunner:
         await self._stop(f"switching from {previous} to {model}")
         self._switch_from = previous
         self.row.restart_count = 0
-        self.deps.events.record("switching", f"switching from {previous} to {model}", self.id,
-                                previous=previous, model=model)
+        self.deps.events.record(
+            "switching", f"switching from {previous} to {model}", self.id, previous=previous, model=model
+        )
         await self._start(model, f"switch from {previous}", force)
 
     # ---- supervision steps -----------------------------------------------------------------
@@ -335,8 +352,13 @@ class WorkerRunner:
                 self.detail = None
                 self._transition(State.READY, "ready", f"{self.row.model_name} is serving on port {self.row.port}")
                 if self._switch_from:
-                    self.deps.events.record("switched", f"switched from {self._switch_from} to {self.row.model_name}",
-                                            self.id, previous=self._switch_from, model=self.row.model_name)
+                    self.deps.events.record(
+                        "switched",
+                        f"switched from {self._switch_from} to {self.row.model_name}",
+                        self.id,
+                        previous=self._switch_from,
+                        model=self.row.model_name,
+                    )
                     self._switch_from = None
                 self._crash_restarting = False
                 return
@@ -344,7 +366,8 @@ class WorkerRunner:
             if now > self._deadline:
                 await self._kill_quietly()
                 await self._start_failed(
-                    f"not ready within the start timeout; last log line: {self.logs.latest() or '-'}")
+                    f"not ready within the start timeout; last log line: {self.logs.latest() or '-'}"
+                )
         elif self.state == State.READY:
             if not self._process_alive():
                 await self._reap()
@@ -362,8 +385,11 @@ class WorkerRunner:
                     await self._crashed(f"/health failed {limit} times in a row ({result.detail})")
                     return
             self.logs.cap_size()
-            if (self.row.restart_count and self._ready_since is not None
-                    and now - self._ready_since >= self.deps.settings.healthy_reset_s):
+            if (
+                self.row.restart_count
+                and self._ready_since is not None
+                and now - self._ready_since >= self.deps.settings.healthy_reset_s
+            ):
                 self.row.restart_count = 0
                 self._save()
                 self.deps.events.record("healthy", "healthy long enough: restart counter reset", self.id)
@@ -392,8 +418,13 @@ class WorkerRunner:
         if self._switch_from:
             previous, self._switch_from = self._switch_from, None
             failed_model = self.row.model_name
-            self.deps.events.record("switch_failed", f"switch to {failed_model} failed: {reason}", self.id,
-                                    model=failed_model, previous=previous)
+            self.deps.events.record(
+                "switch_failed",
+                f"switch to {failed_model} failed: {reason}",
+                self.id,
+                model=failed_model,
+                previous=previous,
+            )
             self.row.last_error = f"switch to {failed_model} failed: {reason}; rolled back to {previous}"
             try:
                 await self._start(previous, f"roll back after failed switch to {failed_model}")
@@ -419,9 +450,11 @@ class WorkerRunner:
             self._crash_restarting = False
             self._transition(State.FAILED, "failed", self.row.last_error)
             return
-        delay = backoff_delay(self.row.restart_count, self.deps.settings.backoff_base_s,
-                              self.deps.settings.backoff_cap_s)
+        delay = backoff_delay(
+            self.row.restart_count, self.deps.settings.backoff_base_s, self.deps.settings.backoff_cap_s
+        )
         self._next_restart_at = time.monotonic() + delay
         self.row.last_error = reason
-        self._transition(State.CRASHED, "crashed", f"{reason}; restart {self.row.restart_count} in {delay:g} s",
-                         delay_s=delay)
+        self._transition(
+            State.CRASHED, "crashed", f"{reason}; restart {self.row.restart_count} in {delay:g} s", delay_s=delay
+        )

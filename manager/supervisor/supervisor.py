@@ -52,8 +52,12 @@ class Supervisor:
                 runner.state = State.STOPPED
                 row.pid = None
                 runner._save()
-                self.events.record("stopped", "its process was gone after a manager restart; marked stopped",
-                                   row.id, previous=row.state)
+                self.events.record(
+                    "stopped",
+                    "its process was gone after a manager restart; marked stopped",
+                    row.id,
+                    previous=row.state,
+                )
             runner.begin()
         await self._autostart()
 
@@ -95,8 +99,9 @@ class Supervisor:
                 return runner
         return None
 
-    async def create_worker(self, model: str, gpus: list[int] | None = None, port: int | None = None,
-                            force: bool = False) -> tuple[dict, bool]:
+    async def create_worker(
+        self, model: str, gpus: list[int] | None = None, port: int | None = None, force: bool = False
+    ) -> tuple[dict, bool]:
         """Start a worker for a model config. One config runs at most once: a second call for the same
         config returns the worker already running it (created=False)."""
         async with self._lock:  # held until the start is under way, so a second call sees it
@@ -139,8 +144,14 @@ class Supervisor:
         return result
 
     def _make_runner(self, row: Worker, listed: bool = True) -> WorkerRunner:
-        deps = RunnerDeps(self.settings, self.engine, self.events, self._http, self._prepare,
-                          lambda gpus, pids: gpu_cleanup.end_gpu_orphans(gpus, pids))
+        deps = RunnerDeps(
+            self.settings,
+            self.engine,
+            self.events,
+            self._http,
+            self._prepare,
+            lambda gpus, pids: gpu_cleanup.end_gpu_orphans(gpus, pids),
+        )
         runner = WorkerRunner(row, deps)
         if listed:
             self.runners[row.id] = runner
@@ -160,17 +171,24 @@ class Supervisor:
             except NotFound:
                 return None
 
-    def _prepare(self, worker_id: int, model_name: str, port: int, gpus: list[int], run_dir: Path,
-                 force: bool) -> Launch:
+    def _prepare(
+        self, worker_id: int, model_name: str, port: int, gpus: list[int], run_dir: Path, force: bool
+    ) -> Launch:
         with session(self.engine) as db:
             config = models.get_model(db, model_name)
             profile = models.profile_of(db, config)
             reserved = self._host_reserved(db, worker_id)
         if self.preflight is not None:
             self.preflight(config, profile, force, reserved)
-        cmd = build_command(config, profile, engine_python=self.settings.engine_python, port=port,
-                            gpus=gpus or list(config.gpu_ids), run_dir=run_dir,
-                            host=self.settings.worker_host)
+        cmd = build_command(
+            config,
+            profile,
+            engine_python=self.settings.engine_python,
+            port=port,
+            gpus=gpus or list(config.gpu_ids),
+            run_dir=run_dir,
+            host=self.settings.worker_host,
+        )
         return Launch(config.name, served_name(config), cmd, float(config.start_timeout_s))
 
     def _host_reserved(self, db, worker_id: int) -> int:
@@ -217,8 +235,13 @@ class Supervisor:
     async def stop_unmanaged(self, pid: int) -> dict:
         target = self._find_unmanaged(pid)
         report = await asyncio.to_thread(process.stop_group, target.pid, self.settings.stop_grace_s)
-        self.events.record("unmanaged_stopped", f"stopped unmanaged vLLM server pid {pid}", None,
-                           graceful=report.graceful, leftover=report.leftover)
+        self.events.record(
+            "unmanaged_stopped",
+            f"stopped unmanaged vLLM server pid {pid}",
+            None,
+            graceful=report.graceful,
+            leftover=report.leftover,
+        )
         return {"pid": pid, "graceful": report.graceful, "leftover": report.leftover}
 
     async def adopt_unmanaged(self, pid: int, model: str) -> dict:
@@ -230,9 +253,15 @@ class Supervisor:
             if self._active_for(model):
                 raise Conflict(f"model config {model!r} already has a running worker")
             with session(self.engine) as db:
-                row = Worker(model_name=model, gpus=[], port=target.port, pid=target.pid,
-                             pid_create_time=target.create_time, cmdline=target.cmdline,
-                             state=State.STARTING.value)
+                row = Worker(
+                    model_name=model,
+                    gpus=[],
+                    port=target.port,
+                    pid=target.pid,
+                    pid_create_time=target.create_time,
+                    cmdline=target.cmdline,
+                    state=State.STARTING.value,
+                )
                 db.add(row)
                 db.commit()
                 db.refresh(row)

@@ -67,9 +67,7 @@ def to_text(value: Any, annotation: Any) -> str:
     return str(value)
 
 
-def parse_form(
-    form: Mapping[str, str], schema: type[BaseModel], errors: FormErrors
-) -> dict[str, Any]:
+def parse_form(form: Mapping[str, str], schema: type[BaseModel], errors: FormErrors) -> dict[str, Any]:
     """Form text to the schema's input dict. Empty optional fields are left out (their default
     applies); text the form itself cannot split (an unclosed quote) is reported on the field."""
     data: dict[str, Any] = {}
@@ -108,9 +106,7 @@ def parse_form(
     return data
 
 
-def validate(
-    schema: type[BaseModel], data: dict[str, Any], errors: FormErrors
-) -> BaseModel | None:
+def validate(schema: type[BaseModel], data: dict[str, Any], errors: FormErrors) -> BaseModel | None:
     """The schema's validation; each message lands on the field its location names."""
     if errors:
         return None

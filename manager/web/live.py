@@ -50,9 +50,7 @@ class LiveViews:
         return self._cache[key]
 
     def snapshot_event(self, snap: Snapshot) -> Event:
-        return self._once(
-            snap, "json", lambda: ("snapshot", json.dumps(chart_payload(snap), separators=(",", ":")))
-        )
+        return self._once(snap, "json", lambda: ("snapshot", json.dumps(chart_payload(snap), separators=(",", ":"))))
 
     def overview(self, snap: Snapshot) -> list[Event]:
         """Everything the overview page swaps each second (not the worker cards' frame)."""

@@ -29,8 +29,7 @@ router = APIRouter(include_in_schema=False)
 
 CHANGED = {"HX-Trigger": "loras-changed"}
 HELP = {
-    "name": "what requests put in \"model\" to use it (vLLM's lora_name); lowercase letters, "
-            "digits, '.', '_' and '-'",
+    "name": "what requests put in \"model\" to use it (vLLM's lora_name); lowercase letters, digits, '.', '_' and '-'",
     "path": "the adapter folder on the manager's machine: adapter_config.json and the weights",
     "base_config": "the model config it was trained for; that config needs enable_lora on",
     "pinned": "keep it loaded: it is loaded again whenever a worker of that config becomes ready",
@@ -65,8 +64,7 @@ def error_field(exc: ManagerError) -> str:
     return FORM_LEVEL
 
 
-def _form(db, values: dict, errors: FormErrors, message: str | None = None,
-          note: str | None = None) -> str:
+def _form(db, values: dict, errors: FormErrors, message: str | None = None, note: str | None = None) -> str:
     return render(
         "fragments/lora_form.html",
         values=values,
@@ -102,8 +100,7 @@ async def register(request: Request, db: SessionDep) -> HTMLResponse:
         errors.add(error_field(exc), exc.message)
         return HTMLResponse(_form(db, form, errors))
     loaded = await pin_keeper(request).sweep() if adapter.pinned else []
-    message = (f"Registered {adapter.name} (rank {adapter.rank}) for {adapter.base_config}."
-               + _loaded_text(loaded))
+    message = f"Registered {adapter.name} (rank {adapter.rank}) for {adapter.base_config}." + _loaded_text(loaded)
     return HTMLResponse(_form(db, {}, FormErrors(), message, check.note), headers=CHANGED)
 
 
@@ -127,8 +124,10 @@ async def pin(name: str, request: Request, db: SessionDep) -> HTMLResponse:
     if not adapter.pinned:
         return _list(db, f"Unpinned {name}: a worker restart no longer loads it again.")
     loaded = await pin_keeper(request).sweep()
-    return _list(db, f"Pinned {name}: loaded again whenever a worker of {adapter.base_config} "
-                     f"becomes ready." + _loaded_text(loaded))
+    return _list(
+        db,
+        f"Pinned {name}: loaded again whenever a worker of {adapter.base_config} becomes ready." + _loaded_text(loaded),
+    )
 
 
 @router.post("/ui/loras/{name}/remove", response_class=HTMLResponse)
@@ -138,8 +137,11 @@ def remove(name: str, db: SessionDep) -> HTMLResponse:
     except ManagerError as exc:
         return _list(db, error=exc.message)
     # The registry does not reach into workers: say what still holds the adapter.
-    return _list(db, f"Removed {name} from the registry. Workers that loaded it still serve it "
-                     f"until it is unloaded on their Worker page or they restart.")
+    return _list(
+        db,
+        f"Removed {name} from the registry. Workers that loaded it still serve it "
+        f"until it is unloaded on their Worker page or they restart.",
+    )
 
 
 # ---- Worker page: adapters on one running worker ------------------------------------------------
@@ -171,8 +173,17 @@ def loaded_rows(result: WorkerLoras) -> list[LoadedRow]:
             requests = "waiting"
         else:
             requests = "idle"
-        rows.append(LoadedRow(adapter.name, adapter.path, bool(reg), bool(reg.get("pinned")),
-                              reg.get("rank"), reg.get("last_load_s"), requests))
+        rows.append(
+            LoadedRow(
+                adapter.name,
+                adapter.path,
+                bool(reg),
+                bool(reg.get("pinned")),
+                reg.get("rank"),
+                reg.get("last_load_s"),
+                requests,
+            )
+        )
     return rows
 
 
@@ -185,8 +196,7 @@ def pool_load_seconds(reader: PoolsReader, run_dir: str | None) -> dict[str, flo
     for proc in report.processes:
         values = proc.sections.get("lora_pool", {}).get("load_seconds")
         if isinstance(values, dict):
-            found.update({str(k): float(v) for k, v in values.items()
-                          if isinstance(v, (int, float))})
+            found.update({str(k): float(v) for k, v in values.items() if isinstance(v, (int, float))})
     return dict(sorted(found.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0))
 
 
@@ -214,9 +224,14 @@ async def load_form(worker_id: int, request: Request, db: SessionDep) -> HTMLRes
         loaded = {a.name for a in await engine_api.loaded(_http(request), target.port)}
     except ManagerError as exc:
         why = exc.message
-    return _html("fragments/lora_load_form.html", wid=worker_id, model_config=snap["model"],
-                 choices=[a for a in registered if a.name not in loaded],
-                 any_registered=bool(registered), why=why)
+    return _html(
+        "fragments/lora_load_form.html",
+        wid=worker_id,
+        model_config=snap["model"],
+        choices=[a for a in registered if a.name not in loaded],
+        any_registered=bool(registered),
+        why=why,
+    )
 
 
 @router.post("/ui/workers/{worker_id}/loras/load", response_class=HTMLResponse)
@@ -228,8 +243,7 @@ async def load(worker_id: int, request: Request, db: SessionDep) -> HTMLResponse
         done = await workers.load_on_worker(db, _sup(request), _http(request), worker_id, name)
     except ManagerError as exc:
         return _html("fragments/lora_message.html", headers=CHANGED, error=exc.message)
-    return _html("fragments/lora_message.html", headers=CHANGED,
-                 ok=f"Loaded {name} in {latency(done['load_s'])}.")
+    return _html("fragments/lora_message.html", headers=CHANGED, ok=f"Loaded {name} in {latency(done['load_s'])}.")
 
 
 @router.post("/ui/workers/{worker_id}/loras/{name}/unload", response_class=HTMLResponse)
@@ -238,8 +252,7 @@ async def unload(worker_id: int, name: str, request: Request, db: SessionDep) ->
         done = await workers.unload_from_worker(db, _sup(request), _http(request), worker_id, name)
     except ManagerError as exc:
         return _html("fragments/lora_message.html", headers=CHANGED, error=exc.message)
-    return _html("fragments/lora_message.html", headers=CHANGED, ok=f"Unloaded {name}.",
-                 note=done.get("note"))
+    return _html("fragments/lora_message.html", headers=CHANGED, ok=f"Unloaded {name}.", note=done.get("note"))
 
 
 @router.get("/ui/workers/{worker_id}/loras/live", response_class=HTMLResponse)

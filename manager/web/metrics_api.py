@@ -26,10 +26,7 @@ def parse_window(text: str, longest_s: float) -> float:
     """'15m', '1h', '24h', '7d' or plain seconds; raises ValueError with what is accepted."""
     match = _WINDOW.match(text.strip().lower())
     if not match:
-        raise ValueError(
-            f"window {text!r} is not a duration: use seconds or a number with s, m, h or d "
-            "(15m, 1h, 24h)"
-        )
+        raise ValueError(f"window {text!r} is not a duration: use seconds or a number with s, m, h or d (15m, 1h, 24h)")
     seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
     if seconds <= 0:
         raise ValueError("window must be longer than 0 s")
@@ -100,9 +97,7 @@ async def history(
     def read() -> dict:
         names, unmatched = match_series(patterns, collector.known_series())
         if len(names) > MAX_SERIES:
-            raise HTTPException(
-                422, f"{len(names)} series match; narrow the pattern to at most {MAX_SERIES}"
-            )
+            raise HTTPException(422, f"{len(names)} series match; narrow the pattern to at most {MAX_SERIES}")
         return {
             "window_s": window_s,
             "series": {n: collector.points(n, window_s) for n in names},

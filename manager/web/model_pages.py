@@ -48,9 +48,7 @@ HELP = {
 TEXTAREAS = {"extra_args", "env", "description"}
 
 
-def _fields(
-    schema: type[BaseModel], values: dict[str, Any], choices: dict[str, list[str]], posted: bool
-):
+def _fields(schema: type[BaseModel], values: dict[str, Any], choices: dict[str, list[str]], posted: bool):
     """The form's fields in schema order, with their text, input kind and help. ``posted``:
     ``values`` is the submitted form itself, where an unticked checkbox is simply absent."""
     out = []
@@ -94,8 +92,17 @@ def _profile_form(
     return _config_form("profile", "profiles", schema, choices, name, values, errors, saved, posted)
 
 
-def _config_form(kind: str, plural: str, schema, choices: dict, name: str | None, values: dict,
-                 errors: FormErrors, saved: bool, posted: bool) -> str:
+def _config_form(
+    kind: str,
+    plural: str,
+    schema,
+    choices: dict,
+    name: str | None,
+    values: dict,
+    errors: FormErrors,
+    saved: bool,
+    posted: bool,
+) -> str:
     """The shared create/edit form of a model config or an offload profile."""
     return render(
         "fragments/config_form.html",
@@ -146,9 +153,7 @@ def edit_model_page(name: str, db: SessionDep) -> HTMLResponse:
     except NotFound as exc:
         return HTMLResponse(render("error.html", page="models", message=exc.message), 404)
     form = _model_form(db, name=name, values=config.model_dump(), errors=FormErrors())
-    return _page(
-        "config_edit.html", page="models", title=f"Model config {name}", form=form, preview=name
-    )
+    return _page("config_edit.html", page="models", title=f"Model config {name}", form=form, preview=name)
 
 
 async def _save_model(request: Request, db, settings, name: str | None) -> HTMLResponse:

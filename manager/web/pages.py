@@ -140,8 +140,15 @@ def plan_page(db: SessionDep, config: str | None = None) -> HTMLResponse:
         except NotFound as exc:
             return _page("error.html", 404, page="plan", message=exc.message)
         values = found.model_dump(
-            include={"model", "dtype", "tensor_parallel_size", "max_model_len", "max_num_seqs",
-                     "gpu_memory_utilization", "kv_cache_dtype"}  # fmt: skip
+            include={
+                "model",
+                "dtype",
+                "tensor_parallel_size",
+                "max_model_len",
+                "max_num_seqs",
+                "gpu_memory_utilization",
+                "kv_cache_dtype",
+            }  # fmt: skip
         )
         values = {k: v for k, v in values.items() if v is not None}
     return _page("plan.html", page="plan", form=_plan_page(values, FormErrors()))

@@ -74,9 +74,7 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(
-        nbytes=nbytes, num=num, pct=pct, seconds=seconds, latency=latency, shell=shlex.join
-    )
+    env.filters.update(nbytes=nbytes, num=num, pct=pct, seconds=seconds, latency=latency, shell=shlex.join)
     env.globals.update(share=share, NA=NA)
     return env
 

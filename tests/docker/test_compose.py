@@ -34,7 +34,10 @@ def run_config(
     env = {k: v for k, v in os.environ.items() if k not in compose_variables() and k != "COMPOSE_PROFILES"}
     return subprocess.run(
         [str(docker_compose), "-f", str(compose_file), "--env-file", str(env_file), "config"],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
 
 

@@ -48,15 +48,21 @@ def container_env(tmp_path) -> dict[str, str]:
 
 def test_with_the_secret_the_manager_serves_on_all_addresses_and_passes_its_health_check(container_env):
     port = free_port()
-    manager = subprocess.Popen(container_command(port), env=container_env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    manager = subprocess.Popen(
+        container_command(port), env=container_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         probe_env = {**container_env, "VLLM_MANAGER_HEALTH_URL": f"http://127.0.0.1:{port}/api/health"}
         deadline = time.monotonic() + 60
         while True:
             assert manager.poll() is None, manager.stdout.read()
-            probe = subprocess.run([sys.executable, str(DOCKER / "healthcheck.py")], env=probe_env,
-                                   capture_output=True, text=True, timeout=30)
+            probe = subprocess.run(
+                [sys.executable, str(DOCKER / "healthcheck.py")],
+                env=probe_env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             if probe.returncode == 0:
                 break
             assert time.monotonic() < deadline, f"still unhealthy after 60 s: {probe.stderr}"
@@ -72,7 +78,8 @@ def test_with_the_secret_the_manager_serves_on_all_addresses_and_passes_its_heal
 
 def test_without_a_token_the_container_stops_with_a_message_saying_what_to_do(container_env):
     del container_env["VLLM_MANAGER_API_TOKEN_FILE"]
-    result = subprocess.run(container_command(free_port()), env=container_env, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        container_command(free_port()), env=container_env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0
     assert "VLLM_MANAGER_API_TOKEN" in result.stderr

@@ -16,9 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.engine import free_port, running_engine
-
 from tests.docker.conftest import DOCKER
+from tests.support.engine import free_port, running_engine
 
 START = DOCKER / "cpu" / "start.sh"
 VENV_BIN = Path(sys.executable).parent
@@ -119,7 +118,10 @@ def test_vllm_cpu_serves_the_demo_model_as_the_manager_would_start_it(demo, engi
     port = free_port()
     shown = subprocess.run(
         [str(VENV_BIN / "vllm-manager"), "command", "tiny-llama-demo"],
-        env={**demo, "VLLM_MANAGER_WORKER_PORTS": f"{port}-{port}"}, capture_output=True, text=True, timeout=300,
+        env={**demo, "VLLM_MANAGER_WORKER_PORTS": f"{port}-{port}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert shown.returncode == 0, shown.stdout + shown.stderr  # vLLM's own parser accepts it
     command = json.loads(shown.stdout)

@@ -74,8 +74,7 @@ def test_nothing_the_build_copies_is_left_out_of_the_build_context(kind):
     ignore = DOCKERFILES[kind].with_name(DOCKERFILES[kind].name + ".dockerignore")
     allowed = [line[1:] for line in ignore.read_text().splitlines() if line.startswith("!")]
     left_out = [
-        src for src in copy_sources(DOCKERFILES[kind])
-        if not any(src == a or src.startswith(a + "/") for a in allowed)
+        src for src in copy_sources(DOCKERFILES[kind]) if not any(src == a or src.startswith(a + "/") for a in allowed)
     ]
     assert not left_out, f"add to {ignore.name}: " + " ".join(f"!{src}" for src in left_out)
 

@@ -27,7 +27,7 @@ class FakeManager:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's naming)
+            def do_GET(self):
                 fake.seen_headers.append(dict(self.headers))
                 code = fake.status if self.path == "/api/health" else 404
                 self.send_response(code)
@@ -53,7 +53,10 @@ def fake_manager() -> Iterator[FakeManager]:
 def probe(url: str, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_MANAGER_")}
     return subprocess.run(
-        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=30,
+        [sys.executable, str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=30,
         env={**clean, "VLLM_MANAGER_HEALTH_URL": url, **env},
     )
 

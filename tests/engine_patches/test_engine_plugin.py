@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from engine_patches.settings import PatchSettings  # noqa: E402
-from engine_patches.stats import read_stats  # noqa: E402
-from tests.support.engine import free_port, running_engine, tiny_engine_argv  # noqa: E402
+from engine_patches.settings import PatchSettings
+from engine_patches.stats import read_stats
+from tests.support.engine import free_port, running_engine, tiny_engine_argv
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(400)]
 
@@ -36,7 +36,8 @@ def test_plugin_is_active_in_a_real_engine(tiny_llama, engine_slot, tmp_path):
             assert "pinned_bytes" in doc["pinned"]
         # and the engine still serves
         body = json.dumps({"model": str(tiny_llama), "prompt": "hello world", "max_tokens": 2})
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body.encode(),
-                                     {"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", body.encode(), {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=60) as r:
             assert r.status == 200

@@ -21,6 +21,7 @@ def fill_with(value):
     def fill(name, a, b):
         a.fill_(value)
         b.fill_(value)
+
     return fill
 
 
@@ -123,6 +124,7 @@ def test_many_load_unload_cycles_do_not_grow_rss():
 
     pool = CPULoRAPool(64 << 20, allocator=PinnedAllocator(registrar=RecordingRegistrar()))
     big = {f"m{i}": (((16, 2048), BF16), ((2048, 16), BF16)) for i in range(32)}  # 4 MiB
+
     def cycles(start, stop):
         for i in range(start, stop):
             pool.load(i % 20, big, fill_with(float(i % 3)))  # 20 ids > 16 that fit: evictions

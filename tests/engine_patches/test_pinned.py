@@ -110,7 +110,7 @@ def test_stats_callback_sees_every_change():
 
 
 def test_repeated_allocations_do_not_grow_rss():
-    from bench.lora_shapes import malloc_trim, rss_bytes  # noqa: F401  (bench is plain code)
+    from bench.lora_shapes import malloc_trim, rss_bytes
 
     alloc = PinnedAllocator(registrar=RecordingRegistrar())
     malloc_trim()

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from engine_patches import plugin  # noqa: E402
-from engine_patches.settings import ENV_VAR  # noqa: E402
-from engine_patches.vllm_adapters.patching import unwrap_all  # noqa: E402
+from engine_patches import plugin
+from engine_patches.settings import ENV_VAR
+from engine_patches.vllm_adapters.patching import unwrap_all
 
 
 @pytest.fixture
@@ -39,8 +39,7 @@ def test_registers_every_switched_on_patch_once(fresh_plugin):
 
 
 def test_each_patch_can_be_switched_off(fresh_plugin, monkeypatch):
-    monkeypatch.setenv(ENV_VAR, json.dumps({"pinned": False, "kv_check": False,
-                                            "offload_config": False}))
+    monkeypatch.setenv(ENV_VAR, json.dumps({"pinned": False, "kv_check": False, "offload_config": False}))
     plugin.register()
     assert plugin.installed_patches() == ["SharedOffloadRegion.__init__"]
 

@@ -6,8 +6,14 @@ from engine_patches.settings import ENV_VAR, PatchSettings, SettingsError
 
 
 def test_round_trip_through_the_environment():
-    s = PatchSettings(run_dir="/tmp/run", pin_budget_bytes=1 << 30, lora_pool=True,
-                      max_cpu_loras=4, moe_offload=True, moe_mode="copy_all")
+    s = PatchSettings(
+        run_dir="/tmp/run",
+        pin_budget_bytes=1 << 30,
+        lora_pool=True,
+        max_cpu_loras=4,
+        moe_offload=True,
+        moe_mode="copy_all",
+    )
     env = s.to_env()
     assert list(env) == [ENV_VAR]
     assert PatchSettings.from_env(env) == s
@@ -25,12 +31,15 @@ def test_unknown_keys_warn_but_do_not_fail(caplog):
     assert "turbo" in caplog.text
 
 
-@pytest.mark.parametrize("raw, word", [
-    ({"pinned": "yes"}, "pinned"),
-    ({"pin_budget_bytes": 1.5}, "pin_budget_bytes"),
-    ({"moe_mode": "fast"}, "moe_mode"),
-    ({"pin_budget_bytes": -1}, "pin_budget_bytes"),
-])
+@pytest.mark.parametrize(
+    "raw, word",
+    [
+        ({"pinned": "yes"}, "pinned"),
+        ({"pin_budget_bytes": 1.5}, "pin_budget_bytes"),
+        ({"moe_mode": "fast"}, "moe_mode"),
+        ({"pin_budget_bytes": -1}, "pin_budget_bytes"),
+    ],
+)
 def test_wrong_values_name_the_key(raw, word):
     with pytest.raises(SettingsError, match=word):
         PatchSettings.from_env({ENV_VAR: json.dumps(raw)})
@@ -45,7 +54,9 @@ def test_settings_module_imports_neither_torch_nor_vllm():
     import subprocess
     import sys
 
-    code = ("import sys, engine_patches.settings, engine_patches.stats; "
-            "print('torch' in sys.modules, 'vllm' in sys.modules)")
+    code = (
+        "import sys, engine_patches.settings, engine_patches.stats; "
+        "print('torch' in sys.modules, 'vllm' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]

@@ -25,8 +25,9 @@ def test_publish_writes_one_file_per_process_atomically(tmp_path):
 
 
 def test_reader_skips_dead_pids_and_half_written_files(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     dead_pid = int(dead.stdout)
     (tmp_path / f"stats-{dead_pid}.json").write_text(json.dumps({"pid": dead_pid}))
     (tmp_path / f"stats-{os.getpid()}.json").write_text('{"pid": ')  # half written

@@ -13,11 +13,11 @@ import torch
 
 pytest.importorskip("vllm")
 
-from engine_patches.kv_offload import OffloadRegionError  # noqa: E402
-from engine_patches.pinned import PinnedAllocator  # noqa: E402
-from engine_patches.vllm_adapters import kv_check, offload_region, pinning  # noqa: E402
-from engine_patches.vllm_adapters.patching import unwrap_all  # noqa: E402
-from tests.engine_patches.test_pinned import RecordingRegistrar  # noqa: E402
+from engine_patches.kv_offload import OffloadRegionError
+from engine_patches.pinned import PinnedAllocator
+from engine_patches.vllm_adapters import kv_check, offload_region, pinning
+from engine_patches.vllm_adapters.patching import unwrap_all
+from tests.engine_patches.test_pinned import RecordingRegistrar
 
 
 @pytest.fixture(autouse=True)
@@ -31,8 +31,7 @@ def _peft_tensors():
 
     helper = PEFTHelper.from_dict({"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]})
     prefix = "base_model.model.model.layers.0.self_attn.q_proj"
-    tensors = {f"{prefix}.lora_A.weight": torch.ones(4, 64),
-               f"{prefix}.lora_B.weight": torch.ones(64, 4)}
+    tensors = {f"{prefix}.lora_A.weight": torch.ones(4, 64), f"{prefix}.lora_B.weight": torch.ones(64, 4)}
     return helper, tensors
 
 
@@ -43,7 +42,7 @@ def test_lora_loading_no_longer_pins_each_tensor(monkeypatch):
     original = LoRAModel.__dict__["from_lora_tensors"].__func__
     monkeypatch.setattr(lora_model, "PIN_MEMORY", True)  # as on a CUDA machine
     helper, tensors = _peft_tensors()
-    with pytest.raises(Exception):  # stock vLLM pins each tensor: impossible without CUDA
+    with pytest.raises(Exception):  # noqa: B017 (stock vLLM pins each tensor: impossible without CUDA)
         LoRAModel.from_lora_tensors(1, tensors, helper, device="cpu")
 
     pinning.install_lora(PinnedAllocator(registrar=RecordingRegistrar()))
@@ -88,8 +87,7 @@ def test_uva_offload_is_wrapped_and_delegates():
 
 def _fake_config(*, cpu_bytes: int | None, dtype: str = "auto"):
     extra = {"cpu_bytes_to_use": cpu_bytes} if cpu_bytes else {}
-    ktc = SimpleNamespace(kv_connector="OffloadingConnector", kv_connector_extra_config=extra) \
-        if cpu_bytes else None
+    ktc = SimpleNamespace(kv_connector="OffloadingConnector", kv_connector_extra_config=extra) if cpu_bytes else None
     return SimpleNamespace(
         kv_transfer_config=ktc,
         cache_config=SimpleNamespace(kv_offloading_size=None, cache_dtype=dtype, block_size=16),
@@ -102,8 +100,7 @@ def _run_check(config, *, available: int, max_len: int = 32768, per_token: int =
 
     kv_check._local.vllm_config = config
     try:
-        utils._check_enough_kv_cache_memory(available, lambda: max_len * per_token, max_len,
-                                            lambda am: am // per_token)
+        utils._check_enough_kv_cache_memory(available, lambda: max_len * per_token, max_len, lambda am: am // per_token)
     finally:
         kv_check._local.vllm_config = None
 
@@ -165,9 +162,13 @@ def test_offload_region_too_large_fails_before_the_file_is_made():
 
 
 def _offloading_config(extra: dict, bytes_per_block: int = 1 << 20):
-    from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig,
-                                           OffloadingGroupConfig, OffloadingModelConfig,
-                                           OffloadingParallelConfig)
+    from vllm.v1.kv_offload.config import (
+        OffloadingCacheConfig,
+        OffloadingConfig,
+        OffloadingGroupConfig,
+        OffloadingModelConfig,
+        OffloadingParallelConfig,
+    )
 
     return OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
@@ -178,9 +179,17 @@ def _offloading_config(extra: dict, bytes_per_block: int = 1 << 20):
         model=OffloadingModelConfig(name="tiny", dtype="bfloat16"),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
-            rank=0, world_size=2, tp_size=2, pp_size=1, pcp_size=1, dcp_size=1,
-            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-            is_parallelism_agnostic=False),
+            rank=0,
+            world_size=2,
+            tp_size=2,
+            pp_size=1,
+            pcp_size=1,
+            dcp_size=1,
+            data_parallel_index=0,
+            data_parallel_size=1,
+            data_parallel_rank_local=None,
+            is_parallelism_agnostic=False,
+        ),
     )
 
 
@@ -202,6 +211,5 @@ def test_explicit_cpu_bytes_win_over_num_cpu_blocks():
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
     offload_region.install_config_conversion()
-    spec = CPUOffloadingSpec(_offloading_config({"num_cpu_blocks": 100,
-                                                 "cpu_bytes_to_use": 10 << 20}))
+    spec = CPUOffloadingSpec(_offloading_config({"num_cpu_blocks": 100, "cpu_bytes_to_use": 10 << 20}))
     assert spec.extra_config["cpu_bytes_to_use"] == 10 << 20

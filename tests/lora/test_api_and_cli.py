@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
-from contextlib import asynccontextmanager
 import socket
 import threading
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -51,15 +51,16 @@ def lora_app(settings):
 @pytest.fixture
 def api(settings, tiny_llama):
     with TestClient(lora_app(settings)) as c:
-        c.post("/api/models", json={"name": "tiny", "model": str(tiny_llama), "enable_lora": True,
-                                    "max_lora_rank": 16, "max_loras": 2})
+        c.post(
+            "/api/models",
+            json={"name": "tiny", "model": str(tiny_llama), "enable_lora": True, "max_lora_rank": 16, "max_loras": 2},
+        )
         yield c
 
 
 def test_add_list_pin_remove(api, tiny_llama, tmp_path):
     folder = make_llama_adapter(tmp_path / "a", tiny_llama, rank=8)
-    created = api.post("/api/loras", json={"name": "sql-helper", "path": str(folder),
-                                           "base_config": "tiny"})
+    created = api.post("/api/loras", json={"name": "sql-helper", "path": str(folder), "base_config": "tiny"})
     assert created.status_code == 201, created.text
     assert created.json()["rank"] == 8 and created.json()["pinned"] is False
     assert [a["name"] for a in api.get("/api/loras").json()] == ["sql-helper"]
@@ -124,8 +125,9 @@ def live_manager(settings, tiny_llama):
     url = f"http://127.0.0.1:{port}"
     import httpx
 
-    httpx.post(f"{url}/api/models", json={"name": "tiny", "model": str(tiny_llama),
-                                          "enable_lora": True, "max_lora_rank": 16})
+    httpx.post(
+        f"{url}/api/models", json={"name": "tiny", "model": str(tiny_llama), "enable_lora": True, "max_lora_rank": 16}
+    )
     yield url
     server.should_exit = True
     thread.join(10)
@@ -134,8 +136,7 @@ def live_manager(settings, tiny_llama):
 def test_cli_add_list_pin_rm(live_manager, tiny_llama, tmp_path):
     cli = CliRunner()
     folder = make_llama_adapter(tmp_path / "a", tiny_llama, rank=4)
-    added = cli.invoke(loras_app, ["add", "chat-style", str(folder), "--config", "tiny",
-                                   "--url", live_manager])
+    added = cli.invoke(loras_app, ["add", "chat-style", str(folder), "--config", "tiny", "--url", live_manager])
     assert added.exit_code == 0, added.output
     listed = cli.invoke(loras_app, ["list", "--url", live_manager])
     assert "chat-style" in listed.output and "rank 4" in listed.output

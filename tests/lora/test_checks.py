@@ -72,8 +72,10 @@ def test_module_names_come_from_the_weights_when_the_folder_has_them(tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "something_new"}))
     assert known_modules(str(folder)) is None  # unknown type, no weights: nothing to check
-    save_file({"transformer.h.0.attn.c_attn.weight": torch.zeros(2, 2),
-               "transformer.h.0.attn.c_proj.bias": torch.zeros(2)}, str(folder / "model.safetensors"))
+    save_file(
+        {"transformer.h.0.attn.c_attn.weight": torch.zeros(2, 2), "transformer.h.0.attn.c_proj.bias": torch.zeros(2)},
+        str(folder / "model.safetensors"),
+    )
     assert known_modules(str(folder)) == {"c_attn", "c_proj"}
 
 

@@ -15,7 +15,8 @@ from fastapi.testclient import TestClient
 
 from tests.lora.peft_adapters import make_llama_adapter
 from tests.lora.test_api_and_cli import lora_app
-from tests.support.engine import tiny_config as _config, wait_for_state as _wait
+from tests.support.engine import tiny_config as _config
+from tests.support.engine import wait_for_state as _wait
 
 pytestmark = pytest.mark.engine
 
@@ -23,8 +24,11 @@ POOL_BYTES = 30_000  # the rank-8 adapter is 14,336 bytes, the rank-16 one 28,67
 
 
 def _complete(port: int, model: str) -> httpx.Response:
-    return httpx.post(f"http://127.0.0.1:{port}/v1/completions",
-                      json={"model": model, "prompt": "hello world", "max_tokens": 4}, timeout=120)
+    return httpx.post(
+        f"http://127.0.0.1:{port}/v1/completions",
+        json={"model": model, "prompt": "hello world", "max_tokens": 4},
+        timeout=120,
+    )
 
 
 def _until(fetch, check, timeout: float = 30.0):
@@ -39,18 +43,37 @@ def _until(fetch, check, timeout: float = 30.0):
 def test_load_serve_evict_unload_and_pin_across_a_restart(engine_settings, tiny_llama, tmp_path):
     sql = make_llama_adapter(tmp_path / "sql", tiny_llama, rank=8)
     chat = make_llama_adapter(tmp_path / "chat", tiny_llama, rank=16, seed=1)
-    huge = make_llama_adapter(tmp_path / "huge", tiny_llama, rank=16, seed=2,
-                              targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                       "up_proj", "down_proj"))
+    huge = make_llama_adapter(
+        tmp_path / "huge",
+        tiny_llama,
+        rank=16,
+        seed=2,
+        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    )
     with TestClient(lora_app(engine_settings)) as c:
-        assert c.post("/api/profiles", json={"name": "lora-pool", "lora_cpu_pooling": True,
-                                             "lora_pool_gib": POOL_BYTES / 2**30}).status_code == 201
-        assert c.post("/api/models", json=_config(
-            "tiny-lora", tiny_llama, enable_lora=True, max_lora_rank=16, max_loras=2,
-            offload_profile="lora-pool")).status_code == 201
+        assert (
+            c.post(
+                "/api/profiles",
+                json={"name": "lora-pool", "lora_cpu_pooling": True, "lora_pool_gib": POOL_BYTES / 2**30},
+            ).status_code
+            == 201
+        )
+        assert (
+            c.post(
+                "/api/models",
+                json=_config(
+                    "tiny-lora",
+                    tiny_llama,
+                    enable_lora=True,
+                    max_lora_rank=16,
+                    max_loras=2,
+                    offload_profile="lora-pool",
+                ),
+            ).status_code
+            == 201
+        )
         for name, folder in (("sql", sql), ("chat", chat), ("huge", huge)):
-            added = c.post("/api/loras", json={"name": name, "path": str(folder),
-                                               "base_config": "tiny-lora"})
+            added = c.post("/api/loras", json={"name": name, "path": str(folder), "base_config": "tiny-lora"})
             assert added.status_code == 201, added.text
 
         created = c.post("/api/workers", json={"model": "tiny-lora"})
@@ -94,8 +117,7 @@ def test_load_serve_evict_unload_and_pin_across_a_restart(engine_settings, tiny_
         assert pinned.json()["loaded_now"] == ["sql"]
         assert _complete(port, "sql").status_code == 200
         c.post(f"/api/workers/{wid}/restart")
-        _until(lambda: c.get(f"/api/workers/{wid}").json()["state"],
-               lambda s: s != "ready", timeout=30)
+        _until(lambda: c.get(f"/api/workers/{wid}").json()["state"], lambda s: s != "ready", timeout=30)
         assert _wait(c, wid, {"ready", "failed"})["state"] == "ready"
         info = _until(listing, lambda i: "sql" in [a["name"] for a in i["loaded"]], timeout=60)
         assert [a["name"] for a in info["loaded"]] == ["sql"]
@@ -107,8 +129,7 @@ def test_load_serve_evict_unload_and_pin_across_a_restart(engine_settings, tiny_
         assert _wait(c, wid, {"stopped"}, timeout=60)["state"] == "stopped"
 
 
-def test_a_moe_adapter_is_stacked_inside_the_pool_of_a_real_worker(engine_settings, tiny_moe,
-                                                                  tmp_path):
+def test_a_moe_adapter_is_stacked_inside_the_pool_of_a_real_worker(engine_settings, tiny_moe, tmp_path):
     """Through vLLM's real Qwen3-MoE LoRA manager: the experts' LoRAs go into the pool already
     stacked, so the pool holds exactly the adapter's bytes and nothing is loaded the stock way.
 
@@ -129,21 +150,27 @@ def test_a_moe_adapter_is_stacked_inside_the_pool_of_a_real_worker(engine_settin
 
     adapter = make_moe_adapter(tmp_path / "experts", model, rank=8)
     with safe_open(str(adapter / "adapter_model.safetensors"), "pt") as f:
-        adapter_bytes = sum(f.get_tensor(k).nbytes for k in f.keys())
+        adapter_bytes = sum(f.get_tensor(k).nbytes for k in f)
 
     with TestClient(lora_app(engine_settings)) as c:
-        c.post("/api/profiles", json={"name": "lora-pool", "lora_cpu_pooling": True,
-                                      "lora_pool_gib": 0.01})
-        c.post("/api/models", json=_config("tiny-moe", model, enable_lora=True, max_lora_rank=16,
-                                           max_loras=2, offload_profile="lora-pool"))
-        assert c.post("/api/loras", json={"name": "experts", "path": str(adapter),
-                                          "base_config": "tiny-moe"}).status_code == 201
+        c.post("/api/profiles", json={"name": "lora-pool", "lora_cpu_pooling": True, "lora_pool_gib": 0.01})
+        c.post(
+            "/api/models",
+            json=_config(
+                "tiny-moe", model, enable_lora=True, max_lora_rank=16, max_loras=2, offload_profile="lora-pool"
+            ),
+        )
+        assert (
+            c.post("/api/loras", json={"name": "experts", "path": str(adapter), "base_config": "tiny-moe"}).status_code
+            == 201
+        )
         created = c.post("/api/workers", json={"model": "tiny-moe"})
         wid = created.json()["id"]
         assert _wait(c, wid, {"ready", "failed"})["state"] == "ready"
         assert c.post(f"/api/workers/{wid}/loras/experts/load").status_code == 200
-        info = _until(lambda: c.get(f"/api/workers/{wid}/loras").json(),
-                      lambda i: (i["pool"] or {}).get("adapters_resident") == 1)
+        info = _until(
+            lambda: c.get(f"/api/workers/{wid}/loras").json(), lambda i: (i["pool"] or {}).get("adapters_resident") == 1
+        )
         assert info["pool"]["used_bytes"] == adapter_bytes
         log = c.get(f"/api/workers/{wid}/logs?tail=2000").json()["lines"]
         assert not any("loaded the stock way" in line for line in log)

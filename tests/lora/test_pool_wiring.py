@@ -14,14 +14,14 @@ import torch
 
 pytest.importorskip("vllm")
 
-from engine_patches.lora_pool import PoolFullError  # noqa: E402
-from engine_patches.pinned import PinnedAllocator  # noqa: E402
-from engine_patches.settings import PatchSettings  # noqa: E402
-from engine_patches.vllm_adapters import lora_pool as wiring  # noqa: E402
-from engine_patches.vllm_adapters.patching import unwrap_all  # noqa: E402
-from tests.engine_patches.test_pinned import RecordingRegistrar  # noqa: E402
-from tests.lora.peft_adapters import make_llama_adapter, make_moe_adapter  # noqa: E402
-from tests.support.tiny_model import make_tiny_llama, make_tiny_qwen3_moe  # noqa: E402
+from engine_patches.lora_pool import PoolFullError
+from engine_patches.pinned import PinnedAllocator
+from engine_patches.settings import PatchSettings
+from engine_patches.vllm_adapters import lora_pool as wiring
+from engine_patches.vllm_adapters.patching import unwrap_all
+from tests.engine_patches.test_pinned import RecordingRegistrar
+from tests.lora.peft_adapters import make_llama_adapter, make_moe_adapter
+from tests.support.tiny_model import make_tiny_llama, make_tiny_qwen3_moe
 
 LLAMA_TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
@@ -29,8 +29,8 @@ LLAMA_TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
 @pytest.fixture
 def install():
     def do(**settings):
-        wiring.install(PatchSettings(lora_pool=True, **settings),
-                       PinnedAllocator(registrar=RecordingRegistrar()))
+        wiring.install(PatchSettings(lora_pool=True, **settings), PinnedAllocator(registrar=RecordingRegistrar()))
+
     yield do
     unwrap_all()
     wiring.forget()
@@ -76,8 +76,7 @@ def _load(folder: Path, expected: set[str], lora_id: int, manager=None):
     """vLLM's from_local_checkpoint; inside a worker's load when ``manager`` is given."""
     from vllm.lora.lora_model import LoRAModel
 
-    kwargs = dict(peft_helper=_helper(folder), lora_model_id=lora_id, device="cpu",
-                  dtype=torch.bfloat16)
+    kwargs = dict(peft_helper=_helper(folder), lora_model_id=lora_id, device="cpu", dtype=torch.bfloat16)
     if manager is None:
         return LoRAModel.from_local_checkpoint(str(folder), expected, **kwargs)
     with wiring.loading_for(manager, _request(lora_id, folder)):
@@ -116,11 +115,13 @@ def _moe_layout(moe_dir: Path) -> tuple[dict[str, list[str]], set[str]]:
     config = json.loads((moe_dir / "config.json").read_text())
     experts = config.get("num_experts") or config["num_local_experts"]
     order = ("gate_proj", "down_proj", "up_proj")
-    packed = {f"model.layers.{layer}.mlp.experts": [
-        f"model.layers.{layer}.mlp.experts.{e}.{proj}" for e in range(experts) for proj in order]
-        for layer in range(config["num_hidden_layers"])}
-    expected = {"q_proj", "v_proj", "experts"} | {f"experts.{e}.{p}" for e in range(experts)
-                                                  for p in order}
+    packed = {
+        f"model.layers.{layer}.mlp.experts": [
+            f"model.layers.{layer}.mlp.experts.{e}.{proj}" for e in range(experts) for proj in order
+        ]
+        for layer in range(config["num_hidden_layers"])
+    }
+    expected = {"q_proj", "v_proj", "experts"} | {f"experts.{e}.{p}" for e in range(experts) for p in order}
     return packed, expected
 
 
@@ -145,14 +146,15 @@ def test_moe_experts_land_in_the_stacked_layout_vllm_would_build(install, moe, t
         assert got.optimize().scaling == [1, 1, 1]
 
 
-def test_full_pool_evicts_through_vllms_cache_but_never_the_batch_being_set_up(
-        install, llama, tmp_path):
+def test_full_pool_evicts_through_vllms_cache_but_never_the_batch_being_set_up(install, llama, tmp_path):
     from vllm.lora.worker_manager import WorkerLoRAManager
 
     folder = make_llama_adapter(tmp_path / "a", llama)
-    one_adapter = sum(t.numel() * t.element_size()
-                      for layer in _load(folder, LLAMA_TARGETS, 9).loras.values()
-                      for t in (layer.lora_a, layer.lora_b))
+    one_adapter = sum(
+        t.numel() * t.element_size()
+        for layer in _load(folder, LLAMA_TARGETS, 9).loras.values()
+        for t in (layer.lora_a, layer.lora_b)
+    )
     install(lora_pool_bytes=one_adapter + one_adapter // 2)  # room for one adapter
     manager = StandInManager()
     _load(folder, LLAMA_TARGETS, 1, manager)
@@ -166,8 +168,7 @@ def test_full_pool_evicts_through_vllms_cache_but_never_the_batch_being_set_up(
 
     worker = SimpleNamespace(_apply_adapters=apply_adapters, _adapter_manager=manager)
     with pytest.raises(PoolFullError, match="current batch"):
-        WorkerLoRAManager.set_active_adapters(
-            worker, {_request(2, folder), _request(3, folder)}, None)
+        WorkerLoRAManager.set_active_adapters(worker, {_request(2, folder), _request(3, folder)}, None)
     assert manager.removed == [1]
     assert len(wiring.pool().resident()) == 1  # the failed load gave its slots back
 
@@ -195,8 +196,9 @@ def test_an_adapter_too_big_for_the_pool_gets_a_clear_error(install, llama, tmp_
 
 
 def test_many_load_evict_cycles_do_not_grow_rss(install, tmp_path):
-    from bench.lora_shapes import malloc_trim, rss_bytes
     from vllm.lora.model_manager import AdapterLRUCache
+
+    from bench.lora_shapes import malloc_trim, rss_bytes
 
     # A 2048-wide model: each adapter is 16 layers x q,v x rank 16 = 4 MiB of bf16.
     big = make_tiny_llama(tmp_path / "wide", layers=16)

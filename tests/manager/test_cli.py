@@ -20,7 +20,9 @@ CLI = [sys.executable, "-m", "manager"]
 def _run(args, data_dir: Path, **env) -> subprocess.CompletedProcess:
     return subprocess.run(
         CLI + args + ["--data-dir", str(data_dir)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "VLLM_MANAGER_API_TOKEN": "", **env},
     )
 
@@ -34,7 +36,9 @@ def _free_port() -> int:
 def _serve(data_dir: Path, port: int, *extra: str) -> subprocess.Popen:
     proc = subprocess.Popen(
         CLI + ["serve", "--port", str(port), "--data-dir", str(data_dir), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "VLLM_MANAGER_API_TOKEN": ""},
     )
     deadline = time.monotonic() + 60
@@ -91,7 +95,9 @@ def test_models_profiles_export_import(tmp_path):
     assert _run(["import", str(export)], other).returncode == 0
     assert _run(["export", "-"], other).stdout == export.read_text()
     shown = _run(["command", "m1", "--no-validate"], other)
-    assert json.loads(shown.stdout)["argv"][-2:] == ["--kv-offloading-size", "4"] or "--kv-offloading-size" in shown.stdout
+    assert (
+        json.loads(shown.stdout)["argv"][-2:] == ["--kv-offloading-size", "4"] or "--kv-offloading-size" in shown.stdout
+    )
 
 
 def test_acknowledged_write_survives_kill_9(tmp_path):

@@ -16,15 +16,28 @@ def _command(client, name):
 
 
 REPRESENTATIVE = {
-    "kv-offload": ({**BASE, "offload_profile": "kv"}, ["--kv-offloading-size", "2.5", "--kv-offloading-backend", "native"]),
+    "kv-offload": (
+        {**BASE, "offload_profile": "kv"},
+        ["--kv-offloading-size", "2.5", "--kv-offloading-backend", "native"],
+    ),
     "kv-offload-arc": ({**BASE, "offload_profile": "kv-arc"}, ["--kv-transfer-config"]),
-    "lora": ({**BASE, "enable_lora": True, "max_loras": 4, "max_lora_rank": 16, "max_cpu_loras": 8},
-             ["--enable-lora", "--max-loras", "4", "--max-lora-rank", "16", "--max-cpu-loras", "8"]),
-    "fp8-kv": ({**BASE, "kv_cache_dtype": "fp8", "max_num_seqs": 8, "enforce_eager": True},
-               ["--max-num-seqs", "8", "--kv-cache-dtype", "fp8", "--enforce-eager"]),
+    "lora": (
+        {**BASE, "enable_lora": True, "max_loras": 4, "max_lora_rank": 16, "max_cpu_loras": 8},
+        ["--enable-lora", "--max-loras", "4", "--max-lora-rank", "16", "--max-cpu-loras", "8"],
+    ),
+    "fp8-kv": (
+        {**BASE, "kv_cache_dtype": "fp8", "max_num_seqs": 8, "enforce_eager": True},
+        ["--max-num-seqs", "8", "--kv-cache-dtype", "fp8", "--enforce-eager"],
+    ),
     "tp2": ({**BASE, "tensor_parallel_size": 2, "gpu_ids": [2, 3]}, ["--tensor-parallel-size", "2"]),
-    "extra": ({**BASE, "extra_args": ["--enable-chunked-prefill", "--max-num-batched-tokens", "2048"],
-               "enable_prefix_caching": False}, ["--no-enable-prefix-caching", "--enable-chunked-prefill", "--max-num-batched-tokens", "2048"]),
+    "extra": (
+        {
+            **BASE,
+            "extra_args": ["--enable-chunked-prefill", "--max-num-batched-tokens", "2048"],
+            "enable_prefix_caching": False,
+        },
+        ["--no-enable-prefix-caching", "--enable-chunked-prefill", "--max-num-batched-tokens", "2048"],
+    ),
 }
 
 
@@ -106,6 +119,6 @@ def test_num_cpu_blocks_refused_when_model_config_unreadable(client):
 
 def test_validation_is_run_by_the_engine_interpreter(tmp_path):
     fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\necho '{\"status\": \"valid\", \"message\": \"from fake\"}'\n")
+    fake.write_text('#!/bin/sh\necho \'{"status": "valid", "message": "from fake"}\'\n')
     fake.chmod(0o755)
     assert validate_engine_argv(str(fake), ["--model", "x"]).message == "from fake"

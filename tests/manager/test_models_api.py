@@ -41,8 +41,13 @@ def test_create_list_show_edit_delete(client):
 def test_invalid_fields_are_named(client):
     bad = client.post(
         "/api/models",
-        json={**MODEL, "name": "Has Spaces", "gpu_memory_utilization": 1.5, "max_model_len": 0,
-              "tensor_parallel_size": 0},
+        json={
+            **MODEL,
+            "name": "Has Spaces",
+            "gpu_memory_utilization": 1.5,
+            "max_model_len": 0,
+            "tensor_parallel_size": 0,
+        },
     )
     assert bad.status_code == 422
     fields = {err["loc"][-1] for err in bad.json()["detail"]}
@@ -109,8 +114,16 @@ def test_config_survives_restart_on_same_database(settings):
 
 def test_openapi_lists_the_paths(client):
     paths = client.get("/openapi.json").json()["paths"]
-    for path in ("/api/health", "/api/models", "/api/models/{name}", "/api/models/{name}/command",
-                 "/api/profiles", "/api/profiles/{name}", "/api/export", "/api/import"):
+    for path in (
+        "/api/health",
+        "/api/models",
+        "/api/models/{name}",
+        "/api/models/{name}/command",
+        "/api/profiles",
+        "/api/profiles/{name}",
+        "/api/export",
+        "/api/import",
+    ):
         assert path in paths
     assert client.get("/docs").status_code == 200
     assert client.get("/api/health").json()["status"] == "ok"
@@ -136,12 +149,21 @@ def test_database_is_wal_with_foreign_keys_and_migrated(client, settings):
 
 
 def test_refused_flags_cannot_be_smuggled_in(client):
-    for args in (["--trust-remote"], ["--trust_remote_code"], ["--worker-cls=x.Y"], ["--config", "args.yaml"],
-                 ["--max-model", "9000"], ["--no-enable-lora"], ["--tensor_parallel_size", "2"]):
+    for args in (
+        ["--trust-remote"],
+        ["--trust_remote_code"],
+        ["--worker-cls=x.Y"],
+        ["--config", "args.yaml"],
+        ["--max-model", "9000"],
+        ["--no-enable-lora"],
+        ["--tensor_parallel_size", "2"],
+    ):
         resp = client.post("/api/models", json={**MODEL, "name": "smuggle", "extra_args": args})
         assert resp.status_code == 422, args
-    ok = client.post("/api/models", json={**MODEL, "name": "fine", "extra_args": ["--no-trust-remote-code",
-                                                                                  "--max-num-batched-tokens", "8192"]})
+    ok = client.post(
+        "/api/models",
+        json={**MODEL, "name": "fine", "extra_args": ["--no-trust-remote-code", "--max-num-batched-tokens", "8192"]},
+    )
     assert ok.status_code == 201
 
 
@@ -158,16 +180,23 @@ def test_dotted_json_keys_and_code_loading_env_are_refused(client):
 def test_import_refuses_a_name_given_twice(client):
     import yaml
 
-    doc = {"format": "vllm-manager", "version": 1, "profiles": [],
-           "models": [{"name": "dup", "model": "a"}, {"name": "dup", "model": "b"}]}
+    doc = {
+        "format": "vllm-manager",
+        "version": 1,
+        "profiles": [],
+        "models": [{"name": "dup", "model": "a"}, {"name": "dup", "model": "b"}],
+    }
     resp = client.post("/api/import", content=yaml.safe_dump(doc), headers={"content-type": "application/yaml"})
     assert resp.status_code == 422 and "dup" in resp.json()["detail"]
 
 
 def test_numbers_out_of_range_are_422_not_500(client):
     assert client.post("/api/models", json={**MODEL, "name": "huge", "max_model_len": 10**20}).status_code == 422
-    resp = client.post("/api/profiles", content='{"name": "inf", "kv_offload_gib": Infinity}',
-                       headers={"content-type": "application/json"})
+    resp = client.post(
+        "/api/profiles",
+        content='{"name": "inf", "kv_offload_gib": Infinity}',
+        headers={"content-type": "application/json"},
+    )
     assert resp.status_code == 422
     assert client.post("/api/profiles", json={"name": "big", "kv_offload_gib": 1e300}).status_code == 422
 

@@ -61,8 +61,16 @@ def test_no_gpu_means_no_refusal(coder_awq, monkeypatch):
 
 
 def test_api_refuses_the_start_with_422(client, coder_awq, rtx_4090):
-    client.post("/api/models", json={"name": "coder", "model": str(coder_awq), "max_model_len": 52000,
-                                     "gpu_memory_utilization": 0.88, "max_num_seqs": 16})
+    client.post(
+        "/api/models",
+        json={
+            "name": "coder",
+            "model": str(coder_awq),
+            "max_model_len": 52000,
+            "gpu_memory_utilization": 0.88,
+            "max_num_seqs": 16,
+        },
+    )
     resp = client.post("/api/workers", json={"model": "coder"})
     assert resp.status_code == 422
     assert "force" in resp.json()["detail"]

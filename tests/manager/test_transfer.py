@@ -9,17 +9,43 @@ from manager.app import create_app
 
 YAML = {"content-type": "application/yaml"}
 PROFILES = [
-    {"name": "kv-seed", "kv_offload_num_cpu_blocks": 50000, "kv_eviction_policy": "arc",
-     "description": "the seed's form"},
-    {"name": "moe", "moe_expert_offload": True, "moe_gpu_cache_gib": 6.5, "lora_cpu_pooling": True,
-     "lora_pool_gib": 12, "pinned_budget_gib": 64},
+    {
+        "name": "kv-seed",
+        "kv_offload_num_cpu_blocks": 50000,
+        "kv_eviction_policy": "arc",
+        "description": "the seed's form",
+    },
+    {
+        "name": "moe",
+        "moe_expert_offload": True,
+        "moe_gpu_cache_gib": 6.5,
+        "lora_cpu_pooling": True,
+        "lora_pool_gib": 12,
+        "pinned_budget_gib": 64,
+    },
 ]
 MODELS = [
-    {"name": "qwen3-30b", "model": "Qwen/Qwen3-30B-A3B", "offload_profile": "moe", "gpu_ids": [0, 1],
-     "tensor_parallel_size": 2, "env": {"A": "1"}, "extra_args": ["--max-num-batched-tokens", "4096"],
-     "enable_lora": True, "max_loras": 2, "max_lora_rank": 16, "autostart": True, "start_timeout_s": 1800},
-    {"name": "llama", "model": "/models/llama", "kv_cache_dtype": "fp8", "enable_prefix_caching": False,
-     "offload_profile": "kv-seed"},
+    {
+        "name": "qwen3-30b",
+        "model": "Qwen/Qwen3-30B-A3B",
+        "offload_profile": "moe",
+        "gpu_ids": [0, 1],
+        "tensor_parallel_size": 2,
+        "env": {"A": "1"},
+        "extra_args": ["--max-num-batched-tokens", "4096"],
+        "enable_lora": True,
+        "max_loras": 2,
+        "max_lora_rank": 16,
+        "autostart": True,
+        "start_timeout_s": 1800,
+    },
+    {
+        "name": "llama",
+        "model": "/models/llama",
+        "kv_cache_dtype": "fp8",
+        "enable_prefix_caching": False,
+        "offload_profile": "kv-seed",
+    },
 ]
 
 
@@ -44,8 +70,12 @@ def test_round_trip_without_loss(client, settings, tmp_path):
 
 def test_bad_import_changes_nothing(client):
     client.post("/api/profiles", json=PROFILES[1])
-    doc = {"format": "vllm-manager", "version": 1, "profiles": [{"name": "new", "kv_offload_gib": 4}],
-           "models": [{"name": "m", "model": "x", "gpu_memory_utilization": 7}]}
+    doc = {
+        "format": "vllm-manager",
+        "version": 1,
+        "profiles": [{"name": "new", "kv_offload_gib": 4}],
+        "models": [{"name": "m", "model": "x", "gpu_memory_utilization": 7}],
+    }
     resp = client.post("/api/import", content=yaml.safe_dump(doc), headers=YAML)
     assert resp.status_code == 422
     assert "models[0].gpu_memory_utilization" in resp.json()["detail"]

@@ -70,7 +70,7 @@ def main() -> None:
         "--max-loras",
         "1",
     ]
-    log = open(work / "engine.log", "w")
+    log = open(work / "engine.log", "w")  # noqa: SIM115 (the engine writes to it until the end)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:

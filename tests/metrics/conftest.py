@@ -34,7 +34,7 @@ class FakeEngine:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 data = outer.body.encode()
                 self.send_response(outer.status if self.path == "/metrics" else 404)
                 self.send_header("Content-Type", outer.content_type)

@@ -53,9 +53,7 @@ def _nvml_seeing(pid: int) -> FakeNvml:
     real = nvml.nvmlDeviceGetComputeRunningProcesses
 
     def procs(h):
-        return [
-            type(p)(pid=pid, usedGpuMemory=p.usedGpuMemory) if p.pid == 101 else p for p in real(h)
-        ]
+        return [type(p)(pid=pid, usedGpuMemory=p.usedGpuMemory) if p.pid == 101 else p for p in real(h)]
 
     nvml.nvmlDeviceGetComputeRunningProcesses = procs
     return nvml
@@ -113,10 +111,7 @@ def test_snapshot_brings_every_source_together(
     assert qwen.engine is None and qwen.process is None  # stopped: nothing to read, nothing raised
 
     doc = json.loads(snap.json)  # what /api/metrics and the SSE stream send
-    assert (
-        doc["workers"][0]["engine"]["generation_tokens_per_s"]
-        == llama.engine.generation_tokens_per_s
-    )
+    assert doc["workers"][0]["engine"]["generation_tokens_per_s"] == llama.engine.generation_tokens_per_s
     assert doc["gpu"]["gpus"][1]["temperature_c"] is None  # n/a reaches the page as null
 
     tokens = collector.series.window("worker.llama.generation_tokens_per_s", 60, now=clock.t).points
@@ -134,9 +129,7 @@ def test_without_gpu_the_snapshot_says_so_and_still_has_host_and_workers(worker_
     assert snap.host.ram_total_bytes == psutil.virtual_memory().total
 
 
-def test_minutes_go_to_history_and_charts_survive_a_restart(
-    history, fake_engine, vllm_metrics_text
-):
+def test_minutes_go_to_history_and_charts_survive_a_restart(history, fake_engine, vllm_metrics_text):
     fake_engine.body = vllm_metrics_text
     clock = Clock(T0)
     workers = [WorkerInfo("w", "m", "ready", port=fake_engine.port)]
@@ -186,16 +179,10 @@ def test_run_loop_feeds_subscribers_and_stop_ends_their_streams():
     assert len(got) >= 3 and got == sorted(set(got))
 
 
-def test_manager_metrics_endpoint_exports_workers_gpu_and_host(
-    fake_engine, worker_proc, vllm_metrics_text
-):
+def test_manager_metrics_endpoint_exports_workers_gpu_and_host(fake_engine, worker_proc, vllm_metrics_text):
     fake_engine.body = vllm_metrics_text
     clock = Clock(T0)
-    workers = [
-        WorkerInfo(
-            "llama", "tiny", "ready", port=fake_engine.port, root_pid=worker_proc.pid, restarts=3
-        )
-    ]
+    workers = [WorkerInfo("llama", "tiny", "ready", port=fake_engine.port, root_pid=worker_proc.pid, restarts=3)]
     collector = _collector(workers, clock, nvml=_nvml_seeing(worker_proc.pid))
     exposition = ManagerExposition(lambda: collector.latest)
     assert b"vllm_manager_worker_state{" not in exposition.render()  # nothing sampled yet

@@ -48,9 +48,7 @@ def test_the_names_we_read_are_the_ones_vllm_0_32_exports(vllm_metrics_text):
 def test_real_text_parses_into_the_values_it_holds(vllm_metrics_later_text):
     text = vllm_metrics_later_text
     reading = parse_metrics(text, taken_at=0.0)
-    assert reading.counters["vllm:generation_tokens"] == _value(
-        text, "vllm:generation_tokens_total"
-    )
+    assert reading.counters["vllm:generation_tokens"] == _value(text, "vllm:generation_tokens_total")
     assert reading.counters["vllm:prompt_tokens"] == _value(text, "vllm:prompt_tokens_total")
     assert reading.gauges["vllm:num_requests_running"] == _value(text, "vllm:num_requests_running")
     assert reading.histograms["vllm:time_to_first_token_seconds"].count == _value(
@@ -60,29 +58,21 @@ def test_real_text_parses_into_the_values_it_holds(vllm_metrics_later_text):
     assert reading.lora is not None and reading.lora.max_loras == 1 and reading.lora.running == ()
 
 
-def test_rates_percentiles_and_hit_rate_between_two_real_scrapes(
-    vllm_metrics_text, vllm_metrics_later_text
-):
+def test_rates_percentiles_and_hit_rate_between_two_real_scrapes(vllm_metrics_text, vllm_metrics_later_text):
     early, late = vllm_metrics_text, vllm_metrics_later_text
     scraper = EngineScraper()
     first = scraper.add("w", parse_metrics(early, taken_at=100.0))
     assert first.ok and first.generation_tokens_per_s is None  # one scrape: no rate yet (n/a)
     s = scraper.add("w", parse_metrics(late, taken_at=110.0))
 
-    gen = _value(late, "vllm:generation_tokens_total") - _value(
-        early, "vllm:generation_tokens_total"
-    )
+    gen = _value(late, "vllm:generation_tokens_total") - _value(early, "vllm:generation_tokens_total")
     prompt = _value(late, "vllm:prompt_tokens_total") - _value(early, "vllm:prompt_tokens_total")
     assert gen > 0
     assert s.generation_tokens_per_s == pytest.approx(gen / 10)
     assert s.prompt_tokens_per_s == pytest.approx(prompt / 10)
 
-    hits = _value(late, "vllm:prefix_cache_hits_total") - _value(
-        early, "vllm:prefix_cache_hits_total"
-    )
-    queries = _value(late, "vllm:prefix_cache_queries_total") - _value(
-        early, "vllm:prefix_cache_queries_total"
-    )
+    hits = _value(late, "vllm:prefix_cache_hits_total") - _value(early, "vllm:prefix_cache_hits_total")
+    queries = _value(late, "vllm:prefix_cache_queries_total") - _value(early, "vllm:prefix_cache_queries_total")
     assert s.prefix_cache_hit_pct == pytest.approx(100 * hits / queries)
     assert s.cpu_prefix_cache_hit_pct is None  # no CPU tier configured: no queries, n/a not 0 %
     assert s.kv_cache_usage_pct == pytest.approx(100 * _value(late, "vllm:kv_cache_usage_perc"))
@@ -131,9 +121,7 @@ def test_old_scrapes_leave_the_latency_window(vllm_metrics_text, vllm_metrics_la
 def test_restarted_engine_does_not_give_negative_rates(vllm_metrics_text, vllm_metrics_later_text):
     scraper = EngineScraper()
     scraper.add("w", parse_metrics(vllm_metrics_later_text, 0.0))
-    s = scraper.add(
-        "w", parse_metrics(vllm_metrics_text, 1.0)
-    )  # counters went back to lower values
+    s = scraper.add("w", parse_metrics(vllm_metrics_text, 1.0))  # counters went back to lower values
     assert s.generation_tokens_per_s is None and s.ttft_p50_s is None
 
 

@@ -97,9 +97,7 @@ class FakeNvml:
         return {pynvml.NVML_CLOCK_SM: 1980, pynvml.NVML_CLOCK_MEM: 2619}[clock]
 
     def nvmlDeviceGetPcieThroughput(self, h, counter):
-        value = {pynvml.NVML_PCIE_UTIL_RX_BYTES: 50_000, pynvml.NVML_PCIE_UTIL_TX_BYTES: 2_000}[
-            counter
-        ]
+        value = {pynvml.NVML_PCIE_UTIL_RX_BYTES: 50_000, pynvml.NVML_PCIE_UTIL_TX_BYTES: 2_000}[counter]
         return self._unsupported_on_1(h, value)  # KB/s
 
     def nvmlDeviceGetComputeRunningProcesses(self, h):

@@ -14,9 +14,7 @@ from sqlmodel import SQLModel, create_engine
 
 from manager.metrics.history import HistoryStore, MetricHistory, MinuteDownsampler, MinuteRow
 
-MIGRATION = (
-    Path(__file__).resolve().parents[2] / "manager/migrations/versions/0002_metric_history.py"
-)
+MIGRATION = Path(__file__).resolve().parents[2] / "manager/migrations/versions/0002_metric_history.py"
 T0 = 1_700_000_040.0  # a minute boundary
 
 
@@ -46,9 +44,7 @@ def test_one_row_per_minute_with_mean_min_and_max():
 def test_a_series_that_stops_is_closed_when_its_minute_ends():
     ds = MinuteDownsampler()
     ds.add(T0, {"worker.a.rss_bytes": 5.0})
-    assert ds.add(T0 + 61, {"host.cpu_pct": 1.0}) == [
-        MinuteRow("worker.a.rss_bytes", int(T0), 5.0, 5.0, 5.0, 1)
-    ]
+    assert ds.add(T0 + 61, {"host.cpu_pct": 1.0}) == [MinuteRow("worker.a.rss_bytes", int(T0), 5.0, 5.0, 5.0, 1)]
 
 
 def test_rows_survive_a_new_store_on_the_same_database(store):
@@ -111,9 +107,7 @@ def test_migration_creates_exactly_the_model_table(tmp_path):
         MetricHistory.__table__.to_metadata(model)
         diffs = compare_metadata(MigrationContext.configure(conn), model)
     assert diffs == []
-    HistoryStore(engine).write(
-        [MinuteRow("s", 60, 1.0, 1.0, 1.0, 1)]
-    )  # upsert needs the unique key
+    HistoryStore(engine).write([MinuteRow("s", 60, 1.0, 1.0, 1.0, 1)])  # upsert needs the unique key
     HistoryStore(engine).write([MinuteRow("s", 60, 3.0, 3.0, 3.0, 1)])
     assert HistoryStore(engine).query("s", 0)[0].mean == 2.0
 

@@ -29,9 +29,7 @@ def test_pools_of_all_live_engine_processes_are_summed(tmp_path):
     report = PoolsReader.from_plugin().sample(tmp_path)
     assert report.available and len(report.processes) == 2
     assert report.totals["pinned"]["pinned_bytes"] == 4 << 30
-    assert (
-        report.totals["pinned"]["pageable_fallbacks"] == 1
-    )  # a fallback is visible, not averaged away
+    assert report.totals["pinned"]["pageable_fallbacks"] == 1  # a fallback is visible, not averaged away
     assert "pinned" not in report.totals["pinned"]  # flags are not summed
     assert report.totals["expert_cache"]["hit_rate"] == 0.9
 
@@ -44,9 +42,7 @@ def test_hit_rate_is_recomputed_over_processes_not_added(tmp_path):
 
 
 def test_files_of_dead_processes_are_ignored(tmp_path):
-    _write(
-        tmp_path, 2**22 + 12345, pinned={"pinned_bytes": 1}
-    )  # above Linux's pid_max: never alive
+    _write(tmp_path, 2**22 + 12345, pinned={"pinned_bytes": 1})  # above Linux's pid_max: never alive
     report = PoolsReader.from_plugin().sample(tmp_path)
     assert not report.available and "no pool stats published yet" in report.reason
 

@@ -11,9 +11,7 @@ def test_default_store_holds_at_least_an_hour_at_one_second():
     store = SeriesStore()
     for t in range(2 * ONE_HOUR_AT_1S):
         store.add(float(t), {"gpu.0.memory_used_bytes": t * 10.0})
-    points = store.window(
-        "gpu.0.memory_used_bytes", ONE_HOUR_AT_1S, now=2 * ONE_HOUR_AT_1S - 1
-    ).points
+    points = store.window("gpu.0.memory_used_bytes", ONE_HOUR_AT_1S, now=2 * ONE_HOUR_AT_1S - 1).points
     assert len(points) == ONE_HOUR_AT_1S + 1
     assert points[0] == (float(ONE_HOUR_AT_1S - 1), (ONE_HOUR_AT_1S - 1) * 10.0)
 

@@ -21,9 +21,22 @@ def _model(tmp_path, name):
 
 def test_plan_prints_the_table_and_exits_1_when_it_does_not_fit(tmp_path):
     folder = _model(tmp_path, "Qwen3-Coder-30B-A3B-Instruct-AWQ")
-    result = CliRunner().invoke(app, [folder, "--gpu", "rtx-4090", "--max-model-len", "52000",
-                                      "--gpu-memory-utilization", "0.88", "--host-ram-gib", "128",
-                                      "--kv-offload-gib", "16"])
+    result = CliRunner().invoke(
+        app,
+        [
+            folder,
+            "--gpu",
+            "rtx-4090",
+            "--max-model-len",
+            "52000",
+            "--gpu-memory-utilization",
+            "0.88",
+            "--host-ram-gib",
+            "128",
+            "--kv-offload-gib",
+            "16",
+        ],
+    )
     assert result.exit_code == 1, result.output
     assert "DOES NOT FIT" in result.output
     assert "--kv-cache-dtype fp8" in result.output
@@ -32,8 +45,9 @@ def test_plan_prints_the_table_and_exits_1_when_it_does_not_fit(tmp_path):
 
 def test_plan_fits_exits_0_and_json_is_the_api_shape(tmp_path):
     folder = _model(tmp_path, "Llama-3.1-8B-Instruct")
-    result = CliRunner().invoke(app, [folder, "--gpu", "h100-80", "--max-model-len", "8192",
-                                      "--host-ram-gib", "128", "--json"])
+    result = CliRunner().invoke(
+        app, [folder, "--gpu", "h100-80", "--max-model-len", "8192", "--host-ram-gib", "128", "--json"]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["verdict"]["fits"] is True
 

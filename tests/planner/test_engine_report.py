@@ -22,8 +22,14 @@ INFO 11-21 10:00:01 [kv_cache_utils.py:2327] CPU KV cache size: 2,097,152 tokens
 
 def test_gpu_log_gives_tokens_concurrency_and_memory():
     report = parse_engine_kv_report(GPU_LOG)
-    assert report == EngineKVReport(device="GPU", kv_cache_tokens=50128, max_model_len=52000,
-                                    max_concurrency=0.96, available_kv_gib=4.59, model_loading_gib=15.63)
+    assert report == EngineKVReport(
+        device="GPU",
+        kv_cache_tokens=50128,
+        max_model_len=52000,
+        max_concurrency=0.96,
+        available_kv_gib=4.59,
+        model_loading_gib=15.63,
+    )
 
 
 def test_cpu_log_gives_the_explicit_kv_size():
@@ -45,14 +51,16 @@ def test_log_without_report_leaves_fields_empty():
 
 
 def test_comparison_error_is_relative_to_vllm(model_config):
-    from manager.planner.plan import make_plan
-    from manager.planner.records import PlanRequest
     from manager.planner.gpus import gpu_from_catalogue
     from manager.planner.host import planned_host
+    from manager.planner.plan import make_plan
+    from manager.planner.records import PlanRequest
 
-    plan = make_plan(PlanRequest(model="x", hf_config=model_config("Llama-3.1-8B-Instruct"),
-                                 max_model_len=8192, gpu="rtx-4090"),
-                     gpu=gpu_from_catalogue("rtx-4090"), host=planned_host(64))
+    plan = make_plan(
+        PlanRequest(model="x", hf_config=model_config("Llama-3.1-8B-Instruct"), max_model_len=8192, gpu="rtx-4090"),
+        gpu=gpu_from_catalogue("rtx-4090"),
+        host=planned_host(64),
+    )
     reported = EngineKVReport(kv_cache_tokens=plan.kv_cache_tokens * 2, max_concurrency=1.0)
     result = compare(plan, reported)
     assert result.error_percent == pytest.approx(-50.0)

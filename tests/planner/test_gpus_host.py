@@ -10,9 +10,19 @@ from manager.planner.host import cgroup_memory_limit, planned_host, read_host_me
 GiB = 1024**3
 
 
-@pytest.mark.parametrize(("name", "gib"), [("rtx-4090", 23.99), ("4090", 23.99), ("RTX 3090", 24.0),
-                                           ("l40s", 44.99), ("a100-40", 40.0), ("A100 80", 80.0),
-                                           ("h100-80", 79.65), ("H200", 140.4)])
+@pytest.mark.parametrize(
+    ("name", "gib"),
+    [
+        ("rtx-4090", 23.99),
+        ("4090", 23.99),
+        ("RTX 3090", 24.0),
+        ("l40s", 44.99),
+        ("a100-40", 40.0),
+        ("A100 80", 80.0),
+        ("h100-80", 79.65),
+        ("H200", 140.4),
+    ],
+)
 def test_catalogue_lookup_by_key_or_name(name, gib):
     assert gpu_from_catalogue(name).memory_gib == pytest.approx(gib, abs=0.01)
 

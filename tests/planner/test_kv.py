@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from manager.planner.kv import (
-    block_pool, kv_bytes_per_token, kv_capacity, kv_layout, kv_page_bytes, offload_cpu_bytes,
+    block_pool,
+    kv_bytes_per_token,
+    kv_capacity,
+    kv_layout,
+    kv_page_bytes,
+    offload_cpu_bytes,
     offload_prefix_tokens,
 )
 from tests.planner.conftest import load_config
@@ -70,18 +75,27 @@ def test_gpt_oss_alternates_sliding_128_and_full():
 
 def test_linear_attention_layers_add_nothing_per_token():
     # Qwen3-Next pattern: 3 Gated DeltaNet layers, then one full attention layer.
-    cfg = {"model_type": "qwen3_next", "num_hidden_layers": 48, "hidden_size": 2048,
-           "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
-           "full_attention_interval": 4, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
-           "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
-           "torch_dtype": "bfloat16"}
+    cfg = {
+        "model_type": "qwen3_next",
+        "num_hidden_layers": 48,
+        "hidden_size": 2048,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "full_attention_interval": 4,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "torch_dtype": "bfloat16",
+    }
     layout = kv_layout(cfg)
     assert kv_bytes_per_token(cfg) == 2 * 12 * 2 * 256 * 2
     linear = next(k for k in layout.kinds if k.kind == "linear")
     assert linear.layers == 36 and linear.state_bytes_per_layer > 0
     # The state is per sequence: a longer context does not make it bigger.
-    assert (layout.bytes_for_context(2000) - layout.bytes_for_context(1000)
-            == 1000 * kv_bytes_per_token(cfg))
+    assert layout.bytes_for_context(2000) - layout.bytes_for_context(1000) == 1000 * kv_bytes_per_token(cfg)
 
 
 def test_page_is_block_size_tokens_over_all_layers():

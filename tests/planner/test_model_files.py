@@ -27,15 +27,21 @@ def _write_safetensors(path, tensors: dict[str, tuple[str, list[int], int]]) -> 
 
 def test_weights_come_from_headers_split_into_experts_and_dense(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(load_config("Qwen3-30B-A3B")))
-    _write_safetensors(tmp_path / "model-00001-of-00002.safetensors", {
-        "model.embed_tokens.weight": ("BF16", [1000, 64], 2),
-        "model.layers.0.mlp.experts.0.gate_proj.weight": ("BF16", [32, 64], 2),
-        "model.layers.0.mlp.experts.1.down_proj.weight": ("BF16", [64, 32], 2),
-    })
-    _write_safetensors(tmp_path / "model-00002-of-00002.safetensors", {
-        "model.layers.0.mlp.shared_expert.up_proj.weight": ("BF16", [32, 64], 2),
-        "model.layers.0.self_attn.q_proj.scales": ("F32", [10], 4),
-    })
+    _write_safetensors(
+        tmp_path / "model-00001-of-00002.safetensors",
+        {
+            "model.embed_tokens.weight": ("BF16", [1000, 64], 2),
+            "model.layers.0.mlp.experts.0.gate_proj.weight": ("BF16", [32, 64], 2),
+            "model.layers.0.mlp.experts.1.down_proj.weight": ("BF16", [64, 32], 2),
+        },
+    )
+    _write_safetensors(
+        tmp_path / "model-00002-of-00002.safetensors",
+        {
+            "model.layers.0.mlp.shared_expert.up_proj.weight": ("BF16", [32, 64], 2),
+            "model.layers.0.self_attn.q_proj.scales": ("F32", [10], 4),
+        },
+    )
     found = read_model(str(tmp_path))
     assert found.weights.files == 2
     assert found.weights.expert_bytes == 2 * 32 * 64 * 2

@@ -15,9 +15,14 @@ GiB = 1024**3
 
 def seed_request(**change) -> PlanRequest:
     """The seed's machine: RTX 4090 24 GB, 128 GB RAM, Qwen3-Coder-30B-A3B AWQ, 52,000 tokens."""
-    base = dict(model="Qwen3-Coder-30B-A3B-Instruct-AWQ",
-                hf_config=load_config("Qwen3-Coder-30B-A3B-Instruct-AWQ"),
-                max_model_len=52000, gpu_memory_utilization=0.88, gpu="rtx-4090", host_ram_gib=128)
+    base = dict(
+        model="Qwen3-Coder-30B-A3B-Instruct-AWQ",
+        hf_config=load_config("Qwen3-Coder-30B-A3B-Instruct-AWQ"),
+        max_model_len=52000,
+        gpu_memory_utilization=0.88,
+        gpu="rtx-4090",
+        host_ram_gib=128,
+    )
     return PlanRequest(**(base | change))
 
 
@@ -72,8 +77,13 @@ def test_budget_is_total_times_utilisation_minus_weights_and_overhead():
 
 
 def test_a_model_that_fits_says_so_with_its_concurrency():
-    request = PlanRequest(model="llama", hf_config=load_config("Llama-3.1-8B-Instruct"), max_model_len=8192,
-                          gpu="h100-80", host_ram_gib=256)
+    request = PlanRequest(
+        model="llama",
+        hf_config=load_config("Llama-3.1-8B-Instruct"),
+        max_model_len=8192,
+        gpu="h100-80",
+        host_ram_gib=256,
+    )
     verdict = check_fits(request)
     assert verdict.fits and verdict.refusal() is None
     plan = make_plan(request)
@@ -87,43 +97,89 @@ def test_refusal_carries_the_numbers_unless_forced():
 
 
 def test_weights_larger_than_the_gpu_leave_no_kv():
-    plan = make_plan(PlanRequest(model="70b", hf_config=load_config("Llama-3.1-70B-Instruct"),
-                                 max_model_len=8192, gpu="rtx-4090", host_ram_gib=128))
+    plan = make_plan(
+        PlanRequest(
+            model="70b",
+            hf_config=load_config("Llama-3.1-70B-Instruct"),
+            max_model_len=8192,
+            gpu="rtx-4090",
+            host_ram_gib=128,
+        )
+    )
     assert not plan.verdict.fits
     assert plan.kv_cache_tokens == 0
     assert "leave no memory for the KV cache" in plan.verdict.message
 
 
 def test_tensor_parallel_splits_weights_and_kv_heads():
-    one = make_plan(PlanRequest(model="70b", hf_config=load_config("Llama-3.1-70B-Instruct"),
-                                max_model_len=8192, gpu="h100-80", host_ram_gib=512))
-    four = make_plan(PlanRequest(model="70b", hf_config=load_config("Llama-3.1-70B-Instruct"),
-                                 max_model_len=8192, gpu="h100-80", host_ram_gib=512, tensor_parallel_size=4))
+    one = make_plan(
+        PlanRequest(
+            model="70b",
+            hf_config=load_config("Llama-3.1-70B-Instruct"),
+            max_model_len=8192,
+            gpu="h100-80",
+            host_ram_gib=512,
+        )
+    )
+    four = make_plan(
+        PlanRequest(
+            model="70b",
+            hf_config=load_config("Llama-3.1-70B-Instruct"),
+            max_model_len=8192,
+            gpu="h100-80",
+            host_ram_gib=512,
+            tensor_parallel_size=4,
+        )
+    )
     assert not one.verdict.fits and four.verdict.fits
     assert four.line("weights_on_device").value == pytest.approx(one.line("weights_on_device").value / 4, abs=0.01)
 
 
 def test_host_ram_and_shm_limits_refuse_an_offload_that_does_not_fit():
-    host = HostMemory(ram_total=32 * GiB, ram_available=30 * GiB, shm_total=8 * GiB, shm_free=8 * GiB,
-                      cgroup_limit=None)
-    verdict = check_fits(PlanRequest(model="llama", hf_config=load_config("Llama-3.1-8B-Instruct"),
-                                     max_model_len=8192, gpu="h100-80", kv_offload_gib=40), host=host)
+    host = HostMemory(
+        ram_total=32 * GiB, ram_available=30 * GiB, shm_total=8 * GiB, shm_free=8 * GiB, cgroup_limit=None
+    )
+    verdict = check_fits(
+        PlanRequest(
+            model="llama",
+            hf_config=load_config("Llama-3.1-8B-Instruct"),
+            max_model_len=8192,
+            gpu="h100-80",
+            kv_offload_gib=40,
+        ),
+        host=host,
+    )
     assert not verdict.fits
     assert any(r.startswith("host RAM") for r in verdict.reasons)
     assert any(r.startswith("/dev/shm") for r in verdict.reasons)
 
 
 def test_cgroup_limit_is_the_ram_that_counts():
-    host = HostMemory(ram_total=256 * GiB, ram_available=250 * GiB, shm_total=128 * GiB,
-                      shm_free=128 * GiB, cgroup_limit=16 * GiB)
-    verdict = check_fits(PlanRequest(model="llama", hf_config=load_config("Llama-3.1-8B-Instruct"),
-                                     max_model_len=8192, gpu="h100-80", kv_offload_gib=20), host=host)
+    host = HostMemory(
+        ram_total=256 * GiB, ram_available=250 * GiB, shm_total=128 * GiB, shm_free=128 * GiB, cgroup_limit=16 * GiB
+    )
+    verdict = check_fits(
+        PlanRequest(
+            model="llama",
+            hf_config=load_config("Llama-3.1-8B-Instruct"),
+            max_model_len=8192,
+            gpu="h100-80",
+            kv_offload_gib=20,
+        ),
+        host=host,
+    )
     assert "cgroup limit" in verdict.message
 
 
 def test_vllm_cpu_with_explicit_kv_space_and_offload_refused():
-    request = PlanRequest(model="llama", hf_config=load_config("Llama-3.1-8B-Instruct"), max_model_len=4096,
-                          gpu="cpu", kv_cache_memory_gib=4, host_ram_gib=64)
+    request = PlanRequest(
+        model="llama",
+        hf_config=load_config("Llama-3.1-8B-Instruct"),
+        max_model_len=4096,
+        gpu="cpu",
+        kv_cache_memory_gib=4,
+        host_ram_gib=64,
+    )
     plan = make_plan(request)
     assert plan.kv_budget_bytes == 4 * GiB
     assert plan.kv_cache_tokens == 4 * GiB // (128 * 128 * 1024) * 128  # 128-token blocks of 128 KiB tokens
@@ -133,13 +189,19 @@ def test_vllm_cpu_with_explicit_kv_space_and_offload_refused():
 
 def test_no_gpu_detected_asks_for_a_gpu_model():
     with pytest.raises(PlanError, match="Pick a GPU model"):
-        make_plan(PlanRequest(model="llama", hf_config=load_config("Llama-3.1-8B-Instruct")),
-                  gpu=NoGPU("no NVIDIA GPU: NVML did not start"), host=planned_host(64))
+        make_plan(
+            PlanRequest(model="llama", hf_config=load_config("Llama-3.1-8B-Instruct")),
+            gpu=NoGPU("no NVIDIA GPU: NVML did not start"),
+            host=planned_host(64),
+        )
 
 
 def test_gemma3_sliding_layers_are_explained_and_counted():
-    plan = make_plan(PlanRequest(model="gemma", hf_config=load_config("gemma-3-12b-it"), max_model_len=32768,
-                                 gpu="rtx-4090", host_ram_gib=64))
+    plan = make_plan(
+        PlanRequest(
+            model="gemma", hf_config=load_config("gemma-3-12b-it"), max_model_len=32768, gpu="rtx-4090", host_ram_gib=64
+        )
+    )
     assert "40 sliding (window 1024)" in plan.line("kv_per_token").explanation
     # 32,768 tokens in 8 full layers (+ windows in the 40 sliding ones) is far less than 48 full layers.
     assert plan.line("kv_for_max_len").value < 32768 * 2 * 48 * 8 * 256 * 2 / GiB / 3

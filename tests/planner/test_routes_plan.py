@@ -9,7 +9,6 @@ from manager.routes.plan import router
 from tests.planner.conftest import load_config
 
 
-
 def _client() -> TestClient:
     app = FastAPI()
     app.include_router(router)
@@ -17,9 +16,15 @@ def _client() -> TestClient:
 
 
 def test_post_plan_returns_lines_and_verdict():
-    body = {"model": "Qwen3-Coder", "hf_config": load_config("Qwen3-Coder-30B-A3B-Instruct-AWQ"),
-            "max_model_len": 52000, "gpu_memory_utilization": 0.88, "gpu": "rtx-4090", "host_ram_gib": 128,
-            "kv_offload_gib": 32}
+    body = {
+        "model": "Qwen3-Coder",
+        "hf_config": load_config("Qwen3-Coder-30B-A3B-Instruct-AWQ"),
+        "max_model_len": 52000,
+        "gpu_memory_utilization": 0.88,
+        "gpu": "rtx-4090",
+        "host_ram_gib": 128,
+        "kv_offload_gib": 32,
+    }
     response = _client().post("/api/plan", json=body)
     assert response.status_code == 200
     plan = response.json()
@@ -58,9 +63,13 @@ def test_typos_and_absurd_numbers_are_422_not_500(tmp_path):
     with TestClient(create_app(Settings(data_dir=tmp_path / "d"))) as c:
         folder = tmp_path / "m"
         folder.mkdir()
-        (folder / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 2, '
-                                            '"num_attention_heads": 0, "hidden_size": 128}')
-        for body in ({"model": str(folder), "gpu": "nope"}, {"model": str(folder), "gpu": "h100-80"},
-                     {"model": str(folder), "gpu": "h100-80", "kv_offload_gib": 1e308}):
+        (folder / "config.json").write_text(
+            '{"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 0, "hidden_size": 128}'
+        )
+        for body in (
+            {"model": str(folder), "gpu": "nope"},
+            {"model": str(folder), "gpu": "h100-80"},
+            {"model": str(folder), "gpu": "h100-80", "kv_offload_gib": 1e308},
+        ):
             resp = c.post("/api/plan", json=body)
             assert resp.status_code == 422, (body, resp.text)

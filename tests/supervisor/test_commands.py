@@ -20,8 +20,9 @@ def sleepy(settings, tmp_path):
     script = tmp_path / "python"
     script.write_text("#!/bin/sh\nexec sleep 600\n")
     script.chmod(0o755)
-    app = create_app(settings.model_copy(update={"engine_python": str(script), "worker_ports": "18300-18320",
-                                                 "stop_grace_s": 2.0}))
+    app = create_app(
+        settings.model_copy(update={"engine_python": str(script), "worker_ports": "18300-18320", "stop_grace_s": 2.0})
+    )
     with TestClient(app) as c:
         for name in ("a", "b"):
             c.post("/api/models", json={"name": name, "model": f"/models/{name}", "start_timeout_s": 600})

@@ -14,13 +14,19 @@ from fastapi.testclient import TestClient
 
 from manager.app import create_app
 from manager.supervisor import process
-from tests.support.engine import START_TIMEOUT, tiny_config as _config, wait_for_state as _wait
+from tests.support.engine import START_TIMEOUT
+from tests.support.engine import tiny_config as _config
+from tests.support.engine import wait_for_state as _wait
 
 pytestmark = pytest.mark.engine
 
+
 def _complete(port: int, model: str) -> dict:
-    resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
-                      json={"model": model, "prompt": "hello world", "max_tokens": 4}, timeout=120)
+    resp = httpx.post(
+        f"http://127.0.0.1:{port}/v1/completions",
+        json={"model": model, "prompt": "hello world", "max_tokens": 4},
+        timeout=120,
+    )
     assert resp.status_code == 200, resp.text
     return resp.json()
 
@@ -118,8 +124,9 @@ def test_failed_start_reports_vllms_reason(engine_settings, tiny_llama):
 
 def test_crash_is_restarted_with_backoff(engine_settings, tiny_llama):
     with TestClient(create_app(engine_settings)) as c:
-        c.post("/api/models", json=_config("tiny-a", tiny_llama, max_model_len=4096,
-                                           env={"VLLM_CPU_KVCACHE_SPACE": "1"}))
+        c.post(
+            "/api/models", json=_config("tiny-a", tiny_llama, max_model_len=4096, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+        )
         wid = c.post("/api/workers", json={"model": "tiny-a"}).json()["id"]
         worker = _wait(c, wid, {"ready", "failed"})
         assert worker["state"] == "ready"

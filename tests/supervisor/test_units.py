@@ -31,7 +31,7 @@ def test_backoff_doubles_from_ten_seconds_up_to_five_minutes():
 
 def test_error_line_is_the_root_cause_not_the_summary():
     assert meaningful_error(VLLM_FAILURE.splitlines()) == "RuntimeError: Cannot find any model weights with `/tmp/tm/a`"
-    device = ["INFO starting", "RuntimeError: Failed to infer device type", "  File \"x\", line 1"]
+    device = ["INFO starting", "RuntimeError: Failed to infer device type", '  File "x", line 1']
     assert meaningful_error(device) == "RuntimeError: Failed to infer device type"
     assert meaningful_error(["all good", "last words"]) == "last words"
     assert meaningful_error([]) is None
@@ -113,9 +113,15 @@ def test_stale_offload_files_are_the_unmapped_ones(tmp_path):
     stale.write_bytes(b"\0" * 4096)
     held = tmp_path / "vllm_offload_live.mmap"
     held.write_bytes(b"\0" * 4096)
-    holder = subprocess.Popen([sys.executable, "-c",
-                               f"import mmap,time; f=open({str(held)!r},'r+b'); m=mmap.mmap(f.fileno(),0); f.close(); print('ok',flush=True); time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import mmap,time; f=open({str(held)!r},'r+b'); m=mmap.mmap(f.fileno(),0); f.close(); print('ok',flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "ok"
         assert process.stale_offload_files(tmp_path) == [stale]

@@ -15,8 +15,17 @@ def test_hand_started_server_is_listed_and_can_be_stopped(client):
     # A process whose command line is a hand-started vLLM server's (it only sleeps: discovery
     # works from the command line, and stopping from the process group).
     fake = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)", "-m", "vllm.entrypoints.openai.api_server",
-         "--model", "/models/hand-started", "--port", "18777"],
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(120)",
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            "/models/hand-started",
+            "--port",
+            "18777",
+        ],
         start_new_session=True,
     )
     try:

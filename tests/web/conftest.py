@@ -54,8 +54,16 @@ class LiveManager:
         env.pop("VLLM_MANAGER_API_TOKEN", None)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "manager", "serve", "--port", str(self.port),
-                 "--data-dir", str(self.data_dir)],  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "manager",
+                    "serve",
+                    "--port",
+                    str(self.port),
+                    "--data-dir",
+                    str(self.data_dir),
+                ],  # fmt: skip
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

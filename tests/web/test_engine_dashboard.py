@@ -4,7 +4,6 @@ it turn ready, send it completions, see tokens/s move on the card and the chart,
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest
@@ -19,17 +18,19 @@ def _keep_completing(port: int, stop: threading.Event, done: list[int]) -> None:
     while not stop.is_set():
         resp = httpx.post(
             f"http://127.0.0.1:{port}/v1/completions",
-            json={"model": "tiny", "prompt": "hello world the model", "max_tokens": 48,
-                  "ignore_eos": True},  # fmt: skip
+            json={
+                "model": "tiny",
+                "prompt": "hello world the model",
+                "max_tokens": 48,
+                "ignore_eos": True,
+            },  # fmt: skip
             timeout=120,
         )
         resp.raise_for_status()
         done.append(resp.json()["usage"]["completion_tokens"])
 
 
-def test_start_serve_and_stop_a_worker_from_the_dashboard(
-    live_manager, page, shot, tiny_llama, engine_slot
-):
+def test_start_serve_and_stop_a_worker_from_the_dashboard(live_manager, page, shot, tiny_llama, engine_slot):
     # A model config through the Models page form; the command preview shows what will run.
     page.goto(live_manager.url + "/models/new")
     page.fill("#f-name", "tiny")
@@ -54,8 +55,7 @@ def test_start_serve_and_stop_a_worker_from_the_dashboard(
     assert state.text_content() in ("starting", "ready")
     shot(page, "2-starting")
     page.wait_for_function(
-        "document.querySelector(\".worker-card[data-worker='1'] [data-testid=state]\")"
-        "?.textContent === 'ready'",
+        "document.querySelector(\".worker-card[data-worker='1'] [data-testid=state]\")?.textContent === 'ready'",
         timeout=READY_TIMEOUT_MS,
     )
     assert card.locator("button", has_text="Stop").is_enabled()
@@ -86,20 +86,15 @@ def test_start_serve_and_stop_a_worker_from_the_dashboard(
 
     # The worker page shows the engine's own numbers and the log.
     page.goto(live_manager.url + "/workers/1")
-    page.wait_for_function(
-        "document.querySelector('[data-testid=engine-tps]') !== null", timeout=15_000
-    )
-    page.wait_for_function(
-        "document.getElementById('log').textContent.length > 0", timeout=15_000
-    )
+    page.wait_for_function("document.querySelector('[data-testid=engine-tps]') !== null", timeout=15_000)
+    page.wait_for_function("document.getElementById('log').textContent.length > 0", timeout=15_000)
     shot(page, "4-worker-page")
 
     # Stop it with the card's button.
     page.goto(live_manager.url + "/")
     card.locator("button", has_text="Stop").click()
     page.wait_for_function(
-        "document.querySelector(\".worker-card[data-worker='1'] [data-testid=state]\")"
-        "?.textContent === 'stopped'",
+        "document.querySelector(\".worker-card[data-worker='1'] [data-testid=state]\")?.textContent === 'stopped'",
         timeout=60_000,
     )
     shot(page, "5-stopped")

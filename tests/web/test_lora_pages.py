@@ -262,9 +262,7 @@ def test_worker_panel_loads_unloads_and_shows_requests_and_the_pool(
     assert 'class="primary" disabled' in form and 'hx-trigger="every 3s"' in form  # on once ready
 
 
-def test_worker_of_a_config_without_lora_has_no_panel_and_no_pool_says_why(
-    stand_ins, client, lora_config, tiny_llama
-):
+def test_worker_of_a_config_without_lora_has_no_panel_and_no_pool_says_why(stand_ins, client, lora_config, tiny_llama):
     client.post("/api/models", json={"name": "plain", "model": str(tiny_llama)})
     stand_ins.append(plain := StandIn("plain"))
     stand_ins.append(lora := StandIn("tiny"))
@@ -332,8 +330,9 @@ def test_load_and_unload_on_the_worker_page(stand_ins, live_manager, page, shot,
                                   "max_lora_rank": 16, "max_loras": 2})  # fmt: skip
     for name, seed in (("sql", 0), ("chat", 1)):
         folder = make_llama_adapter(tmp_path / name, tiny_llama, rank=8, seed=seed)
-        assert api.post("/api/loras", json={"name": name, "path": str(folder),
-                                            "base_config": "tiny"}).status_code == 201
+        assert (
+            api.post("/api/loras", json={"name": name, "path": str(folder), "base_config": "tiny"}).status_code == 201
+        )
     stand_ins.append(engine := StandIn("tiny"))
     wid = _adopt(api, engine, "tiny")
     engine.publish_pool(api.get(f"/api/workers/{wid}").json()["run_dir"], {

@@ -12,9 +12,7 @@ def test_overview_without_a_gpu_says_so_and_charts_host_ram(live_manager, page, 
     page.goto(live_manager.url + "/")
     page.wait_for_function("document.body.dataset.live === 'fresh'", timeout=10_000)
     assert "No NVIDIA GPU detected" in page.inner_text("#gpus")
-    page.wait_for_function(
-        "document.querySelector('#chart-gpu-memory .chart-empty')?.textContent.length > 0"
-    )
+    page.wait_for_function("document.querySelector('#chart-gpu-memory .chart-empty')?.textContent.length > 0")
     assert "no NVIDIA GPU detected" in page.inner_text("#chart-gpu-memory")
     assert "used of" in page.inner_text("[data-testid=host-ram]")
     # The RAM chart has history to draw and grows by one point per snapshot.

@@ -35,11 +35,7 @@ def test_metrics_json_and_prometheus_show_the_same_machine(client):
     assert snap["host"]["ram_total_bytes"] == psutil.virtual_memory().total
     resp = client.get("/metrics")
     assert resp.headers["content-type"].startswith("text/plain")
-    values = {
-        s.name: s.value
-        for family in text_string_to_metric_families(resp.text)
-        for s in family.samples
-    }
+    values = {s.name: s.value for family in text_string_to_metric_families(resp.text) for s in family.samples}
     assert values["vllm_manager_gpu_available"] == (1.0 if snap["gpu"]["available"] else 0.0)
     assert values["vllm_manager_host_memory_total_bytes"] == psutil.virtual_memory().total
 
@@ -148,4 +144,3 @@ def test_pages_link_every_section(client, path):
     html = client.get(path).text
     for link in ('href="/"', 'href="/models"', 'href="/plan"'):
         assert link in html
-

@@ -16,17 +16,26 @@ def main(model_dir: str) -> None:
 
     # Real random weights saved with the model (dummy weights are so small that the MoE hardly
     # moves the logits, and a broken MoE would go unnoticed).
-    llm = LLM(model=model_dir, dtype="float32", seed=0, max_model_len=512,
-              enforce_eager=True, gpu_memory_utilization=0.2, max_num_seqs=8)
-    prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 900 + 4 for j in range(n)]}
-               for i, n in enumerate((5, 17, 40, 9))]
+    llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        seed=0,
+        max_model_len=512,
+        enforce_eager=True,
+        gpu_memory_utilization=0.2,
+        max_num_seqs=8,
+    )
+    prompts = [
+        {"prompt_token_ids": [(7 * i + 3 * j) % 900 + 4 for j in range(n)]} for i, n in enumerate((5, 17, 40, 9))
+    ]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)
     outs = llm.generate(prompts, params)
     result = {
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
-        "logprobs": [[step[tok].logprob for tok, step in zip(o.outputs[0].token_ids,
-                                                               o.outputs[0].logprobs)]
-                     for o in outs],
+        "logprobs": [
+            [step[tok].logprob for tok, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=False)]
+            for o in outs
+        ],
     }
     try:
         from engine_patches.moe.vllm_adapter import RUNTIME

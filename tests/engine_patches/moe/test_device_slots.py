@@ -25,10 +25,10 @@ def _check_plan(tables, layer, ids, before):
             else:
                 assert se[plan.slot_ids[t, k]] == ids[t, k]
     needed = {int(e) for e in ids.flatten() if e >= 0}
-    loads = [(int(e), int(s)) for e, s in zip(plan.load_experts, plan.load_slots) if e >= 0]
+    loads = [(int(e), int(s)) for e, s in zip(plan.load_experts, plan.load_slots, strict=False) if e >= 0]
     assert sorted(e for e, _ in loads) == sorted(needed - before)
     assert len({s for _, s in loads}) == len(loads)
-    assert all(e == -1 for e in plan.load_experts[len(loads):])  # padding only at the end
+    assert all(e == -1 for e in plan.load_experts[len(loads) :])  # padding only at the end
     # The split the overlap uses: entries of experts being loaded vs already resident.
     loading = {e for e, _ in loads}
     for t in range(ids.shape[0]):
@@ -96,10 +96,8 @@ def test_state_hands_over_between_host_and_device_tables_in_lru_order():
 def test_triton_kernels_compute_the_torch_plan_in_the_interpreter():
     pytest.importorskip("triton")
     helper = Path(__file__).with_name("triton_interpret_check.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    proc = subprocess.run([sys.executable, str(helper), "5"], env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    proc = subprocess.run([sys.executable, str(helper), "5"], env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode == 0 and proc.stdout.startswith("SKIP"):
         pytest.skip(proc.stdout.strip())  # that interpreter runs no kernel with a runtime loop
     assert proc.returncode == 0 and proc.stdout.startswith("OK"), proc.stderr[-3000:]

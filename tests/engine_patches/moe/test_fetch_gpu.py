@@ -20,12 +20,12 @@ def _store(layers=3, experts=24, hidden=640, inter=192):
     from engine_patches.moe.store import ExpertStore
 
     g = torch.Generator().manual_seed(3)
-    store = ExpertStore(allocator=lambda shape, dtype: torch.empty(shape, dtype=dtype,
-                                                                   pin_memory=True))
+    store = ExpertStore(allocator=lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=True))
     for _ in range(layers):
-        store.add_layer((torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5)
-                        .bfloat16(), (torch.randn(experts, hidden, inter, generator=g)
-                                      / inter**0.5).bfloat16())
+        store.add_layer(
+            (torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5).bfloat16(),
+            (torch.randn(experts, hidden, inter, generator=g) / inter**0.5).bfloat16(),
+        )
     return store
 
 
@@ -35,8 +35,7 @@ def _steps(n, layers, experts, k=8, seed=5):
     out = []
     for step in range(n):
         pool = hot if step % 3 else torch.arange(experts)  # reuse, with some cold steps
-        out.append([pool[torch.randperm(len(pool), generator=g)[:k]].view(1, k)
-                    for _ in range(layers)])
+        out.append([pool[torch.randperm(len(pool), generator=g)[:k]].view(1, k) for _ in range(layers)])
     return out
 
 
@@ -54,8 +53,9 @@ def test_fetch_path_equals_the_gather_path_and_the_reference():
             a = fetch.forward(layer, x, w, lid)
             b = gather.forward(layer, x, w, lid)
             assert torch.equal(a, b)  # same kernels and summation order: the same bits
-            ref = reference_moe(x.cpu().float(), store.layers[layer].w13.float(),
-                                store.layers[layer].w2.float(), w.cpu(), lid.cpu())
+            ref = reference_moe(
+                x.cpu().float(), store.layers[layer].w13.float(), store.layers[layer].w2.float(), w.cpu(), lid.cpu()
+            )
             assert float((a.cpu().float() - ref).norm() / ref.norm()) < 2e-2
     sf, sg = fetch.stats(), gather.stats()
     assert (sf.hits, sf.misses, sf.bytes_moved) == (sg.hits, sg.misses, sg.bytes_moved)
@@ -80,7 +80,7 @@ def test_fetch_path_runs_inside_a_cuda_graph():
         out = step(graphed, ids_buf)
     step(eager, ids_buf)  # both caches have now seen steps[0] once
     for ids in steps[1:]:
-        for buf, new in zip(ids_buf, ids):
+        for buf, new in zip(ids_buf, ids, strict=False):
             buf.copy_(new)
         graph.replay()
         want = step(eager, ids_buf)

@@ -14,7 +14,7 @@ def _check(src, dst, method):
         moved = copy_experts(src, dst, experts, slots, method)
         if dst.is_cuda:
             torch.cuda.synchronize()
-        for e, s in zip(experts, slots):
+        for e, s in zip(experts, slots, strict=False):
             assert torch.equal(dst[s].cpu(), src[e].cpu())
         assert moved == n * src[0].numel() * src.element_size()
 
@@ -48,14 +48,14 @@ def _check_pairs(device, use_triton, programs=0):
         experts = torch.randperm(12, generator=g)[:n].int()
         slots = torch.randperm(7, generator=g)[:n].int()
         experts[torch.rand(n, generator=g) < 0.3] = -1  # skipped pairs, anywhere in the list
-        dst = (torch.full((7, 6, 8), float("nan"), device=device),
-               torch.full((7, 10), float("nan"), device=device))
-        copy_expert_pairs_indexed(src, dst, experts.to(device), slots.to(device),
-                                  use_triton=use_triton, programs=programs, block=16)
-        for e, s in zip(experts.tolist(), slots.tolist()):
+        dst = (torch.full((7, 6, 8), float("nan"), device=device), torch.full((7, 10), float("nan"), device=device))
+        copy_expert_pairs_indexed(
+            src, dst, experts.to(device), slots.to(device), use_triton=use_triton, programs=programs, block=16
+        )
+        for e, s in zip(experts.tolist(), slots.tolist(), strict=False):
             if e >= 0:
                 assert torch.equal(dst[0][s].cpu(), src[0][e]) and torch.equal(dst[1][s].cpu(), src[1][e])
-        copied = {s for e, s in zip(experts.tolist(), slots.tolist()) if e >= 0}
+        copied = {s for e, s in zip(experts.tolist(), slots.tolist(), strict=False) if e >= 0}
         untouched = [s for s in range(7) if s not in copied]
         assert torch.isnan(dst[0][untouched]).all() and torch.isnan(dst[1][untouched]).all()
 

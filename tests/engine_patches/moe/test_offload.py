@@ -13,8 +13,10 @@ E, H, I, LAYERS, TOP_K = 16, 24, 20, 3, 4
 @pytest.fixture
 def model():
     g = torch.Generator().manual_seed(1234)
-    weights = [(torch.randn(E, 2 * I, H, generator=g) / H**0.5,
-                torch.randn(E, H, I, generator=g) / I**0.5) for _ in range(LAYERS)]
+    weights = [
+        (torch.randn(E, 2 * I, H, generator=g) / H**0.5, torch.randn(E, H, I, generator=g) / I**0.5)
+        for _ in range(LAYERS)
+    ]
     store = ExpertStore()
     for w13, w2 in weights:
         store.add_layer(w13, w2)
@@ -42,9 +44,17 @@ def _run_many_batches(offload, weights, seed=7, steps=25):
     return worst
 
 
-@pytest.mark.parametrize("mode,slots,planner", [
-    ("copy_all", None, "auto"), ("cached", 16, "auto"), ("cached", 6, "auto"),
-    ("cached", 4, "auto"), ("cached", 6, "host"), ("cached", 16, "host")])
+@pytest.mark.parametrize(
+    "mode,slots,planner",
+    [
+        ("copy_all", None, "auto"),
+        ("cached", 16, "auto"),
+        ("cached", 6, "auto"),
+        ("cached", 4, "auto"),
+        ("cached", 6, "host"),
+        ("cached", 16, "host"),
+    ],
+)
 def test_matches_reference_moe(model, mode, slots, planner):
     """auto: batches of up to slots/top_k tokens plan on the device, larger ones on the host,
     handing the cache state over each time the batch size crosses that line."""
@@ -57,8 +67,7 @@ def test_matches_reference_moe(model, mode, slots, planner):
 def test_device_planner_alone_matches_reference_with_evictions(model, device_overlap):
     """device_overlap: resident experts in one pass, loaded ones in a second, summed."""
     weights, store = model
-    offload = ExpertOffload(store, device="cpu", slots_per_layer=8, planner="device",
-                            device_overlap=device_overlap)
+    offload = ExpertOffload(store, device="cpu", slots_per_layer=8, planner="device", device_overlap=device_overlap)
     g = torch.Generator().manual_seed(17)
     for _ in range(30):
         tokens = int(torch.randint(1, 3, (1,), generator=g))  # 2 x top-4 fits in 8 slots
@@ -97,8 +106,7 @@ def test_cache_moves_fewer_bytes_than_copy_all_when_routing_repeats(model):
         ids = hot[torch.randperm(6, generator=g)[:TOP_K]][None]
         w = torch.full((1, TOP_K), 1 / TOP_K)
         for layer in range(LAYERS):
-            assert torch.allclose(cached.forward(layer, x, w, ids), copy_all.forward(layer, x, w, ids),
-                                  atol=1e-6)
+            assert torch.allclose(cached.forward(layer, x, w, ids), copy_all.forward(layer, x, w, ids), atol=1e-6)
     c, a = cached.stats(), copy_all.stats()
     assert c.hit_rate > 0.5
     assert c.bytes_per_token * 4 < a.bytes_per_token

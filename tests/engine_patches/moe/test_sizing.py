@@ -2,8 +2,9 @@ import pytest
 
 from engine_patches.moe.sizing import GIB, expert_offload_sizing
 
-QWEN3_30B_A3B = dict(num_experts=128, num_layers=48, hidden_size=2048, moe_intermediate_size=768,
-                     dtype_bytes=2, top_k=8)
+QWEN3_30B_A3B = dict(
+    num_experts=128, num_layers=48, hidden_size=2048, moe_intermediate_size=768, dtype_bytes=2, top_k=8
+)
 
 
 def test_qwen3_30b_experts_and_a_quarter_budget():
@@ -43,6 +44,5 @@ def test_sizing_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, engine_patches.moe.sizing; "
-            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    code = "import sys, engine_patches.moe.sizing; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

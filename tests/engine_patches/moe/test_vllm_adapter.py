@@ -4,12 +4,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm.model_executor.custom_op import op_registry_oot  # noqa: E402
-from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (  # noqa: E402
+from vllm.model_executor.custom_op import op_registry_oot
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
 
-from engine_patches.moe import vllm_adapter  # noqa: E402
+from engine_patches.moe import vllm_adapter
 
 
 @pytest.fixture
@@ -56,8 +56,7 @@ def test_importing_the_adapter_does_not_import_vllm():
     import subprocess
     import sys
 
-    code = ("import sys, engine_patches.moe.vllm_adapter; "
-            "sys.exit(1 if 'vllm' in sys.modules else 0)")
+    code = "import sys, engine_patches.moe.vllm_adapter; sys.exit(1 if 'vllm' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -67,16 +66,12 @@ def test_own_kernels_are_used_only_for_the_plain_silu_moe():
 
     import torch
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
-
     from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
 
-    def fits(x_dtype=torch.bfloat16, shared=None, config=None,
-             backend=UnquantizedMoeBackend.TRITON, **layer):
+    def fits(x_dtype=torch.bfloat16, shared=None, config=None, backend=UnquantizedMoeBackend.TRITON, **layer):
         attrs = {"activation": MoEActivation.SILU, "apply_router_weight_on_input": False} | layer
-        method = SimpleNamespace(moe=SimpleNamespace(**(config or {})),
-                                 unquantized_backend=backend)
-        return vllm_adapter.own_kernels_fit(method, SimpleNamespace(**attrs),
-                                            torch.empty(1, 8, dtype=x_dtype), shared)
+        method = SimpleNamespace(moe=SimpleNamespace(**(config or {})), unquantized_backend=backend)
+        return vllm_adapter.own_kernels_fit(method, SimpleNamespace(**attrs), torch.empty(1, 8, dtype=x_dtype), shared)
 
     assert fits()  # Qwen3-MoE, Mixtral: silu, weights on the output, no shared experts
     assert fits(x_dtype=torch.float16)
@@ -88,7 +83,10 @@ def test_own_kernels_are_used_only_for_the_plain_silu_moe():
     assert not fits(config={"swiglu_alpha": 1.7})
     assert not fits(x_dtype=torch.float32)
     # FlashInfer CUTLASS stores w13 as [up; gate], TRT-LLM in blocks, AITER shuffled.
-    for other in (UnquantizedMoeBackend.FLASHINFER_CUTLASS, UnquantizedMoeBackend.FLASHINFER_TRTLLM,
-                  UnquantizedMoeBackend.AITER):
+    for other in (
+        UnquantizedMoeBackend.FLASHINFER_CUTLASS,
+        UnquantizedMoeBackend.FLASHINFER_TRTLLM,
+        UnquantizedMoeBackend.AITER,
+    ):
         assert not fits(backend=other), other
     assert not fits(backend=None)

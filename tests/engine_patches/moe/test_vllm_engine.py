@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.support.tiny_model import make_tiny_qwen3_moe  # noqa: E402
+from tests.support.tiny_model import make_tiny_qwen3_moe
 
 pytestmark = pytest.mark.engine
 
@@ -34,15 +34,14 @@ def tiny_moe(tmp_path_factory):
 
 
 def _greedy(model: Path, patches: dict) -> dict:
-    env = {**__import__("os").environ, "VLLM_PLUGINS": "offload_patches",
-           "VLLM_MANAGER_PATCHES": json.dumps(patches)}
+    env = {**__import__("os").environ, "VLLM_PLUGINS": "offload_patches", "VLLM_MANAGER_PATCHES": json.dumps(patches)}
     cmd = [sys.executable, str(HELPER), str(model)]
     if shutil.which("flock"):
         cmd = ["flock", LOCK, *cmd]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def test_same_greedy_output_with_experts_in_host_memory(tiny_moe):
@@ -57,5 +56,5 @@ def test_same_greedy_output_with_experts_in_host_memory(tiny_moe):
     assert cache["gpu_cache_bytes"] * 4 == cache["host_bytes"]  # 2 of 8 experts per layer kept
 
     assert offloaded["tokens"] == stock["tokens"]
-    for ours, theirs in zip(offloaded["logprobs"], stock["logprobs"]):
+    for ours, theirs in zip(offloaded["logprobs"], stock["logprobs"], strict=False):
         assert ours == pytest.approx(theirs, abs=1e-4)

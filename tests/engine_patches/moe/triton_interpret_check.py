@@ -13,10 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
+from engine_patches.moe import fetch_experts
 from engine_patches.moe.device_slots import DeviceSlotTables
 from engine_patches.moe.experts import reference_moe
 from engine_patches.moe.experts_triton import gemv_experts, gemv_experts_split
-from engine_patches.moe import fetch_experts
 from engine_patches.moe.fetch_experts import fetch_and_compute
 from engine_patches.moe.gather import copy_expert_pairs_indexed, copy_experts_indexed
 
@@ -39,8 +39,10 @@ def interpreter_cannot_run_these_kernels() -> str | None:
     try:
         _loop_probe[(1,)](out, 4)
     except Exception as exc:
-        return (f"Triton {triton.__version__}'s interpreter cannot run a loop with a runtime "
-                f"bound under numpy {numpy.__version__}: {exc!r}"[:300])
+        return (
+            f"Triton {triton.__version__}'s interpreter cannot run a loop with a runtime "
+            f"bound under numpy {numpy.__version__}: {exc!r}"[:300]
+        )
     assert int(out) == 6, "the interpreter ran the probe loop wrongly"
     return None
 
@@ -61,21 +63,18 @@ def main() -> None:
         for step in range(30):
             tokens = int(torch.randint(1, slots // top_k + 1, (1,), generator=g))
             pool = hot if step % 3 else torch.arange(experts)  # skewed, with reuse
-            ids = torch.stack([pool[torch.randperm(len(pool), generator=g)[:top_k]]
-                               for _ in range(tokens)])
+            ids = torch.stack([pool[torch.randperm(len(pool), generator=g)[:top_k]] for _ in range(tokens)])
             if step % 7 == 3:
                 ids[0, -1] = -1  # a skipped entry
             layer = step % layers
             a, b = kernel.plan(layer, ids), torch_.plan(layer, ids)
-            for name in ("slot_ids", "hit_slot_ids", "miss_slot_ids", "load_experts",
-                         "load_slots"):
+            for name in ("slot_ids", "hit_slot_ids", "miss_slot_ids", "load_experts", "load_slots"):
                 assert torch.equal(getattr(a, name), getattr(b, name)), (name, step)
             for name in ("expert_slot", "slot_expert", "last_used", "clock", "counts"):
                 assert torch.equal(getattr(kernel, name), getattr(torch_, name)), (name, step)
             dst_k, dst_t = torch.full((slots, 3, 5), float("nan")), torch.zeros(slots, 3, 5)
             dst_k.copy_(dst_t)
-            copy_experts_indexed(src, dst_k, a.load_experts, a.load_slots, use_triton=True,
-                                 block=8)
+            copy_experts_indexed(src, dst_k, a.load_experts, a.load_slots, use_triton=True, block=8)
             copy_experts_indexed(src, dst_t, a.load_experts, a.load_slots, use_triton=False)
             assert torch.equal(dst_k, dst_t), step
             # Both weight tensors in one launch, with a grid wider and narrower than the work;
@@ -84,10 +83,10 @@ def main() -> None:
             for programs in (0, 1, 3):
                 got = (torch.zeros(slots, 3, 5), torch.zeros(slots, 7))
                 want = (torch.zeros(slots, 3, 5), torch.zeros(slots, 7))
-                copy_expert_pairs_indexed((src, src_b), got, a.load_experts, a.load_slots,
-                                          use_triton=True, programs=programs, block=4)
-                copy_expert_pairs_indexed((src, src_b), want, a.load_experts, a.load_slots,
-                                          use_triton=False)
+                copy_expert_pairs_indexed(
+                    (src, src_b), got, a.load_experts, a.load_slots, use_triton=True, programs=programs, block=4
+                )
+                copy_expert_pairs_indexed((src, src_b), want, a.load_experts, a.load_slots, use_triton=False)
                 assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), step
             compared += 1
     # The decode-batch expert kernels against the float64 reference, skipped entries included.
@@ -117,19 +116,25 @@ def main() -> None:
     # shared out over 3 gate/up programs; bf16 checks the in-kernel casts.
     fetch_experts.W2_CHUNK = 256
     f32, bf16 = torch.float32, torch.bfloat16
-    for split, k, experts, slots, hidden, inter, dtype in ((False, 4, 10, 6, 40, 24, f32),
-                                                           (False, 3, 7, 3, 64, 36, f32),
-                                                           (False, 3, 7, 4, 600, 40, f32),
-                                                           (True, 4, 10, 6, 40, 24, f32),
-                                                           (True, 3, 7, 3, 64, 36, f32),
-                                                           (True, 2, 5, 3, 600, 40, bf16)):
+    for split, k, experts, slots, hidden, inter, dtype in (
+        (False, 4, 10, 6, 40, 24, f32),
+        (False, 3, 7, 3, 64, 36, f32),
+        (False, 3, 7, 4, 600, 40, f32),
+        (True, 4, 10, 6, 40, 24, f32),
+        (True, 3, 7, 3, 64, 36, f32),
+        (True, 2, 5, 3, 600, 40, bf16),
+    ):
         fetch_experts.SPLIT_W2 = split
         tol = 1e-5 if dtype == f32 else 2e-2
-        host = ((torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5).to(dtype),
-                (torch.randn(experts, hidden, inter, generator=g) / inter**0.5).to(dtype))
+        host = (
+            (torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5).to(dtype),
+            (torch.randn(experts, hidden, inter, generator=g) / inter**0.5).to(dtype),
+        )
         tables = DeviceSlotTables(1, experts, slots, "cpu", use_triton=False)
-        cache = (torch.full((slots, 2 * inter, hidden), float("nan"), dtype=dtype),
-                 torch.full((slots, hidden, inter), float("nan"), dtype=dtype))
+        cache = (
+            torch.full((slots, 2 * inter, hidden), float("nan"), dtype=dtype),
+            torch.full((slots, hidden, inter), float("nan"), dtype=dtype),
+        )
         x = torch.randn(1, hidden, generator=g).to(dtype)
         for step in range(4):
             ids = torch.randperm(experts, generator=g)[:k].view(1, k)
@@ -147,7 +152,7 @@ def main() -> None:
             ref = reference_moe(x, host[0], host[1], w, ids)
             assert got.dtype == dtype, got.dtype
             assert float((got.float() - ref.float()).norm() / ref.float().norm()) < tol, (k, step)
-            for e, s in zip(plan.load_experts.tolist(), plan.load_slots.tolist()):
+            for e, s in zip(plan.load_experts.tolist(), plan.load_slots.tolist(), strict=False):
                 if e >= 0:
                     assert torch.equal(cache[0][s], host[0][e]) and torch.equal(cache[1][s], host[1][e])
             loaded = {s for s in plan.load_slots.tolist() if s >= 0}
