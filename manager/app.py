@@ -1,7 +1,8 @@
-"""The FastAPI application: wiring only. Logic lives in manager.services and friends."""
+"""The FastAPI application: routes, error handlers and middleware. Its parts are built in manager.runtime."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
@@ -10,14 +11,11 @@ from fastapi.responses import JSONResponse
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from manager import __version__, web
-from manager.db import make_engine, migrate
 from manager.deps import require_token_for_changes
 from manager.errors import ManagerError
-from manager.lora.pin_keeper import PinKeeper
 from manager.routes import health, loras, models, plan, profiles, transfer, workers
-from manager.services.preflight import refuse_if_it_cannot_fit
+from manager.runtime import Runtime
 from manager.settings import Settings
-from manager.supervisor.supervisor import Supervisor
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -25,26 +23,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _ = settings.env_token  # a token file that cannot be read stops the start, not every later call
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        settings.ensure_dirs()
-        engine = make_engine(settings.db_path)
-        migrate(engine)
-        app.state.settings = settings
-        app.state.engine = engine
-        supervisor = Supervisor(settings, engine)
-        supervisor.preflight = refuse_if_it_cannot_fit
-        app.state.supervisor = supervisor
-        await supervisor.start_up()
-        web.start_metrics(app, settings, engine, supervisor)
-        app.state.lora_pin_keeper = PinKeeper(engine, supervisor)
-        app.state.lora_pin_keeper.start()
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = await Runtime.open(settings)
+        app.state.runtime = runtime
         try:
             yield
         finally:
-            await app.state.lora_pin_keeper.stop()
-            await web.stop_metrics(app)
-            await supervisor.shut_down()
-            engine.dispose()
+            await runtime.close()
 
     app = FastAPI(
         title="vllm-manager",

@@ -1,4 +1,4 @@
-"""FastAPI dependencies: the database session, the settings, and the token check."""
+"""FastAPI dependencies: the manager's parts (from its Runtime), the database session, the token check."""
 
 from __future__ import annotations
 
@@ -6,28 +6,67 @@ from collections.abc import Iterator
 from typing import Annotated
 from urllib.parse import urlsplit
 
+import httpx
 from fastapi import Depends, Request
 from sqlmodel import Session
 
 from manager.db import session as open_session
 from manager.errors import Forbidden, Unauthorized
+from manager.lora.pin_keeper import PinKeeper
+from manager.metrics import MetricsCollector
+from manager.runtime import Runtime
 from manager.services import tokens
 from manager.settings import Settings
+from manager.supervisor.supervisor import Supervisor
+from manager.web.live import LiveViews
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 
 
-def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
+def get_runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
 
 
-def get_db(request: Request) -> Iterator[Session]:
-    with open_session(request.app.state.engine) as db:
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+def get_settings(runtime: RuntimeDep) -> Settings:
+    return runtime.settings
+
+
+def get_db(runtime: RuntimeDep) -> Iterator[Session]:
+    with open_session(runtime.engine) as db:
         yield db
+
+
+def get_supervisor(runtime: RuntimeDep) -> Supervisor:
+    return runtime.supervisor
+
+
+def get_metrics(runtime: RuntimeDep) -> MetricsCollector:
+    return runtime.metrics
+
+
+def get_live_views(runtime: RuntimeDep) -> LiveViews:
+    return runtime.live_views
+
+
+def get_pin_keeper(runtime: RuntimeDep) -> PinKeeper:
+    return runtime.pin_keeper
+
+
+def get_engine_http(runtime: RuntimeDep) -> httpx.AsyncClient:
+    return runtime.http
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_db)]
+SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
+MetricsDep = Annotated[MetricsCollector, Depends(get_metrics)]
+LiveViewsDep = Annotated[LiveViews, Depends(get_live_views)]
+PinKeeperDep = Annotated[PinKeeper, Depends(get_pin_keeper)]
+EngineHttpDep = Annotated[httpx.AsyncClient, Depends(get_engine_http)]
 
 
 def _bearer(request: Request) -> str | None:

@@ -107,7 +107,9 @@ def _rank(peft: dict, where: Path) -> int:
 def _as_tuple(targets: object) -> tuple[str, ...]:
     if isinstance(targets, str):
         return (targets,)
-    return tuple(str(t) for t in targets or ())
+    if isinstance(targets, list | tuple | set | frozenset):
+        return tuple(str(t) for t in targets)
+    return ()
 
 
 def _unknown_targets(targets: object, known: frozenset[str]) -> list[str]:

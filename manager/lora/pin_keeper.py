@@ -23,11 +23,10 @@ log = logging.getLogger("vllm_manager.lora")
 
 
 class PinKeeper:
-    def __init__(self, engine: Engine, supervisor: Supervisor, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, engine: Engine, supervisor: Supervisor, http: httpx.AsyncClient) -> None:
         self.engine = engine
         self.supervisor = supervisor
-        self.http = http or httpx.AsyncClient()
-        self._owns_http = http is None
+        self.http = http
         self._task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
 
@@ -45,23 +44,16 @@ class PinKeeper:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
-        if self._owns_http:
-            await self.http.aclose()
 
     async def sweep(self, worker_id: int | None = None) -> list[str]:
         """Load missing pinned adapters into ready workers (one, or all); returns what it loaded."""
         done: list[str] = []
         async with self._lock:  # a "ready" event and a pin may sweep at once: load once
-            runners = (
-                [self.supervisor.runners[worker_id]]
-                if worker_id is not None and worker_id in self.supervisor.runners
-                else list(self.supervisor.runners.values())
-            )
-            for runner in runners:
-                snap = runner.snapshot()
-                if snap["state"] != "ready" or not snap["port"]:
+            views = self.supervisor.views()
+            for view in views:
+                if (worker_id is not None and view.id != worker_id) or not view.ready or not view.port:
                     continue
-                done += await self._restore(snap["id"], int(snap["port"]), snap["model"])
+                done += await self._restore(view.id, view.port, view.model)
         return done
 
     async def _restore(self, worker_id: int, port: int, model_config: str) -> list[str]:

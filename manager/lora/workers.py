@@ -17,7 +17,6 @@ from manager.metrics.engine import parse_metrics
 from manager.metrics.pools import PoolsReader
 from manager.supervisor.supervisor import Supervisor
 
-READY = "ready"
 # vLLM 0.32's /v1/unload_lora_adapter only drops the name in the API server (serving.py); the
 # engine keeps the weights in its CPU LoRA cache until that cache or the CPU pool evicts them.
 UNLOAD_KEEPS_WEIGHTS = (
@@ -56,13 +55,13 @@ class WorkerLoras:
 
 
 def ready_worker(supervisor: Supervisor, worker_id: int) -> WorkerTarget:
-    snap = supervisor.runner(worker_id).snapshot()
-    if snap["state"] != READY or not snap["port"]:
+    view = supervisor.view(worker_id)
+    if not view.ready or not view.port:
         raise Conflict(
-            f"worker {worker_id} is {snap['state']}, not ready: adapters load into a "
+            f"worker {worker_id} is {view.state}, not ready: adapters load into a "
             f"serving worker (start it, or wait until it is ready)"
         )
-    return WorkerTarget(worker_id, int(snap["port"]), snap["model"], snap.get("run_dir"))
+    return WorkerTarget(worker_id, view.port, view.model, view.run_dir)
 
 
 def _check_base(adapter_config: str, target: WorkerTarget, name: str) -> None:

@@ -1,21 +1,19 @@
 from __future__ import annotations
 
-import asyncio
 import json
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from pathlib import Path
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 
-from manager.deps import SessionDep
+from manager.deps import SessionDep, SupervisorDep
 from manager.services.preflight import worker_kv_check
-from manager.supervisor.supervisor import Supervisor
+from manager.supervisor.view import WorkerView
 
 router = APIRouter(prefix="/api", tags=["workers"])
-
-
-def _sup(request: Request) -> Supervisor:
-    return request.app.state.supervisor
 
 
 class WorkerStart(BaseModel):
@@ -35,111 +33,99 @@ class Adopt(BaseModel):
 
 
 @router.get("/workers")
-def list_workers(request: Request) -> list[dict]:
-    return _sup(request).list()
+def list_workers(sup: SupervisorDep) -> list[WorkerView]:
+    return sup.views()
 
 
 @router.post("/workers", status_code=201)
-async def start_worker(body: WorkerStart, request: Request, response: Response) -> dict:
-    snapshot, created = await _sup(request).create_worker(body.model, body.gpus, body.port, body.force)
+async def start_worker(body: WorkerStart, sup: SupervisorDep, response: Response) -> WorkerView:
+    view, created = await sup.create_worker(body.model, body.gpus, body.port, body.force)
     if not created:
         response.status_code = 200
-    return snapshot
+    return view
 
 
 @router.get("/workers/unmanaged")
-def unmanaged(request: Request) -> list[dict]:
+def unmanaged(sup: SupervisorDep) -> list[dict]:
     """vLLM servers on this machine that the manager did not start."""
-    return _sup(request).unmanaged()
+    return [asdict(u) for u in sup.unmanaged()]
 
 
 @router.post("/workers/unmanaged/{pid}/adopt", status_code=201)
-async def adopt_unmanaged(pid: int, body: Adopt, request: Request) -> dict:
-    return await _sup(request).adopt_unmanaged(pid, body.model)
+async def adopt_unmanaged(pid: int, body: Adopt, sup: SupervisorDep) -> WorkerView:
+    return await sup.adopt_unmanaged(pid, body.model)
 
 
 @router.post("/workers/unmanaged/{pid}/stop")
-async def stop_unmanaged(pid: int, request: Request) -> dict:
-    return await _sup(request).stop_unmanaged(pid)
+async def stop_unmanaged(pid: int, sup: SupervisorDep) -> dict:
+    return await sup.stop_unmanaged(pid)
 
 
 @router.get("/workers/{worker_id}")
-def get_worker(worker_id: int, request: Request) -> dict:
-    return _sup(request).runner(worker_id).snapshot()
+def get_worker(worker_id: int, sup: SupervisorDep) -> WorkerView:
+    return sup.view(worker_id)
 
 
 @router.post("/workers/{worker_id}/start")
-async def start(worker_id: int, request: Request, force: bool = False) -> dict:
-    return await _sup(request).command(worker_id, "start", force=force)
+async def start(worker_id: int, sup: SupervisorDep, force: bool = False) -> WorkerView:
+    return await sup.command(worker_id, "start", force=force)
 
 
 @router.post("/workers/{worker_id}/stop")
-async def stop(worker_id: int, request: Request) -> dict:
-    return await _sup(request).command(worker_id, "stop")
+async def stop(worker_id: int, sup: SupervisorDep) -> WorkerView:
+    return await sup.command(worker_id, "stop")
 
 
 @router.post("/workers/{worker_id}/restart")
-async def restart(worker_id: int, request: Request, force: bool = False) -> dict:
-    return await _sup(request).command(worker_id, "restart", force=force)
+async def restart(worker_id: int, sup: SupervisorDep, force: bool = False) -> WorkerView:
+    return await sup.command(worker_id, "restart", force=force)
 
 
 @router.post("/workers/{worker_id}/switch")
-async def switch(worker_id: int, body: WorkerSwitch, request: Request) -> dict:
-    return await _sup(request).command(worker_id, "switch", body.model, body.force)
+async def switch(worker_id: int, body: WorkerSwitch, sup: SupervisorDep) -> WorkerView:
+    return await sup.command(worker_id, "switch", body.model, body.force)
 
 
 @router.delete("/workers/{worker_id}", status_code=204)
-async def delete(worker_id: int, request: Request) -> Response:
-    await _sup(request).command(worker_id, "delete")
+async def delete(worker_id: int, sup: SupervisorDep) -> Response:
+    await sup.command(worker_id, "delete")
     return Response(status_code=204)
 
 
 @router.get("/workers/{worker_id}/logs")
-def logs(worker_id: int, request: Request, tail: int = 200) -> dict:
-    runner = _sup(request).runner(worker_id)
-    runner.logs.poll()
-    return {"worker": worker_id, "file": runner.snapshot()["log_file"], "lines": runner.logs.tail(min(tail, 5000))}
+def logs(worker_id: int, sup: SupervisorDep, tail: int = 200) -> dict:
+    lines = sup.log_lines(worker_id, min(tail, 5000))
+    return {"worker": worker_id, "file": sup.view(worker_id).log_file, "lines": lines}
 
 
 @router.get("/workers/{worker_id}/logs/stream")
-async def logs_stream(worker_id: int, request: Request, tail: int = 100) -> EventSourceResponse:
-    runner = _sup(request).runner(worker_id)
+async def logs_stream(worker_id: int, sup: SupervisorDep, tail: int = 100) -> EventSourceResponse:
+    source = sup.log_stream(worker_id, tail)
 
-    async def lines():
-        queue = runner.logs.subscribe()
-        try:
-            for line in runner.logs.tail(tail):
-                yield {"event": "log", "data": line}
-            while True:
-                try:
-                    line = await asyncio.wait_for(queue.get(), timeout=1.0)
-                except TimeoutError:
-                    runner.logs.poll()  # a stopped worker has no owner tick reading its file
-                    continue
-                yield {"event": "log", "data": line}
-        finally:
-            runner.logs.unsubscribe(queue)
+    async def lines() -> AsyncIterator[dict[str, str]]:
+        async for line in source:
+            yield {"event": "log", "data": line}
 
     return EventSourceResponse(lines(), ping=15)
 
 
 @router.get("/workers/{worker_id}/kv-check")
-def kv_check(worker_id: int, request: Request, db: SessionDep) -> dict:
+def kv_check(worker_id: int, sup: SupervisorDep, db: SessionDep) -> dict:
     """vLLM's own KV cache figures (from the engine log) beside the planner's prediction."""
-    runner = _sup(request).runner(worker_id)
-    return worker_kv_check(db, runner.row.model_name, runner.logs.path)
+    view = sup.view(worker_id)
+    return worker_kv_check(db, view.model, Path(view.log_file) if view.log_file else None)
 
 
 @router.get("/events")
-def events(request: Request, worker_id: int | None = None, limit: int = 100) -> list[dict]:
-    return _sup(request).events.recent(worker_id, min(max(limit, 1), 1000))
+def events(sup: SupervisorDep, worker_id: int | None = None, limit: int = 100) -> list[dict]:
+    return sup.events.recent(worker_id, min(max(limit, 1), 1000))
 
 
 @router.get("/events/stream")
-async def events_stream(request: Request) -> EventSourceResponse:
-    log = _sup(request).events
+async def events_stream(sup: SupervisorDep) -> EventSourceResponse:
+    log = sup.events
 
-    async def stream():
+    async def stream() -> AsyncIterator[dict[str, str]]:
         queue = log.listen()
         try:
             while True:

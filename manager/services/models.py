@@ -15,8 +15,7 @@ from manager.schemas.model_config import (
 from manager.schemas.offload_profile import OffloadProfile
 from manager.services import profiles
 from manager.services.engine_flags import check_env, check_extra_args
-
-ACTIVE_STATES = ("starting", "ready", "stopping", "crashed")  # a worker in these needs its config
+from manager.supervisor.lifecycle import ACTIVE
 
 
 def list_models(db: Session) -> list[ModelConfig]:
@@ -69,7 +68,9 @@ def delete_model(db: Session, name: str) -> None:
     from manager.schemas.worker import Worker
 
     config = get_model(db, name)
-    busy = db.exec(select(Worker.id).where(Worker.model_name == name, Worker.state.in_(ACTIVE_STATES))).all()
+    # A worker that holds (or will soon hold) an engine needs its config.
+    active = [state.value for state in ACTIVE]
+    busy = db.exec(select(Worker.id).where(Worker.model_name == name, Worker.state.in_(active))).all()
     if busy:
         ids = ", ".join(str(i) for i in busy)
         raise Conflict(f"model config {name!r} is running in worker(s) {ids}; stop them first", workers=list(busy))

@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from sqlalchemy.engine import Engine
-from sqlmodel import select
+from sqlmodel import col, select
 
 from manager.db import session
 from manager.schemas.event import Event
@@ -34,7 +34,7 @@ class EventLog:
 
     def recent(self, worker_id: int | None = None, limit: int = 100) -> list[dict]:
         with session(self._engine) as db:
-            query = select(Event).order_by(Event.id.desc()).limit(limit)
+            query = select(Event).order_by(col(Event.id).desc()).limit(limit)
             if worker_id is not None:
                 query = query.where(Event.worker_id == worker_id)
             return [e.model_dump(mode="json") for e in db.exec(query)]

@@ -7,6 +7,7 @@ import asyncio
 import re
 import shutil
 from collections import deque
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -129,3 +130,19 @@ class LogTail:
 
     def unsubscribe(self, queue: asyncio.Queue[str]) -> None:
         self._subscribers.discard(queue)
+
+    async def stream(self, tail: int) -> AsyncIterator[str]:
+        """The last `tail` lines, then every new line as it is written, until the reader goes away."""
+        queue = self.subscribe()
+        try:
+            for line in self.tail(tail):
+                yield line
+            while True:
+                try:
+                    line = await asyncio.wait_for(queue.get(), timeout=1.0)
+                except TimeoutError:
+                    self.poll()  # a stopped worker has no owner task reading its file
+                    continue
+                yield line
+        finally:
+            self.unsubscribe(queue)

@@ -215,7 +215,7 @@ def stale_offload_files(shm: Path = Path("/dev/shm")) -> list[Path]:
 
 
 def _fds(pid: int) -> list[str]:
-    targets = []
+    targets: list[str] = []
     try:
         entries = list(Path(f"/proc/{pid}/fd").iterdir())
     except OSError:

@@ -1,4 +1,10 @@
-"""One worker's owner task. It alone changes the worker's state; API calls send it commands."""
+"""One worker's owner task: it carries out what ``lifecycle.step`` decides, and nothing else.
+
+Commands from the API and what the runner sees (the process died, /health answered, time passed)
+become lifecycle events; the effects that come back are done here (launch, stop a process group,
+record an event) and their results go back in as events. The worker's state changes only in
+``lifecycle.py``; this file stores it and publishes a ``WorkerView`` of it.
+"""
 
 from __future__ import annotations
 
@@ -12,21 +18,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import httpx
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine as DbEngine
 
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.schemas.worker import Worker
 from manager.services.command import LaunchCommand
 from manager.settings import Settings
+from manager.supervisor import lifecycle as lc
 from manager.supervisor import process
 from manager.supervisor.events import EventLog
 from manager.supervisor.logs import LogTail, meaningful_error, new_log_file
 from manager.supervisor.probe import probe
-from manager.supervisor.states import State, backoff_delay
+from manager.supervisor.view import WorkerView
 
 log = logging.getLogger("vllm_manager.runner")
 
@@ -41,47 +47,71 @@ class Launch:
     start_timeout_s: float
 
 
+# Builds the launch for a model config: (worker id, config name, port, gpus, run dir, force).
+Prepare = Callable[[int, str, int, list[int], Path, bool], Launch]
+
+
 @dataclass
 class Command:
     kind: str  # start | stop | restart | switch | delete
     model: str | None = None
     force: bool = False
-    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    future: asyncio.Future[WorkerView] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 @dataclass
 class RunnerDeps:
     settings: Settings
-    engine: Engine
+    engine: DbEngine
     events: EventLog
     http: httpx.AsyncClient
-    # Builds the launch for a model config on a given port and GPUs (raises ManagerError when it can't).
-    prepare: Callable[[int, str, int, list[int], Path, bool], Launch]
+    prepare: Prepare
+    # After a stop: end engine processes still on the GPUs (gpus, engine pids) -> notes.
     after_stop: Callable[[list[int], list[int]], list[str]] = lambda gpus, pids: []
+
+
+def policy_of(settings: Settings) -> lc.Policy:
+    return lc.Policy(
+        health_interval_s=settings.health_interval_s,
+        health_failures_before_crash=settings.health_failures_before_crash,
+        healthy_reset_s=settings.healthy_reset_s,
+        restart_ceiling=settings.restart_ceiling,
+        backoff_base_s=settings.backoff_base_s,
+        backoff_cap_s=settings.backoff_cap_s,
+        stop_grace_s=settings.stop_grace_s,
+    )
+
+
+def life_of(row: Worker) -> lc.Life:
+    engine = None
+    if row.pid:
+        engine = lc.Engine(row.pid, row.pid_create_time, tuple(row.cmdline))
+    return lc.Life(
+        state=lc.State(row.state),
+        model=row.model_name,
+        port=row.port,
+        engine=engine,
+        started_at=row.started_at,
+        desired=row.desired,
+        restart_count=row.restart_count,
+        last_error=row.last_error,
+    )
 
 
 class WorkerRunner:
     def __init__(self, row: Worker, deps: RunnerDeps) -> None:
-        self.row = row
+        assert row.id is not None
+        self.id: int = row.id
+        self.gpus = list(row.gpus)
         self.deps = deps
-        self.state = State(row.state)
-        self.popen: subprocess.Popen | None = None
+        self.policy = policy_of(deps.settings)
+        self.life = life_of(row)
         self.logs = LogTail()
-        self.detail: str | None = None
-        self.served_name: str | None = None
+        self._row = row
+        self._popen: subprocess.Popen[bytes] | None = None
         self._queue: asyncio.Queue[Command] = asyncio.Queue()
-        self._task: asyncio.Task | None = None
-        self._deadline = 0.0
-        self._ready_since: float | None = None
-        self._next_restart_at: float | None = None
-        self._health_failures = 0
-        self._switch_from: str | None = None
-        self._crash_restarting = False
-
-    # ---- public: used by the supervisor and routes -------------------------------------------
-    @property
-    def id(self) -> int:
-        return self.row.id
+        self._task: asyncio.Task[None] | None = None
+        self._forgotten = False
 
     @property
     def run_dir(self) -> Path:
@@ -91,7 +121,15 @@ class WorkerRunner:
     def log_dir(self) -> Path:
         return self.deps.settings.logs_dir / f"worker-{self.id}"
 
-    def begin(self) -> None:
+    # ---- used by the supervisor ----------------------------------------------------------------
+    async def begin(self, first: lc.Adopted | lc.FoundGone | None = None) -> None:
+        """Start the owner task; `first` reconciles the stored worker with what is running now."""
+        if isinstance(first, lc.Adopted):
+            logs = sorted(self.log_dir.glob("start-*.log"))
+            if logs:
+                self.logs.follow(logs[-1], from_start=True)
+        if first is not None:
+            await self._feed(first)
         self._task = asyncio.create_task(self._own(), name=f"worker-{self.id}")
 
     async def halt(self) -> None:
@@ -101,78 +139,66 @@ class WorkerRunner:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
 
-    async def send(self, kind: str, model: str | None = None, force: bool = False) -> dict:
+    async def send(self, kind: str, model: str | None = None, force: bool = False) -> WorkerView:
         if self._task is None or self._task.done():
             raise NotFound(f"worker {self.id} is gone (deleted)")
         cmd = Command(kind, model, force)
         await self._queue.put(cmd)
         return await cmd.future
 
-    def snapshot(self) -> dict[str, Any]:
-        started = self.row.started_at
+    def view(self) -> WorkerView:
+        life, now = self.life, time.monotonic()
+        started = life.started_at
+        if started is not None and started.tzinfo is None:
+            started = started.replace(tzinfo=UTC)
         uptime = None
-        if self.state == State.READY and started is not None:
-            started_utc = started if started.tzinfo else started.replace(tzinfo=UTC)
-            uptime = max(0.0, (datetime.now(UTC) - started_utc).total_seconds())
+        if life.state == lc.State.READY and started is not None:
+            uptime = max(0.0, (datetime.now(UTC) - started).total_seconds())
         next_restart = None
-        if self.state == State.CRASHED and self._next_restart_at is not None:
-            next_restart = max(0.0, self._next_restart_at - time.monotonic())
-        return {
-            "id": self.id,
-            "model": self.row.model_name,
-            "served_model_name": self.served_name,
-            "state": self.state.value,
-            "detail": self.detail,
-            "pid": self.row.pid if self.state in (State.STARTING, State.READY, State.STOPPING) else None,
-            "port": self.row.port,
-            "gpus": self.row.gpus,
-            "uptime_s": uptime,
-            "restart_count": self.row.restart_count,
-            "next_restart_in_s": next_restart,
-            "last_error": self.row.last_error,
-            "started_at": started.isoformat() if started else None,
-            "run_dir": str(self.run_dir),
-            "log_file": str(self.logs.path) if self.logs.path else None,
-        }
-
-    # ---- adoption --------------------------------------------------------------------------
-    def adopt(self, served_name: str | None, start_timeout_s: float = 900) -> None:
-        """Take over an engine that outlived the previous manager: watch it, never start another."""
-        self.state = State.STARTING
-        self.served_name = served_name
-        # A big model may still be loading: give it what is left of its own start timeout.
-        started = self.row.started_at
-        elapsed = 0.0
-        if started is not None:
-            started_utc = started if started.tzinfo else started.replace(tzinfo=UTC)
-            elapsed = (datetime.now(UTC) - started_utc).total_seconds()
-        self._deadline = time.monotonic() + max(60.0, start_timeout_s - elapsed)
-        logs = sorted(self.log_dir.glob("start-*.log"))
-        if logs:
-            self.logs.follow(logs[-1], from_start=True)
-        self._save()
+        if life.state == lc.State.CRASHED and life.next_restart_at is not None:
+            next_restart = max(0.0, life.next_restart_at - now)
+        has_process = life.state in (lc.State.STARTING, lc.State.READY, lc.State.STOPPING)
+        return WorkerView(
+            id=self.id,
+            model=life.model,
+            served_model_name=life.served_name,
+            state=life.state,
+            detail=life.detail,
+            pid=life.engine.pid if has_process and life.engine else None,
+            port=life.port,
+            gpus=self.gpus,
+            uptime_s=uptime,
+            restart_count=life.restart_count,
+            next_restart_in_s=next_restart,
+            last_error=life.last_error,
+            started_at=started,
+            run_dir=str(self.run_dir),
+            log_file=str(self.logs.path) if self.logs.path else None,
+        )
 
     # ---- the owner loop --------------------------------------------------------------------
     async def _own(self) -> None:
         while True:
+            interval = lc.tick_interval(self.life, time.monotonic(), self.policy)
             try:
-                cmd = await asyncio.wait_for(self._queue.get(), timeout=self._tick_interval())
+                cmd: Command | None = await asyncio.wait_for(self._queue.get(), timeout=interval)
             except TimeoutError:
                 cmd = None
             self.logs.poll()
             if cmd is not None:
                 try:
-                    cmd.future.set_result(await self._handle(cmd))
+                    await self._handle(cmd)
+                    cmd.future.set_result(self.view())
                 except ManagerError as exc:
                     cmd.future.set_exception(exc)
                 except Exception as exc:  # never let one bad command kill the owner task
                     log.exception("worker %s: command %s failed", self.id, cmd.kind)
                     cmd.future.set_exception(exc)
-                if cmd.kind == "delete" and cmd.future.exception() is None:
+                if self._forgotten:
                     self._refuse_queued()
                     return
             try:
-                await self._tick()
+                await self._look()
             except Exception:
                 log.exception("worker %s: supervision step failed", self.id)
 
@@ -181,280 +207,180 @@ class WorkerRunner:
             late = self._queue.get_nowait()
             late.future.set_exception(NotFound(f"worker {self.id} was deleted"))
 
-    def _tick_interval(self) -> float | None:
-        if self.state == State.STARTING:
-            return 0.5
-        if self.state == State.READY:
-            return self.deps.settings.health_interval_s
-        if self.state == State.CRASHED and self._next_restart_at is not None:
-            return max(0.05, min(1.0, self._next_restart_at - time.monotonic()))
-        return None
-
-    async def _handle(self, cmd: Command) -> dict:
+    async def _handle(self, cmd: Command) -> None:
+        alive = self._alive()
         if cmd.kind == "start":
-            if self.state in (State.STARTING, State.READY):
-                return self.snapshot()  # already running: two starts make one process
-            self.row.restart_count = 0
-            await self._start(self.row.model_name, "start", cmd.force)
+            await self._feed(lc.StartRequested(cmd.force))
         elif cmd.kind == "stop":
-            await self._stop("stop requested")
+            await self._feed(lc.StopRequested("stop requested", alive))
         elif cmd.kind == "restart":
-            await self._stop("restart requested")
-            self.row.restart_count = 0
-            await self._start(self.row.model_name, "restart", cmd.force)
+            await self._feed(lc.RestartRequested(alive, cmd.force))
         elif cmd.kind == "switch":
-            await self._switch(cmd.model, cmd.force)
+            if not cmd.model:
+                raise Conflict("switch needs the name of a model config")
+            # Refuse a config that cannot be launched before the running one is stopped.
+            self.deps.prepare(self.id, cmd.model, self._port(), self.gpus, self.run_dir, cmd.force)
+            await self._feed(lc.SwitchRequested(cmd.model, alive, cmd.force))
         elif cmd.kind == "delete":
-            await self._stop("worker deleted")
-            with session(self.deps.engine) as db:
-                row = db.get(Worker, self.id)
-                if row is not None:
-                    db.delete(row)
-                    db.commit()
-            self.deps.events.record("deleted", "worker deleted", self.id)
+            await self._feed(lc.DeleteRequested(alive))
         else:
             raise Conflict(f"unknown command {cmd.kind!r}")
-        return self.snapshot()
 
-    # ---- transitions -----------------------------------------------------------------------
-    def _transition(self, state: State, kind: str, message: str, **data) -> None:
-        old = self.state
-        self.state = state
-        self.row.state = state.value
-        self._save()
-        self.deps.events.record(kind, message, self.id, state=state.value, previous=old.value, **data)
-
-    def _save(self) -> None:
-        self.row.state = self.state.value
-        with session(self.deps.engine) as db:
-            db.merge(self.row)
-            db.commit()
-
-    async def _start(self, model_name: str, reason: str, force: bool = False) -> None:
-        port = self.row.port
-        launch = self.deps.prepare(self.id, model_name, port, list(self.row.gpus), self.run_dir, force)
-        stale = await asyncio.to_thread(process.stale_offload_files)
-        for path in list(stale):
-            try:
-                path.unlink(missing_ok=True)
-            except OSError:
-                stale.remove(path)
-        if stale:
-            self.deps.events.record(
-                "cleanup",
-                f"removed {len(stale)} stale KV-offload file(s) from /dev/shm",
-                self.id,
-                files=[str(p) for p in stale],
+    async def _look(self) -> None:
+        """Observe the engine as its state asks, and tell the machine what was seen."""
+        state = self.life.state
+        if state in (lc.State.STARTING, lc.State.READY):
+            if not self._alive():
+                await self._end_group(quick=True)
+                reason = meaningful_error(self.logs.tail(300))
+                await self._feed(lc.Exited(self._exit_text(), reason, time.monotonic()))
+                return
+            result = await probe(self.deps.http, self._port(), self.life.served_name or self.life.model)
+            await self._feed(
+                lc.Probed(result.healthy, result.serves, result.detail, self.logs.latest(), time.monotonic())
             )
+            if self.life.state == lc.State.READY:
+                self.logs.cap_size()
+        elif state == lc.State.CRASHED:
+            await self._feed(lc.Tick(time.monotonic()))
+
+    # ---- events in, effects out ----------------------------------------------------------------
+    async def _feed(self, event: lc.Event) -> None:
+        before = self.life
+        self.life, effects = lc.step(before, event, self.policy)
+        if self.life != before and not self._forgotten:
+            self._store()
+        for effect in effects:
+            result = await self._carry_out(effect)
+            if result is not None:
+                await self._feed(result)
+
+    async def _carry_out(self, effect: lc.Effect) -> lc.Event | None:
+        match effect:
+            case lc.Record(kind=kind, message=message, data=data):
+                self.deps.events.record(kind, message, self.id, **dict(data))
+            case lc.Launch():
+                return await self._launch(effect)
+            case lc.StopGroup(pid=pid):
+                report = await asyncio.to_thread(
+                    process.stop_group, pid, self.deps.settings.stop_grace_s, self._popen_of(pid)
+                )
+                self._popen = None
+                notes = self.deps.after_stop(self.gpus, report.killed)
+                self.logs.poll()
+                return lc.GroupStopped(
+                    report.graceful, report.seconds, tuple(report.killed), tuple(report.leftover), tuple(notes)
+                )
+            case lc.KillGroup():
+                await self._end_group(quick=False, pid=effect.pid)
+            case lc.Reject(error=error):
+                raise error
+            case lc.Forget():
+                self._forget()
+        return None
+
+    async def _launch(self, effect: lc.Launch) -> lc.Event:
+        port = self._port()
+        try:
+            launch = self.deps.prepare(self.id, effect.model, port, self.gpus, self.run_dir, effect.force)
+        except ManagerError as exc:
+            return lc.LaunchRefused(exc)
+        removed = await asyncio.to_thread(_remove_stale_offload_files)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         log_path = new_log_file(self.log_dir)
-        log_path.write_text(f"# vllm-manager: {reason}: {model_name}\n# argv: {launch.command.argv}\n")
+        log_path.write_text(f"# vllm-manager: {effect.reason}: {effect.model}\n# argv: {launch.command.argv}\n")
         self.logs.follow(log_path)
         try:
-            self.popen = await asyncio.to_thread(
+            popen = await asyncio.to_thread(
                 process.spawn, launch.command.argv, launch.command.env, log_path, self.run_dir
             )
         except OSError as exc:
-            raise Invalid(
-                f"cannot run the engine interpreter {launch.command.argv[0]!r}: {exc}; check VLLM_MANAGER_ENGINE_PYTHON"
-            ) from exc
-        found = process.identity(self.popen.pid)
-        self.row.model_name = model_name
-        self.row.pid = self.popen.pid
-        self.row.pid_create_time = found.create_time if found else None
-        self.row.cmdline = list(found.cmdline) if found else launch.command.argv
-        self.row.started_at = datetime.now(UTC)
-        self.row.desired = "running"
-        self.row.last_error = self.row.last_error if reason == "restart after crash" else None
-        self.served_name = launch.served_name
-        self.detail = "process started"
-        self._deadline = time.monotonic() + launch.start_timeout_s
-        self._health_failures = 0
-        self._transition(
-            State.STARTING,
-            "starting",
-            f"{reason}: {model_name} on port {port}",
-            pid=self.popen.pid,
-            argv=launch.command.argv,
-        )
-
-    async def _stop(self, reason: str) -> None:
-        self._next_restart_at = None
-        self._switch_from = None
-        self._crash_restarting = False
-        pid = self.row.pid
-        if pid and self._process_alive():
-            self._transition(State.STOPPING, "stopping", reason, pid=pid)
-            report = await asyncio.to_thread(process.stop_group, pid, self.deps.settings.stop_grace_s, self.popen)
-            notes = self.deps.after_stop(list(self.row.gpus), report.killed)
-            how = "gracefully" if report.graceful else f"with SIGKILL after {self.deps.settings.stop_grace_s:g} s"
-            message = f"stopped {how} in {report.seconds:.1f} s"
-            if report.leftover:
-                message += f"; processes still alive: {report.leftover}"
-            for note in notes:
-                message += f"; {note}"
-            self.row.pid = None
-            self.row.desired = "stopped"
-            self.popen = None
-            self.logs.poll()
-            self._transition(
-                State.STOPPED,
-                "stopped",
-                message,
-                graceful=report.graceful,
-                leftover=report.leftover,
-                killed=report.killed,
+            return lc.LaunchRefused(
+                Invalid(
+                    f"cannot run the engine interpreter {launch.command.argv[0]!r}: {exc}; "
+                    "check VLLM_MANAGER_ENGINE_PYTHON"
+                )
             )
-        else:
-            self.row.pid = None
-            self.row.desired = "stopped"
-            self.popen = None
-            if self.state != State.STOPPED:
-                self._transition(State.STOPPED, "stopped", reason)
-
-    async def _switch(self, model: str | None, force: bool) -> None:
-        if not model:
-            raise Conflict("switch needs the name of a model config")
-        previous = self.row.model_name
-        self.deps.prepare(self.id, model, self.row.port, list(self.row.gpus), self.run_dir, force)  # refuse early
-        if model == previous and self.state in (State.STARTING, State.READY):
-            return
-        await self._stop(f"switching from {previous} to {model}")
-        self._switch_from = previous
-        self.row.restart_count = 0
-        self.deps.events.record(
-            "switching", f"switching from {previous} to {model}", self.id, previous=previous, model=model
+        self._popen = popen
+        found = process.identity(popen.pid)
+        engine = lc.Engine(
+            popen.pid,
+            found.create_time if found else None,
+            tuple(found.cmdline) if found else tuple(launch.command.argv),
         )
-        await self._start(model, f"switch from {previous}", force)
+        return lc.Launched(
+            reason=effect.reason,
+            model=effect.model,
+            served_name=launch.served_name,
+            engine=engine,
+            argv=tuple(launch.command.argv),
+            started_at=datetime.now(UTC),
+            start_timeout_s=launch.start_timeout_s,
+            now=time.monotonic(),
+            removed_stale=tuple(removed),
+        )
 
-    # ---- supervision steps -----------------------------------------------------------------
-    def _process_alive(self) -> bool:
-        if self.popen is not None:
-            return self.popen.poll() is None
-        return process.matches(self.row.pid, self.row.pid_create_time, self.row.cmdline)
+    # ---- the process -----------------------------------------------------------------------------
+    def _port(self) -> int:
+        assert self.life.port is not None, "a worker always has a port"
+        return self.life.port
+
+    def _popen_of(self, pid: int) -> subprocess.Popen[bytes] | None:
+        return self._popen if self._popen is not None and self._popen.pid == pid else None
+
+    def _alive(self) -> bool:
+        engine = self.life.engine
+        if engine is None:
+            return False
+        popen = self._popen_of(engine.pid)
+        if popen is not None:
+            return popen.poll() is None
+        return process.matches(engine.pid, engine.create_time, engine.cmdline)
 
     def _exit_text(self) -> str:
-        code = self.popen.returncode if self.popen is not None else None
+        code = self._popen.returncode if self._popen is not None else None
         return f"exited with code {code}" if code is not None else "exited"
 
-    async def _tick(self) -> None:
-        now = time.monotonic()
-        if self.state == State.STARTING:
-            if not self._process_alive():
-                await self._reap()
-                reason = meaningful_error(self.logs.tail(300)) or "no output"
-                await self._start_failed(f"{self._exit_text()} before it was ready: {reason}")
-                return
-            result = await probe(self.deps.http, self.row.port, self.served_name or self.row.model_name)
-            if result.serves:
-                self._ready_since = now
-                self.detail = None
-                self._transition(State.READY, "ready", f"{self.row.model_name} is serving on port {self.row.port}")
-                if self._switch_from:
-                    self.deps.events.record(
-                        "switched",
-                        f"switched from {self._switch_from} to {self.row.model_name}",
-                        self.id,
-                        previous=self._switch_from,
-                        model=self.row.model_name,
-                    )
-                    self._switch_from = None
-                self._crash_restarting = False
-                return
-            self.detail = self.logs.latest() or result.detail
-            if now > self._deadline:
-                await self._kill_quietly()
-                await self._start_failed(
-                    f"not ready within the start timeout; last log line: {self.logs.latest() or '-'}"
-                )
-        elif self.state == State.READY:
-            if not self._process_alive():
-                await self._reap()
-                reason = meaningful_error(self.logs.tail(300)) or ""
-                await self._crashed(f"{self._exit_text()} while serving" + (f": {reason}" if reason else ""))
-                return
-            result = await probe(self.deps.http, self.row.port, self.served_name or self.row.model_name)
-            if result.healthy:
-                self._health_failures = 0
-            else:
-                self._health_failures += 1
-                limit = self.deps.settings.health_failures_before_crash
-                if self._health_failures >= limit:
-                    await self._kill_quietly()
-                    await self._crashed(f"/health failed {limit} times in a row ({result.detail})")
-                    return
-            self.logs.cap_size()
-            if (
-                self.row.restart_count
-                and self._ready_since is not None
-                and now - self._ready_since >= self.deps.settings.healthy_reset_s
-            ):
-                self.row.restart_count = 0
-                self._save()
-                self.deps.events.record("healthy", "healthy long enough: restart counter reset", self.id)
-        elif self.state == State.CRASHED and self._next_restart_at is not None and now >= self._next_restart_at:
-            self._next_restart_at = None
-            self._crash_restarting = True
-            try:
-                await self._start(self.row.model_name, "restart after crash")
-            except ManagerError as exc:
-                self.row.last_error = f"restart refused: {exc.message}"
-                self._transition(State.FAILED, "failed", self.row.last_error)
-
-    async def _reap(self) -> None:
-        """The API server is gone; make sure nothing of its group lingers (engine core, workers)."""
-        if self.row.pid:
-            await asyncio.to_thread(process.stop_group, self.row.pid, 2.0, self.popen)
+    async def _end_group(self, quick: bool, pid: int | None = None) -> None:
+        """Make sure nothing of a dead or failed engine's group lingers (engine core, workers)."""
+        pid = pid or (self.life.engine.pid if self.life.engine else None)
+        if pid:
+            grace = 2.0 if quick else self.deps.settings.stop_grace_s
+            await asyncio.to_thread(process.stop_group, pid, grace, self._popen_of(pid))
         self.logs.poll()
 
-    async def _kill_quietly(self) -> None:
-        if self.row.pid:
-            await asyncio.to_thread(process.stop_group, self.row.pid, self.deps.settings.stop_grace_s, self.popen)
-        self.logs.poll()
+    # ---- storage -----------------------------------------------------------------------------------
+    def _store(self) -> None:
+        life, row = self.life, self._row
+        row.state = life.state.value
+        row.model_name = life.model
+        row.pid = life.engine.pid if life.engine else None
+        row.pid_create_time = life.engine.create_time if life.engine else None
+        row.cmdline = list(life.engine.cmdline) if life.engine else []
+        row.started_at = life.started_at
+        row.desired = life.desired
+        row.restart_count = life.restart_count
+        row.last_error = life.last_error
+        with session(self.deps.engine) as db:
+            db.merge(row)
+            db.commit()
 
-    async def _start_failed(self, reason: str) -> None:
-        self.row.pid = None
-        if self._switch_from:
-            previous, self._switch_from = self._switch_from, None
-            failed_model = self.row.model_name
-            self.deps.events.record(
-                "switch_failed",
-                f"switch to {failed_model} failed: {reason}",
-                self.id,
-                model=failed_model,
-                previous=previous,
-            )
-            self.row.last_error = f"switch to {failed_model} failed: {reason}; rolled back to {previous}"
-            try:
-                await self._start(previous, f"roll back after failed switch to {failed_model}")
-                self.row.last_error = f"switch to {failed_model} failed: {reason}; rolled back to {previous}"
-                self._save()
-            except ManagerError as exc:
-                self.row.last_error += f"; the roll back was refused: {exc.message}"
-                self._transition(State.FAILED, "failed", self.row.last_error)
-            return
-        if self._crash_restarting:
-            await self._crashed(f"restart did not become ready: {reason}")
-            return
-        self.row.last_error = reason
-        self._transition(State.FAILED, "failed", reason)
+    def _forget(self) -> None:
+        self._forgotten = True
+        with session(self.deps.engine) as db:
+            row = db.get(Worker, self.id)
+            if row is not None:
+                db.delete(row)
+                db.commit()
 
-    async def _crashed(self, reason: str) -> None:
-        self.row.pid = None
-        self.popen = None
-        self.row.restart_count += 1
-        ceiling = self.deps.settings.restart_ceiling
-        if self.row.restart_count > ceiling:
-            self.row.last_error = f"{reason}; gave up after {ceiling} restarts"
-            self._crash_restarting = False
-            self._transition(State.FAILED, "failed", self.row.last_error)
-            return
-        delay = backoff_delay(
-            self.row.restart_count, self.deps.settings.backoff_base_s, self.deps.settings.backoff_cap_s
-        )
-        self._next_restart_at = time.monotonic() + delay
-        self.row.last_error = reason
-        self._transition(
-            State.CRASHED, "crashed", f"{reason}; restart {self.row.restart_count} in {delay:g} s", delay_s=delay
-        )
+
+def _remove_stale_offload_files() -> list[str]:
+    removed = []
+    for path in process.stale_offload_files():
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            continue
+        removed.append(str(path))
+    return removed

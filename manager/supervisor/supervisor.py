@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 from sqlalchemy.engine import Engine
-from sqlmodel import select
+from sqlmodel import Session, col, select
 
 from manager.db import session
-from manager.errors import Conflict, Invalid, NotFound
+from manager.errors import Conflict, NotFound
 from manager.schemas.model_config import ModelConfig
+from manager.schemas.offload_profile import OffloadProfile
 from manager.schemas.worker import Worker
 from manager.services import models
 from manager.services.command import build_command, served_name
@@ -21,55 +26,52 @@ from manager.services.preflight import host_bytes_of
 from manager.settings import Settings
 from manager.supervisor import gpu_cleanup, process
 from manager.supervisor.events import EventLog
+from manager.supervisor.lifecycle import Adopted, FoundGone, State
 from manager.supervisor.runner import Launch, RunnerDeps, WorkerRunner
-from manager.supervisor.states import State
+from manager.supervisor.view import WorkerView
+
+# Refuses a start that cannot fit: (config, its profile, force, host bytes other workers claim).
+Preflight = Callable[[ModelConfig, OffloadProfile | None, bool, int], None]
 
 log = logging.getLogger("vllm_manager.supervisor")
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, engine: Engine) -> None:
+    """The set of workers: creates them, routes commands to their runners, publishes their views."""
+
+    def __init__(
+        self, settings: Settings, engine: Engine, http: httpx.AsyncClient, preflight: Preflight | None
+    ) -> None:
         self.settings = settings
         self.engine = engine
         self.events = EventLog(engine)
-        self.runners: dict[int, WorkerRunner] = {}
+        self._http = http
+        self._preflight = preflight
+        self._runners: dict[int, WorkerRunner] = {}
         self._lock = asyncio.Lock()
-        self._http: httpx.AsyncClient | None = None
-        # Set by the planner integration: (config, profile, force) -> None, raising Invalid if it can't fit.
-        self.preflight = None
 
     # ---- life cycle ----------------------------------------------------------------------------
     async def start_up(self) -> None:
-        self._http = httpx.AsyncClient()
+        """Re-adopt the engines that outlived the previous manager, mark the rest stopped, autostart."""
         with session(self.engine) as db:
-            rows = list(db.exec(select(Worker).order_by(Worker.id)))
+            rows = list(db.exec(select(Worker).order_by(col(Worker.id))))
         for row in rows:
             runner = self._make_runner(row)
+            first: Adopted | FoundGone | None = None
             if row.pid and process.matches(row.pid, row.pid_create_time, row.cmdline):
-                runner.adopt(self._served_name(row.model_name), self._start_timeout(row.model_name))
-                self.events.record("adopted", f"re-adopted pid {row.pid} after a manager restart", row.id)
+                first = self._adopted(row, f"re-adopted pid {row.pid} after a manager restart")
             elif row.state != State.STOPPED.value:
-                runner.state = State.STOPPED
-                row.pid = None
-                runner._save()
-                self.events.record(
-                    "stopped",
-                    "its process was gone after a manager restart; marked stopped",
-                    row.id,
-                    previous=row.state,
-                )
-            runner.begin()
+                first = FoundGone()
+            await runner.begin(first)
         await self._autostart()
 
     async def shut_down(self) -> None:
         """Leave engines running (they outlive the manager) unless told to stop them on exit."""
         if self.settings.stop_workers_on_exit:
-            running = [r for r in self.runners.values() if r.state != State.STOPPED]
+            running = [r for r in self._runners.values() if r.life.state != State.STOPPED]
             await asyncio.gather(*(r.send("stop") for r in running), return_exceptions=True)
-        for runner in self.runners.values():
+        for runner in self._runners.values():
             await runner.halt()
-        if self._http:
-            await self._http.aclose()
 
     async def _autostart(self) -> None:
         with session(self.engine) as db:
@@ -84,30 +86,41 @@ class Supervisor:
                 self.events.record("autostart_failed", f"could not autostart {name}: {exc}")
 
     # ---- workers ---------------------------------------------------------------------------------
-    def runner(self, worker_id: int) -> WorkerRunner:
+    def _runner(self, worker_id: int) -> WorkerRunner:
         try:
-            return self.runners[worker_id]
+            return self._runners[worker_id]
         except KeyError:
             raise NotFound(f"no worker with id {worker_id}") from None
 
-    def list(self) -> list[dict]:
-        return [r.snapshot() for r in sorted(self.runners.values(), key=lambda r: r.id)]
+    def view(self, worker_id: int) -> WorkerView:
+        return self._runner(worker_id).view()
+
+    def views(self) -> list[WorkerView]:
+        return [r.view() for r in sorted(self._runners.values(), key=lambda r: r.id)]
+
+    def log_lines(self, worker_id: int, tail: int) -> list[str]:
+        logs = self._runner(worker_id).logs
+        logs.poll()
+        return logs.tail(tail)
+
+    def log_stream(self, worker_id: int, tail: int) -> AsyncIterator[str]:
+        return self._runner(worker_id).logs.stream(tail)
 
     def _active_for(self, model_name: str) -> WorkerRunner | None:
-        for runner in self.runners.values():
-            if runner.row.model_name == model_name and runner.state in (State.STARTING, State.READY, State.CRASHED):
+        for runner in self._runners.values():
+            if runner.life.model == model_name and runner.life.active:
                 return runner
         return None
 
     async def create_worker(
         self, model: str, gpus: list[int] | None = None, port: int | None = None, force: bool = False
-    ) -> tuple[dict, bool]:
+    ) -> tuple[WorkerView, bool]:
         """Start a worker for a model config. One config runs at most once: a second call for the same
         config returns the worker already running it (created=False)."""
         async with self._lock:  # held until the start is under way, so a second call sees it
             existing = self._active_for(model)
             if existing is not None:
-                return existing.snapshot(), False
+                return existing.view(), False
             with session(self.engine) as db:
                 config = models.get_model(db, model)
             chosen_gpus = gpus if gpus is not None else list(config.gpu_ids)
@@ -120,18 +133,18 @@ class Supervisor:
                 db.refresh(row)
             # Listed only once its start is under way: nobody sees a new worker as "stopped".
             runner = self._make_runner(row, listed=False)
-            runner.begin()
-            self.events.record("created", f"worker for {model} on port {chosen_port}", row.id)
+            await runner.begin()
+            self.events.record("created", f"worker for {model} on port {chosen_port}", runner.id)
             try:
-                snapshot = await runner.send("start", force=force)
+                view = await runner.send("start", force=force)
             except Exception:
                 await runner.send("delete")
                 raise
-            self.runners[row.id] = runner
-        return snapshot, True
+            self._runners[runner.id] = runner
+        return view, True
 
-    async def command(self, worker_id: int, kind: str, model: str | None = None, force: bool = False) -> dict:
-        runner = self.runner(worker_id)
+    async def command(self, worker_id: int, kind: str, model: str | None = None, force: bool = False) -> WorkerView:
+        runner = self._runner(worker_id)
         if kind == "switch" and model:
             async with self._lock:  # one config runs at most once
                 other = self._active_for(model)
@@ -140,36 +153,28 @@ class Supervisor:
                 return await runner.send(kind, model, force)
         result = await runner.send(kind, model, force)
         if kind == "delete":
-            self.runners.pop(worker_id, None)
+            self._runners.pop(worker_id, None)
         return result
 
     def _make_runner(self, row: Worker, listed: bool = True) -> WorkerRunner:
         deps = RunnerDeps(
-            self.settings,
-            self.engine,
-            self.events,
-            self._http,
-            self._prepare,
-            lambda gpus, pids: gpu_cleanup.end_gpu_orphans(gpus, pids),
+            self.settings, self.engine, self.events, self._http, self._prepare, gpu_cleanup.end_gpu_orphans
         )
         runner = WorkerRunner(row, deps)
         if listed:
-            self.runners[row.id] = runner
+            self._runners[runner.id] = runner
         return runner
 
-    def _start_timeout(self, model_name: str) -> float:
-        with session(self.engine) as db:
-            try:
-                return float(models.get_model(db, model_name).start_timeout_s)
-            except NotFound:
-                return 900.0
-
-    def _served_name(self, model_name: str) -> str | None:
-        with session(self.engine) as db:
-            try:
-                return served_name(models.get_model(db, model_name))
-            except NotFound:
-                return None
+    def _adopted(self, row: Worker, message: str) -> Adopted:
+        timeout, served = 900.0, None
+        with session(self.engine) as db, contextlib.suppress(NotFound):
+            config = models.get_model(db, row.model_name)
+            timeout, served = float(config.start_timeout_s), served_name(config)
+        elapsed = 0.0
+        if row.started_at is not None:
+            started = row.started_at if row.started_at.tzinfo else row.started_at.replace(tzinfo=UTC)
+            elapsed = (datetime.now(UTC) - started).total_seconds()
+        return Adopted(message, served, timeout, elapsed, time.monotonic())
 
     def _prepare(
         self, worker_id: int, model_name: str, port: int, gpus: list[int], run_dir: Path, force: bool
@@ -178,8 +183,8 @@ class Supervisor:
             config = models.get_model(db, model_name)
             profile = models.profile_of(db, config)
             reserved = self._host_reserved(db, worker_id)
-        if self.preflight is not None:
-            self.preflight(config, profile, force, reserved)
+        if self._preflight is not None:
+            self._preflight(config, profile, force, reserved)
         cmd = build_command(
             config,
             profile,
@@ -191,14 +196,14 @@ class Supervisor:
         )
         return Launch(config.name, served_name(config), cmd, float(config.start_timeout_s))
 
-    def _host_reserved(self, db, worker_id: int) -> int:
+    def _host_reserved(self, db: Session, worker_id: int) -> int:
         """Host bytes the other running workers' offload profiles claim (KV offload, LoRA pool, pins)."""
         total = 0
-        for runner in self.runners.values():
-            if runner.id == worker_id or runner.state not in (State.STARTING, State.READY, State.CRASHED):
+        for runner in self._runners.values():
+            if runner.id == worker_id or not runner.life.active:
                 continue
             try:
-                profile = models.profile_of(db, models.get_model(db, runner.row.model_name))
+                profile = models.profile_of(db, models.get_model(db, runner.life.model))
             except NotFound:
                 continue
             total += host_bytes_of(profile)
@@ -206,10 +211,10 @@ class Supervisor:
 
     # ---- ports -----------------------------------------------------------------------------------
     def _ports_in_use(self) -> set[int]:
-        return {r.row.port for r in self.runners.values() if r.row.port and r.state != State.STOPPED}
+        return {r.life.port for r in self._runners.values() if r.life.port and r.life.state != State.STOPPED}
 
     def _free_port(self) -> int:
-        used = self._ports_in_use() | {r.row.port for r in self.runners.values() if r.row.port}
+        used = self._ports_in_use() | {r.life.port for r in self._runners.values() if r.life.port}
         for port in self.settings.worker_port_range:
             if port not in used and _bindable(port):
                 return port
@@ -224,13 +229,13 @@ class Supervisor:
     # ---- engines the manager did not start -------------------------------------------------------
     def managed_pids(self) -> set[int]:
         pids: set[int] = set()
-        for runner in self.runners.values():
-            if runner.row.pid:
-                pids.update(process.tree(runner.row.pid))
+        for runner in self._runners.values():
+            if runner.life.engine is not None:
+                pids.update(process.tree(runner.life.engine.pid))
         return pids
 
-    def unmanaged(self) -> list[dict]:
-        return [u.__dict__ for u in process.find_engines(self.managed_pids())]
+    def unmanaged(self) -> list[process.Unmanaged]:
+        return process.find_engines(self.managed_pids())
 
     async def stop_unmanaged(self, pid: int) -> dict:
         target = self._find_unmanaged(pid)
@@ -244,7 +249,7 @@ class Supervisor:
         )
         return {"pid": pid, "graceful": report.graceful, "leftover": report.leftover}
 
-    async def adopt_unmanaged(self, pid: int, model: str) -> dict:
+    async def adopt_unmanaged(self, pid: int, model: str) -> WorkerView:
         """Put a hand-started engine under supervision, as a worker of an existing model config."""
         target = self._find_unmanaged(pid)
         with session(self.engine) as db:
@@ -266,10 +271,8 @@ class Supervisor:
                 db.commit()
                 db.refresh(row)
             runner = self._make_runner(row)
-            runner.adopt(self._served_name(model), self._start_timeout(model))
-            runner.begin()
-        self.events.record("adopted", f"adopted hand-started vLLM server pid {pid} as {model}", row.id)
-        return runner.snapshot()
+            await runner.begin(self._adopted(row, f"adopted hand-started vLLM server pid {pid} as {model}"))
+        return runner.view()
 
     def _find_unmanaged(self, pid: int) -> process.Unmanaged:
         for found in process.find_engines(self.managed_pids()):
@@ -286,6 +289,3 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-__all__ = ["Supervisor", "Invalid"]

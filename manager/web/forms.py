@@ -12,9 +12,11 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+
+SchemaT = TypeVar("SchemaT", bound=BaseModel)
 
 FORM_LEVEL = "_form"  # errors about several fields at once (a model validator) or none
 
@@ -67,7 +69,7 @@ def to_text(value: Any, annotation: Any) -> str:
     return str(value)
 
 
-def parse_form(form: Mapping[str, str], schema: type[BaseModel], errors: FormErrors) -> dict[str, Any]:
+def parse_form(form: Mapping[str, Any], schema: type[BaseModel], errors: FormErrors) -> dict[str, Any]:
     """Form text to the schema's input dict. Empty optional fields are left out (their default
     applies); text the form itself cannot split (an unclosed quote) is reported on the field."""
     data: dict[str, Any] = {}
@@ -106,7 +108,7 @@ def parse_form(form: Mapping[str, str], schema: type[BaseModel], errors: FormErr
     return data
 
 
-def validate(schema: type[BaseModel], data: dict[str, Any], errors: FormErrors) -> BaseModel | None:
+def validate(schema: type[SchemaT], data: dict[str, Any], errors: FormErrors) -> SchemaT | None:
     """The schema's validation; each message lands on the field its location names."""
     if errors:
         return None

@@ -14,13 +14,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from manager.deps import SessionDep
+from manager.deps import EngineHttpDep, PinKeeperDep, SessionDep, SupervisorDep
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.lora import engine_api, registry, workers
 from manager.lora.records import LoraAdapterCreate
 from manager.lora.workers import WorkerLoras
 from manager.metrics.pools import PoolsReader
-from manager.routes.loras import pin_keeper
 from manager.services import models
 from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, validate
 from manager.web.render import latency, render
@@ -38,14 +37,6 @@ HELP = {
 
 def _html(template: str, headers: dict[str, str] | None = None, **context: Any) -> HTMLResponse:
     return HTMLResponse(render(template, **context), headers=headers)
-
-
-def _http(request: Request):
-    return pin_keeper(request).http  # one client for the engines, shared with /api/loras
-
-
-def _sup(request: Request):
-    return request.app.state.supervisor
 
 
 # ---- Models page: the registry ----------------------------------------------------------------
@@ -87,7 +78,7 @@ def register_form(db: SessionDep) -> HTMLResponse:
 
 
 @router.post("/ui/loras", response_class=HTMLResponse)
-async def register(request: Request, db: SessionDep) -> HTMLResponse:
+async def register(request: Request, db: SessionDep, keeper: PinKeeperDep) -> HTMLResponse:
     form = dict(await request.form())
     errors = FormErrors()
     data = validate(LoraAdapterCreate, parse_form(form, LoraAdapterCreate, errors), errors)
@@ -99,7 +90,7 @@ async def register(request: Request, db: SessionDep) -> HTMLResponse:
         db.rollback()
         errors.add(error_field(exc), exc.message)
         return HTMLResponse(_form(db, form, errors))
-    loaded = await pin_keeper(request).sweep() if adapter.pinned else []
+    loaded = await keeper.sweep() if adapter.pinned else []
     message = f"Registered {adapter.name} (rank {adapter.rank}) for {adapter.base_config}." + _loaded_text(loaded)
     return HTMLResponse(_form(db, {}, FormErrors(), message, check.note), headers=CHANGED)
 
@@ -115,7 +106,7 @@ def adapter_list(db: SessionDep) -> HTMLResponse:
 
 
 @router.post("/ui/loras/{name}/pin", response_class=HTMLResponse)
-async def pin(name: str, request: Request, db: SessionDep) -> HTMLResponse:
+async def pin(name: str, request: Request, db: SessionDep, keeper: PinKeeperDep) -> HTMLResponse:
     pinned = (await request.form()).get("pinned", "true") == "true"
     try:
         adapter = registry.set_pinned(db, name, pinned)
@@ -123,7 +114,7 @@ async def pin(name: str, request: Request, db: SessionDep) -> HTMLResponse:
         return _list(db, error=exc.message)
     if not adapter.pinned:
         return _list(db, f"Unpinned {name}: a worker restart no longer loads it again.")
-    loaded = await pin_keeper(request).sweep()
+    loaded = await keeper.sweep()
     return _list(
         db,
         f"Pinned {name}: loaded again whenever a worker of {adapter.base_config} becomes ready." + _loaded_text(loaded),
@@ -201,11 +192,10 @@ def pool_load_seconds(reader: PoolsReader, run_dir: str | None) -> dict[str, flo
 
 
 @router.get("/ui/workers/{worker_id}/loras", response_class=HTMLResponse)
-def worker_section(worker_id: int, request: Request, db: SessionDep) -> HTMLResponse:
+def worker_section(worker_id: int, sup: SupervisorDep, db: SessionDep) -> HTMLResponse:
     """The LoRA section of a Worker page; nothing when the worker's config has LoRA off."""
     try:
-        snap = _sup(request).runner(worker_id).snapshot()
-        config = models.get_model(db, snap["model"])
+        config = models.get_model(db, sup.view(worker_id).model)
     except NotFound:
         return HTMLResponse("")
     if not config.enable_lora:
@@ -214,20 +204,20 @@ def worker_section(worker_id: int, request: Request, db: SessionDep) -> HTMLResp
 
 
 @router.get("/ui/workers/{worker_id}/loras/load-form", response_class=HTMLResponse)
-async def load_form(worker_id: int, request: Request, db: SessionDep) -> HTMLResponse:
-    snap = _sup(request).runner(worker_id).snapshot()
-    registered = registry.list_adapters(db, snap["model"])
+async def load_form(worker_id: int, sup: SupervisorDep, http: EngineHttpDep, db: SessionDep) -> HTMLResponse:
+    model_config = sup.view(worker_id).model
+    registered = registry.list_adapters(db, model_config)
     loaded: set[str] = set()
     why = None
     try:
-        target = workers.ready_worker(_sup(request), worker_id)
-        loaded = {a.name for a in await engine_api.loaded(_http(request), target.port)}
+        target = workers.ready_worker(sup, worker_id)
+        loaded = {a.name for a in await engine_api.loaded(http, target.port)}
     except ManagerError as exc:
         why = exc.message
     return _html(
         "fragments/lora_load_form.html",
         wid=worker_id,
-        model_config=snap["model"],
+        model_config=model_config,
         choices=[a for a in registered if a.name not in loaded],
         any_registered=bool(registered),
         why=why,
@@ -235,34 +225,36 @@ async def load_form(worker_id: int, request: Request, db: SessionDep) -> HTMLRes
 
 
 @router.post("/ui/workers/{worker_id}/loras/load", response_class=HTMLResponse)
-async def load(worker_id: int, request: Request, db: SessionDep) -> HTMLResponse:
+async def load(
+    worker_id: int, request: Request, sup: SupervisorDep, http: EngineHttpDep, db: SessionDep
+) -> HTMLResponse:
     name = str((await request.form()).get("name") or "")
     if not name:
         return _html("fragments/lora_message.html", error="Choose an adapter to load.")
     try:
-        done = await workers.load_on_worker(db, _sup(request), _http(request), worker_id, name)
+        done = await workers.load_on_worker(db, sup, http, worker_id, name)
     except ManagerError as exc:
         return _html("fragments/lora_message.html", headers=CHANGED, error=exc.message)
     return _html("fragments/lora_message.html", headers=CHANGED, ok=f"Loaded {name} in {latency(done['load_s'])}.")
 
 
 @router.post("/ui/workers/{worker_id}/loras/{name}/unload", response_class=HTMLResponse)
-async def unload(worker_id: int, name: str, request: Request, db: SessionDep) -> HTMLResponse:
+async def unload(worker_id: int, name: str, sup: SupervisorDep, http: EngineHttpDep, db: SessionDep) -> HTMLResponse:
     try:
-        done = await workers.unload_from_worker(db, _sup(request), _http(request), worker_id, name)
+        done = await workers.unload_from_worker(db, sup, http, worker_id, name)
     except ManagerError as exc:
         return _html("fragments/lora_message.html", headers=CHANGED, error=exc.message)
     return _html("fragments/lora_message.html", headers=CHANGED, ok=f"Unloaded {name}.", note=done.get("note"))
 
 
 @router.get("/ui/workers/{worker_id}/loras/live", response_class=HTMLResponse)
-async def live(worker_id: int, request: Request, db: SessionDep) -> HTMLResponse:
+async def live(worker_id: int, sup: SupervisorDep, http: EngineHttpDep, db: SessionDep) -> HTMLResponse:
     """Polled every few seconds: what the worker serves now and its CPU LoRA pool."""
     try:
-        result = await workers.worker_loras(db, _sup(request), _http(request), worker_id)
+        result = await workers.worker_loras(db, sup, http, worker_id)
     except ManagerError as exc:
         return _html("fragments/lora_worker_live.html", error=exc.message)
-    run_dir = _sup(request).runner(worker_id).snapshot().get("run_dir")
+    run_dir = sup.view(worker_id).run_dir
     return _html(
         "fragments/lora_worker_live.html",
         wid=worker_id,

@@ -4,15 +4,16 @@ the dashboard's SSE stream. Translation only; the numbers come from manager.metr
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from fnmatch import fnmatchcase
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi import APIRouter, HTTPException, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from sse_starlette.sse import EventSourceResponse
 
-from manager.metrics import ManagerExposition, MetricsCollector
-from manager.web.live import LiveViews, worker_signature
+from manager.deps import LiveViewsDep, MetricsDep, RuntimeDep, SettingsDep
+from manager.web.live import worker_signature
 
 router = APIRouter(tags=["metrics"])
 
@@ -51,41 +52,37 @@ def match_series(patterns: list[str], known: list[str]) -> tuple[list[str], list
     return names, unmatched
 
 
-def _collector(request: Request) -> MetricsCollector:
-    return request.app.state.metrics
-
-
 @router.get("/metrics", include_in_schema=False)
-def prometheus(request: Request) -> Response:
+def prometheus(runtime: RuntimeDep) -> Response:
     """Worker states and restarts, GPU and host gauges, for Prometheus and Grafana."""
-    exposition: ManagerExposition = request.app.state.exposition
+    exposition = runtime.exposition
     return Response(exposition.render(), media_type=exposition.content_type)
 
 
 @router.get("/api/metrics")
-def snapshot(request: Request) -> Response:
+def snapshot(collector: MetricsDep) -> Response:
     """The latest sample of every GPU, the host and each worker, as one JSON object."""
-    latest = _collector(request).latest
+    latest = collector.latest
     if latest is None:
         raise HTTPException(503, "the first metrics sample is not taken yet; try again in a second")
     return Response(latest.json, media_type="application/json")
 
 
 @router.get("/api/metrics/series")
-async def series_names(request: Request) -> list[str]:
+async def series_names(collector: MetricsDep) -> list[str]:
     """Names accepted by /api/metrics/history (live ones and those still in the history)."""
-    return await run_in_threadpool(_collector(request).known_series)
+    return await run_in_threadpool(collector.known_series)
 
 
 @router.get("/api/metrics/history")
 async def history(
-    request: Request,
+    collector: MetricsDep,
+    settings: SettingsDep,
     series: Annotated[list[str], Query(description="names or globs, e.g. worker.*.kv_cache_usage_pct")],
     window: str = "15m",
 ) -> dict:
     """Points of each series over the window: 1 s apart up to 1 h, one per minute beyond."""
-    collector = _collector(request)
-    retention_s = request.app.state.settings.metrics_retention_days * 86400
+    retention_s = settings.metrics_retention_days * 86400
     try:
         window_s = parse_window(window, retention_s)
     except ValueError as exc:
@@ -109,7 +106,8 @@ async def history(
 
 @router.get("/api/metrics/stream")
 async def stream(
-    request: Request,
+    collector: MetricsDep,
+    views: LiveViewsDep,
     view: Literal["overview", "worker"] = "overview",
     worker: str | None = None,
 ) -> EventSourceResponse:
@@ -117,10 +115,8 @@ async def stream(
     for the page (``view=overview``, or ``view=worker&worker=ID`` for one worker's page)."""
     if view == "worker" and not worker:
         raise HTTPException(422, "view=worker needs worker=<id>")
-    collector = _collector(request)
-    views: LiveViews = request.app.state.live_views
 
-    async def messages():
+    async def messages() -> AsyncIterator[dict[str, Any]]:
         cards_sent = None
         first = True
         async for snap in collector.broadcast.subscribe():
@@ -133,7 +129,7 @@ async def stream(
                     events = [events[0], views.worker_cards(snap), *events[1:]]
                     cards_sent = signature
             for name, data in events:
-                message = {"event": name, "data": data}
+                message: dict[str, Any] = {"event": name, "data": data}
                 if first:  # a browser whose connection drops retries after 1 s, not 3
                     message["retry"] = 1000
                     first = False

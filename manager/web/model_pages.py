@@ -159,13 +159,14 @@ def edit_model_page(name: str, db: SessionDep) -> HTMLResponse:
 async def _save_model(request: Request, db, settings, name: str | None) -> HTMLResponse:
     form = dict(await request.form())
     errors = FormErrors()
-    schema = ModelConfigCreate if name is None else ModelConfigUpdate
+    schema: type[ModelConfigCreate | ModelConfigUpdate] = ModelConfigCreate if name is None else ModelConfigUpdate
     data = validate(schema, parse_form(form, schema, errors), errors)
     if data is not None:
         try:
-            if name is None:
+            if isinstance(data, ModelConfigCreate):
                 config = models.create_model(db, data, allow_code_flags=settings.allow_code_flags)
             else:
+                assert name is not None
                 config = models.replace_model(db, name, data, allow_code_flags=settings.allow_code_flags)
         except ManagerError as exc:
             db.rollback()
@@ -229,13 +230,16 @@ def edit_profile_page(name: str, db: SessionDep) -> HTMLResponse:
 async def _save_profile(request: Request, db, name: str | None) -> HTMLResponse:
     form = dict(await request.form())
     errors = FormErrors()
-    schema = OffloadProfileCreate if name is None else OffloadProfileUpdate
+    schema: type[OffloadProfileCreate | OffloadProfileUpdate] = (
+        OffloadProfileCreate if name is None else OffloadProfileUpdate
+    )
     data = validate(schema, parse_form(form, schema, errors), errors)
     if data is not None:
         try:
-            if name is None:
+            if isinstance(data, OffloadProfileCreate):
                 profiles.create_profile(db, data)
             else:
+                assert name is not None
                 profile = profiles.replace_profile(db, name, data)
         except ManagerError as exc:
             db.rollback()

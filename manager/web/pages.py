@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
-from manager.deps import SessionDep
+from manager.deps import LiveViewsDep, MetricsDep, SessionDep, SupervisorDep
 from manager.errors import NotFound
 from manager.planner import PlanError, PlanRequest, make_plan
 from manager.planner.gpus import CATALOGUE, NoGPU, detect_gpu
 from manager.services import models
 from manager.services.preflight import worker_kv_check
 from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, validate
-from manager.web.live import LiveViews
 from manager.web.render import render
 
 router = APIRouter(include_in_schema=False)
@@ -38,9 +38,8 @@ def _page(template: str, status: int = 200, **context: Any) -> HTMLResponse:
 
 
 @router.get("/", response_class=HTMLResponse)
-def overview(request: Request, db: SessionDep) -> HTMLResponse:
-    snap = request.app.state.metrics.latest
-    views: LiveViews = request.app.state.live_views
+def overview(collector: MetricsDep, views: LiveViewsDep, db: SessionDep) -> HTMLResponse:
+    snap = collector.latest
     initial: dict[str, str] = {}
     if snap is not None:  # the page is whole before the stream's first message arrives
         initial = dict(views.overview(snap)[1:])
@@ -55,31 +54,33 @@ def overview(request: Request, db: SessionDep) -> HTMLResponse:
 
 
 @router.get("/ui/events", response_class=HTMLResponse)
-def events_fragment(request: Request, worker: int | None = None, limit: int = 20) -> HTMLResponse:
-    events = request.app.state.supervisor.events.recent(worker, min(max(limit, 1), 200))
+def events_fragment(sup: SupervisorDep, worker: int | None = None, limit: int = 20) -> HTMLResponse:
+    events = sup.events.recent(worker, min(max(limit, 1), 200))
     return HTMLResponse(render("fragments/events.html", events=events))
 
 
 @router.get("/ui/workers/{worker_id}/kv-check", response_class=HTMLResponse)
-def kv_check_fragment(worker_id: int, request: Request, db: SessionDep) -> HTMLResponse:
-    runner = request.app.state.supervisor.runner(worker_id)
+def kv_check_fragment(worker_id: int, sup: SupervisorDep, db: SessionDep) -> HTMLResponse:
+    view = sup.view(worker_id)
     try:
-        check = worker_kv_check(db, runner.row.model_name, runner.logs.path)
+        check = worker_kv_check(db, view.model, Path(view.log_file) if view.log_file else None)
     except NotFound as exc:
         check = {"reported": None, "note": exc.message}
     return HTMLResponse(render("fragments/kv_check.html", check=check))
 
 
 @router.get("/workers/{worker_id}", response_class=HTMLResponse)
-def worker_page(worker_id: int, request: Request, db: SessionDep) -> HTMLResponse:
+def worker_page(
+    worker_id: int, sup: SupervisorDep, collector: MetricsDep, views: LiveViewsDep, db: SessionDep
+) -> HTMLResponse:
     try:
-        worker = request.app.state.supervisor.runner(worker_id).snapshot()
+        worker = sup.view(worker_id)
     except NotFound as exc:
         return _page("error.html", 404, page="overview", message=exc.message)
-    snap = request.app.state.metrics.latest
+    snap = collector.latest
     initial: dict[str, str] = {}
     if snap is not None:
-        initial = dict(request.app.state.live_views.worker_detail(snap, str(worker_id))[1:])
+        initial = dict(views.worker_detail(snap, str(worker_id))[1:])
     return _page(
         "worker.html",
         page="overview",

@@ -25,7 +25,7 @@ def test_prediction_beside_vllms_figure(client, tiny_llama, tmp_path):
     )
     log = tmp_path / "start.log"
     log.write_text("INFO loading\n" + VLLM_LINE)
-    with session(client.app.state.engine) as db:
+    with session(client.app.state.runtime.engine) as db:
         check = worker_kv_check(db, "tiny", log)
     assert check["reported"]["kv_cache_tokens"] == 2_097_152
     assert check["reported"]["max_concurrency"] == 512.0
@@ -34,6 +34,6 @@ def test_prediction_beside_vllms_figure(client, tiny_llama, tmp_path):
 
 def test_no_figure_yet_says_so(client, tiny_llama, tmp_path):
     client.post("/api/models", json={"name": "tiny", "model": str(tiny_llama)})
-    with session(client.app.state.engine) as db:
+    with session(client.app.state.runtime.engine) as db:
         check = worker_kv_check(db, "tiny", tmp_path / "missing.log")
     assert check["reported"] is None and "not logged" in check["note"]

@@ -1,0 +1,115 @@
+"""The running manager's parts, built and closed in one place.
+
+The store, the HTTP client to the engines, the supervisor (with the planner's pre-start check), the
+metrics collector and the views of it that the pages stream, and the keeper of pinned LoRA adapters.
+The app's lifespan opens one ``Runtime``; routes reach its parts through ``manager.deps``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from sqlalchemy.engine import Engine
+from sqlmodel import select
+
+from manager.db import make_engine, migrate, session
+from manager.lora.pin_keeper import PinKeeper
+from manager.metrics import HistoryStore, ManagerExposition, MetricsCollector, WorkerInfo
+from manager.schemas.model_config import ModelConfig
+from manager.services import models
+from manager.services.preflight import refuse_if_it_cannot_fit
+from manager.settings import Settings
+from manager.supervisor.supervisor import Supervisor
+from manager.supervisor.view import WorkerView
+from manager.web.live import LiveViews
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    engine: Engine
+    http: httpx.AsyncClient  # to the engines: probes, LoRA endpoints
+    supervisor: Supervisor
+    metrics: MetricsCollector
+    exposition: ManagerExposition
+    live_views: LiveViews
+    pin_keeper: PinKeeper
+
+    @classmethod
+    async def open(cls, settings: Settings) -> Runtime:
+        settings.ensure_dirs()
+        engine = make_engine(settings.db_path)
+        migrate(engine)
+        http = httpx.AsyncClient()
+        supervisor = Supervisor(settings, engine, http, preflight=refuse_if_it_cannot_fit)
+        await supervisor.start_up()
+        collector = MetricsCollector(
+            lambda: [worker_info(v) for v in supervisor.views()],
+            disks=watched_disks(settings, engine),
+            history=HistoryStore(engine, retention_days=settings.metrics_retention_days),
+        )
+
+        def model_names() -> list[str]:
+            with session(engine) as db:
+                return [m.name for m in models.list_models(db)]
+
+        runtime = cls(
+            settings=settings,
+            engine=engine,
+            http=http,
+            supervisor=supervisor,
+            metrics=collector,
+            exposition=ManagerExposition(lambda: collector.latest),
+            live_views=LiveViews(model_names),
+            pin_keeper=PinKeeper(engine, supervisor, http),
+        )
+        collector.start()
+        runtime.pin_keeper.start()
+        return runtime
+
+    async def close(self) -> None:
+        await self.pin_keeper.stop()
+        await self.metrics.stop()
+        await self.supervisor.shut_down()
+        await self.http.aclose()
+        self.engine.dispose()
+
+
+def worker_info(view: WorkerView) -> WorkerInfo:
+    """One worker as the metrics collector sees it."""
+    started_at = view.started_at.timestamp() if view.started_at and view.ready else None
+    return WorkerInfo(
+        id=str(view.id),
+        model=view.model,
+        state=view.state.value,
+        port=view.port,
+        root_pid=view.pid,
+        run_dir=view.run_path,
+        restarts=view.restart_count,
+        started_at=started_at,
+    )
+
+
+def watched_disks(settings: Settings, engine: Engine) -> list[tuple[str, Path]]:
+    """The data dir, the Hugging Face cache and the local model folders, one per filesystem."""
+    candidates: list[tuple[str, Path]] = [("data", settings.data_dir)]
+    hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    candidates.append(("hf cache", hf_home))
+    with session(engine) as db:
+        for config in db.exec(select(ModelConfig)):
+            if config.model.startswith(("/", "~", ".")):
+                candidates.append((f"model {config.name}", Path(config.model).expanduser()))
+    seen: set[int] = set()
+    disks = []
+    for label, path in candidates:
+        try:
+            device = path.stat().st_dev
+        except OSError:
+            continue  # a folder that is not there has no disk to watch
+        if device not in seen:  # one card per filesystem, not one per folder on it
+            seen.add(device)
+            disks.append((label, path))
+    return disks

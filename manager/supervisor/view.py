@@ -1,0 +1,42 @@
+"""What the rest of the manager may know about a worker: an immutable view, published by its runner.
+
+The API returns it as is, the pages render it, the metrics and LoRA code read it. Nobody outside
+the supervisor holds a runner.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from manager.supervisor.lifecycle import State
+
+
+class WorkerView(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    model: str = Field(description="The model config the worker runs (or ran last)")
+    served_model_name: str | None = Field(description="The name requests use, once a start has prepared it")
+    state: State
+    detail: str | None = Field(description="What a start is doing now (the engine's latest log line)")
+    pid: int | None = Field(description="The engine's process id while it has one")
+    port: int | None
+    gpus: list[int]
+    uptime_s: float | None = Field(description="Seconds since the engine started, while ready")
+    restart_count: int = Field(description="Crash restarts in a row (reset after a healthy while)")
+    next_restart_in_s: float | None = Field(description="Seconds until the next crash restart, while crashed")
+    last_error: str | None
+    started_at: datetime | None
+    run_dir: str = Field(description="The engine's run folder (offload-pool statistics are written here)")
+    log_file: str | None = Field(description="The current start's log file")
+
+    @property
+    def ready(self) -> bool:
+        return self.state == State.READY
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir)

@@ -1,0 +1,340 @@
+"""The worker's state machine on its own: no process, no database, no FastAPI.
+
+Each test feeds events to ``lifecycle.step`` as the runner would (including the results of the
+effects it asked for) and checks the states, the effects and the events a user would see.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from manager.errors import Invalid
+from manager.supervisor import lifecycle as lc
+from manager.supervisor.lifecycle import State
+
+POLICY = lc.Policy(
+    health_interval_s=2.0,
+    health_failures_before_crash=3,
+    healthy_reset_s=600.0,
+    restart_ceiling=2,
+    backoff_base_s=10.0,
+    backoff_cap_s=300.0,
+    stop_grace_s=20.0,
+)
+WHEN = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
+
+
+def stopped(model: str = "a") -> lc.Life:
+    return lc.Life(state=State.STOPPED, model=model, port=18000)
+
+
+def step(life: lc.Life, event: lc.Event) -> tuple[lc.Life, list[lc.Effect]]:
+    return lc.step(life, event, POLICY)
+
+
+def launched(effect: lc.Effect, pid: int = 100, now: float = 0.0, timeout: float = 60.0) -> lc.Launched:
+    """What the runner answers after carrying out a Launch."""
+    assert isinstance(effect, lc.Launch)
+    return lc.Launched(
+        reason=effect.reason,
+        model=effect.model,
+        served_name=effect.model,
+        engine=lc.Engine(pid, 1.0, ("python", "-m", "vllm", effect.model)),
+        argv=("python", "-m", "vllm", effect.model),
+        started_at=WHEN,
+        start_timeout_s=timeout,
+        now=now,
+    )
+
+
+def probed(now: float, healthy: bool = True, serves: bool = True, log: str | None = None) -> lc.Probed:
+    return lc.Probed(healthy, serves, "ready" if serves else "/health: ConnectError", log, now)
+
+
+def records(effects: list[lc.Effect]) -> list[tuple[str, str]]:
+    return [(e.kind, e.message) for e in effects if isinstance(e, lc.Record)]
+
+
+def kinds(effects: list[lc.Effect]) -> list[str]:
+    return [type(e).__name__ for e in effects]
+
+
+def running(model: str = "a", pid: int = 100, now: float = 0.0) -> lc.Life:
+    """A worker that was started and is ready."""
+    life, effects = step(stopped(model), lc.StartRequested())
+    life, _ = step(life, launched(effects[0], pid=pid, now=now))
+    life, _ = step(life, probed(now + 1))
+    assert life.state == State.READY
+    return life
+
+
+def test_start_launches_then_ready_when_the_engine_serves():
+    life, effects = step(stopped(), lc.StartRequested())
+    assert effects == [lc.Launch("a", "start", False)]
+    assert life.state == State.STOPPED  # nothing runs until the launch says so
+
+    life, effects = step(life, launched(effects[0], pid=321, now=10.0))
+    assert life.state == State.STARTING and life.engine and life.engine.pid == 321
+    assert life.desired == "running" and life.started_at == WHEN
+    assert records(effects) == [("starting", "start: a on port 18000")]
+
+    life, effects = step(life, probed(11.0, healthy=False, serves=False, log="Loading weights"))
+    assert life.state == State.STARTING and life.detail == "Loading weights" and effects == []
+
+    life, effects = step(life, probed(12.0))
+    assert life.state == State.READY and life.detail is None and life.ready_since == 12.0
+    assert records(effects) == [("ready", "a is serving on port 18000")]
+
+
+def test_a_second_start_makes_no_second_process():
+    life = running()
+    assert step(life, lc.StartRequested()) == (life, [])
+    starting, effects = step(stopped(), lc.StartRequested())
+    starting, _ = step(starting, launched(effects[0]))
+    assert step(starting, lc.StartRequested()) == (starting, [])
+
+
+def test_engine_exit_before_ready_is_failed_with_vllms_reason():
+    life, effects = step(stopped(), lc.StartRequested())
+    life, _ = step(life, launched(effects[0]))
+    life, effects = step(life, lc.Exited("exited with code 1", "ValueError: max_model_len too large", 5.0))
+    assert life.state == State.FAILED and life.engine is None
+    assert life.last_error == "exited with code 1 before it was ready: ValueError: max_model_len too large"
+    assert records(effects) == [("failed", life.last_error)]
+
+
+def test_start_timeout_kills_the_group_and_fails():
+    life, effects = step(stopped(), lc.StartRequested())
+    life, _ = step(life, launched(effects[0], pid=55, now=0.0, timeout=60.0))
+    life, effects = step(life, probed(59.0, healthy=False, serves=False, log="still loading"))
+    assert life.state == State.STARTING and effects == []
+    life, effects = step(life, probed(61.0, healthy=False, serves=False, log="still loading"))
+    assert life.state == State.FAILED
+    assert effects[0] == lc.KillGroup(55)
+    assert life.last_error == "not ready within the start timeout; last log line: still loading"
+
+
+def test_crash_backs_off_restarts_and_gives_up_past_the_ceiling():
+    life = running(now=0.0)
+    life, effects = step(life, lc.Exited("exited with code -9", None, 100.0))
+    assert life.state == State.CRASHED and life.restart_count == 1 and life.engine is None
+    assert life.next_restart_at == 110.0  # 10 s after the first crash
+    assert records(effects) == [("crashed", "exited with code -9 while serving; restart 1 in 10 s")]
+    assert lc.tick_interval(life, 105.0, POLICY) == 1.0
+
+    assert step(life, lc.Tick(109.0)) == (life, [])  # not yet
+    life, effects = step(life, lc.Tick(110.0))
+    assert effects == [lc.Launch("a", "restart after crash", False)]
+    life, effects = step(life, launched(effects[0], pid=101, now=110.0))
+    assert records(effects)[0][0] == "starting"
+    assert life.last_error == "exited with code -9 while serving"  # kept while it restarts
+    life, _ = step(life, probed(111.0))
+    assert life.state == State.READY and life.restart_count == 1
+
+    life, _ = step(life, lc.Exited("exited with code -9", None, 200.0))
+    assert life.restart_count == 2 and life.next_restart_at == 220.0  # doubled
+    life, effects = step(life, lc.Tick(220.0))
+    life, _ = step(life, launched(effects[0], pid=102, now=220.0))
+    life, _ = step(life, probed(221.0))
+    life, effects = step(life, lc.Exited("exited with code -9", None, 300.0))
+    assert life.state == State.FAILED and life.restart_count == 3
+    assert life.last_error == "exited with code -9 while serving; gave up after 2 restarts"
+    assert lc.tick_interval(life, 300.0, POLICY) is None
+
+
+def test_health_failures_in_a_row_are_a_crash_and_one_success_resets_them():
+    life = running(pid=77, now=0.0)
+    life, _ = step(life, probed(2.0, healthy=False, serves=False))
+    life, _ = step(life, probed(4.0, healthy=False, serves=False))
+    assert life.health_failures == 2
+    life, _ = step(life, probed(6.0))
+    assert life.health_failures == 0 and life.state == State.READY
+    for t in (8.0, 10.0):
+        life, _ = step(life, probed(t, healthy=False, serves=False))
+    life, effects = step(life, probed(12.0, healthy=False, serves=False))
+    assert life.state == State.CRASHED and effects[0] == lc.KillGroup(77)
+    assert life.last_error == "/health failed 3 times in a row (/health: ConnectError)"
+
+
+def test_restart_counter_resets_after_a_healthy_while():
+    life = running(now=0.0)
+    life, _ = step(life, lc.Exited("exited", None, 10.0))
+    life, effects = step(life, lc.Tick(20.0))
+    life, _ = step(life, launched(effects[0], now=20.0))
+    life, _ = step(life, probed(21.0))
+    life, effects = step(life, probed(500.0))
+    assert life.restart_count == 1 and effects == []
+    life, effects = step(life, probed(621.0))
+    assert life.restart_count == 0
+    assert records(effects) == [("healthy", "healthy long enough: restart counter reset")]
+
+
+def test_a_crash_restart_that_fails_to_start_counts_as_another_crash():
+    life = running(now=0.0)
+    life, _ = step(life, lc.Exited("exited", None, 10.0))
+    life, effects = step(life, lc.Tick(20.0))
+    life, _ = step(life, launched(effects[0], now=20.0))
+    life, _ = step(life, lc.Exited("exited with code 1", "OSError: disk", 25.0))
+    assert life.state == State.CRASHED and life.restart_count == 2
+    assert life.last_error == "restart did not become ready: exited with code 1 before it was ready: OSError: disk"
+
+
+def test_a_crash_restart_refused_by_the_planner_is_failed():
+    life = running(now=0.0)
+    life, _ = step(life, lc.Exited("exited", None, 10.0))
+    life, _ = step(life, lc.Tick(20.0))
+    life, effects = step(life, lc.LaunchRefused(Invalid("does not fit: 4.76 GiB of KV, 4.38 GiB left")))
+    assert life.state == State.FAILED
+    assert life.last_error == "restart refused: does not fit: 4.76 GiB of KV, 4.38 GiB left"
+    assert not any(isinstance(e, lc.Reject) for e in effects)
+
+
+def test_a_start_the_user_asked_for_and_that_is_refused_answers_the_user():
+    life, _ = step(stopped(), lc.StartRequested())
+    error = Invalid("cannot run the engine interpreter '/nope'")
+    life, effects = step(life, lc.LaunchRefused(error))
+    assert life.state == State.STOPPED and effects == [lc.Reject(error)]
+
+
+def test_stop_while_starting_stops_the_group():
+    life, effects = step(stopped(), lc.StartRequested())
+    life, _ = step(life, launched(effects[0], pid=42))
+    life, effects = step(life, lc.StopRequested("stop requested", alive=True))
+    assert life.state == State.STOPPING
+    assert kinds(effects) == ["Record", "StopGroup"] and effects[1] == lc.StopGroup(42)
+    life, effects = step(life, lc.GroupStopped(False, 21.3, (42, 43), ()))
+    assert life.state == State.STOPPED and life.engine is None and life.desired == "stopped"
+    assert records(effects) == [("stopped", "stopped with SIGKILL after 20 s in 21.3 s")]
+
+
+def test_stop_of_a_crashed_worker_cancels_its_restart():
+    life = running()
+    life, _ = step(life, lc.Exited("exited", None, 10.0))
+    life, effects = step(life, lc.StopRequested("stop requested", alive=False))
+    assert life.state == State.STOPPED and life.next_restart_at is None
+    assert records(effects) == [("stopped", "stop requested")]
+    assert step(life, lc.Tick(1e9)) == (life, [])
+
+
+def test_a_stopped_worker_stopped_again_records_nothing():
+    assert step(stopped(), lc.StopRequested("stop requested", alive=False))[1] == []
+
+
+def test_stop_reports_leftovers_and_gpu_notes():
+    life = running(pid=9)
+    life, _ = step(life, lc.StopRequested("stop requested", alive=True))
+    _, effects = step(life, lc.GroupStopped(True, 2.0, (), (77,), ("ended pid 9 still holding GPU 0",)))
+    assert records(effects) == [
+        ("stopped", "stopped gracefully in 2.0 s; processes still alive: [77]; ended pid 9 still holding GPU 0")
+    ]
+
+
+def test_restart_stops_then_starts_with_the_counter_reset():
+    life = running(pid=5)
+    life = lc.Life(**{**life.__dict__, "restart_count": 3})
+    life, effects = step(life, lc.RestartRequested(alive=True))
+    assert kinds(effects) == ["Record", "StopGroup", "Launch"] and life.restart_count == 0
+    life, _ = step(life, lc.GroupStopped(True, 1.0, (), ()))
+    assert life.state == State.STOPPED
+    life, effects = step(life, launched(effects[2], pid=6))
+    assert life.state == State.STARTING and records(effects) == [("starting", "restart: a on port 18000")]
+
+
+def test_switch_stops_starts_the_new_config_and_says_switched():
+    life = running("a", pid=1)
+    life, effects = step(life, lc.SwitchRequested("b", alive=True))
+    assert kinds(effects) == ["Record", "StopGroup", "Record", "Launch"]
+    assert effects[3] == lc.Launch("b", "switch from a", False)
+    life, _ = step(life, lc.GroupStopped(True, 1.0, (), ()))
+    life, _ = step(life, launched(effects[3], pid=2))
+    assert life.model == "b" and life.state == State.STARTING
+    life, effects = step(life, probed(5.0))
+    assert life.state == State.READY and life.switch_from is None
+    assert records(effects) == [("ready", "b is serving on port 18000"), ("switched", "switched from a to b")]
+
+
+def test_switch_to_the_config_already_running_does_nothing():
+    life = running("a")
+    assert step(life, lc.SwitchRequested("a", alive=True)) == (life, [])
+
+
+def test_a_failed_switch_rolls_back_to_the_previous_config():
+    life = running("a", pid=1)
+    life, effects = step(life, lc.SwitchRequested("b", alive=True))
+    life, _ = step(life, lc.GroupStopped(True, 1.0, (), ()))
+    life, _ = step(life, launched(effects[3], pid=2))
+    life, effects = step(life, lc.Exited("exited with code 1", "ValueError: bad b", 9.0))
+    assert records(effects) == [
+        ("switch_failed", "switch to b failed: exited with code 1 before it was ready: ValueError: bad b")
+    ]
+    assert effects[-1] == lc.Launch("a", "roll back after failed switch to b", False)
+    life, _ = step(life, launched(effects[-1], pid=3))
+    assert life.model == "a" and life.state == State.STARTING
+    life, _ = step(life, probed(12.0))
+    assert life.state == State.READY
+    assert life.last_error == (
+        "switch to b failed: exited with code 1 before it was ready: ValueError: bad b; rolled back to a"
+    )
+
+
+def test_a_refused_roll_back_leaves_the_worker_failed_with_both_reasons():
+    life = running("a", pid=1)
+    life, effects = step(life, lc.SwitchRequested("b", alive=True))
+    life, _ = step(life, lc.GroupStopped(True, 1.0, (), ()))
+    life, _ = step(life, launched(effects[3], pid=2))
+    life, _ = step(life, lc.Exited("exited", None, 9.0))
+    life, effects = step(life, lc.LaunchRefused(Invalid("model config 'a' was changed and no longer fits")))
+    assert life.state == State.FAILED
+    assert life.last_error.endswith(
+        "rolled back to a; the roll back was refused: model config 'a' was changed and no longer fits"
+    )
+
+
+def test_delete_stops_then_forgets():
+    life = running(pid=8)
+    life, effects = step(life, lc.DeleteRequested(alive=True))
+    assert kinds(effects) == ["Record", "StopGroup", "Forget", "Record"]
+    assert records(effects)[-1] == ("deleted", "worker deleted")
+
+
+def test_adoption_after_a_manager_restart_watches_the_engine_with_what_is_left_of_its_timeout():
+    stored = lc.Life(state=State.READY, model="a", port=18000, engine=lc.Engine(4, 1.0, ("python",)))
+    life, effects = step(stored, lc.Adopted("re-adopted pid 4 after a manager restart", "a", 900.0, 100.0, 50.0))
+    assert life.state == State.STARTING and life.engine == stored.engine and life.deadline == 850.0
+    assert records(effects) == [("adopted", "re-adopted pid 4 after a manager restart")]
+    late, _ = step(stored, lc.Adopted("re-adopted", "a", 900.0, 5000.0, 50.0))
+    assert late.deadline == 110.0  # at least a minute, even when its timeout has passed
+    life, _ = step(life, probed(60.0))
+    assert life.state == State.READY  # one engine, not a second one started
+
+
+def test_a_worker_whose_engine_is_gone_after_a_manager_restart_is_stopped():
+    stored = lc.Life(state=State.READY, model="a", port=18000, engine=lc.Engine(4, 1.0, ("python",)))
+    life, effects = step(stored, lc.FoundGone())
+    assert life.state == State.STOPPED and life.engine is None
+    assert records(effects) == [("stopped", "its process was gone after a manager restart; marked stopped")]
+
+
+@pytest.mark.parametrize("state", list(State))
+def test_every_state_answers_every_event_without_error(state):
+    life = lc.Life(state=state, model="a", port=1, engine=lc.Engine(1, 1.0, ()))
+    events: list[lc.Event] = [
+        lc.StartRequested(),
+        lc.StopRequested("stop", alive=True),
+        lc.RestartRequested(alive=False),
+        lc.SwitchRequested("b", alive=True),
+        lc.DeleteRequested(alive=False),
+        lc.FoundGone(),
+        lc.Probed(True, True, "ready", None, 1.0),
+        lc.Exited("exited", None, 1.0),
+        lc.Tick(1.0),
+        lc.GroupStopped(True, 1.0, (), ()),
+    ]
+    for event in events:
+        new, effects = step(life, event)
+        assert isinstance(new.state, State)
+        assert all(
+            isinstance(e, lc.Launch | lc.StopGroup | lc.KillGroup | lc.Record | lc.Reject | lc.Forget) for e in effects
+        )
