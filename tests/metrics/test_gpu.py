@@ -7,7 +7,10 @@ from __future__ import annotations
 import pynvml
 import pytest
 
+from manager.metrics import gpu
 from manager.metrics.gpu import NO_GPU, GpuCollector, GpuDevice, GpuProcess, Nvml, NvmlUnavailable, worker_gpu_memory
+from manager.planner.gpus import GPU, detect_gpu
+from manager.supervisor.gpu_cleanup import end_gpu_orphans
 from tests.support.nvml import GIB, FakeNvml
 
 
@@ -160,3 +163,16 @@ def test_a_read_cut_short_by_close_is_not_a_lost_gpu():
     assert isinstance(nvml.device_count(), NvmlUnavailable)
     assert nvml.device_count() == 2  # started again at once, not after retry_s
     assert fake.init_calls == 2
+
+
+def test_metrics_planner_and_cleanup_share_one_nvml_start(monkeypatch):
+    fake = FakeNvml()
+    monkeypatch.setattr(gpu, "_shared", Nvml(fake))
+    assert GpuCollector(cache_s=0).sample().available
+    found = detect_gpu()
+    assert isinstance(found, GPU) and (found.name, found.count) == ("NVIDIA H200", 2)
+    notes = end_gpu_orphans([0], [])
+    assert any("pid 999 (0 MiB), not ours" in n for n in notes)  # usedGpuMemory None: 0 MiB
+    GpuCollector(cache_s=0).sample()
+    detect_gpu()
+    assert fake.init_calls == 1 and fake.shutdown_calls == 0
