@@ -184,15 +184,16 @@ class MetricsCollector:
         if inspect.isawaitable(workers):
             workers = await workers
         workers = list(workers)
-        scraped = [w for w in workers if w.state in self._scraped_states and w.port]
+        # worker id -> port of the workers whose HTTP server answers /metrics now
+        scraped = {w.id: w.port for w in workers if w.state in self._scraped_states and w.port}
         local, engines = await asyncio.gather(
             # psutil and NVML block; a thread keeps the event loop (and the SSE streams) moving.
             asyncio.to_thread(self._sample_local, workers),
-            asyncio.gather(*(self.engine.scrape(w.id, w.port) for w in scraped)),
+            asyncio.gather(*(self.engine.scrape(wid, port) for wid, port in scraped.items())),
         )
-        self.engine.forget_except({w.id for w in scraped})
+        self.engine.forget_except(set(scraped))
         host, gpu, trees, pools = local
-        by_worker = dict(zip((w.id for w in scraped), engines, strict=True))
+        by_worker = dict(zip(scraped, engines, strict=True))
         gpu_mem = worker_gpu_memory(gpu)
         now = self._clock()
         self._seq += 1

@@ -1,4 +1,6 @@
-"""GPU readings through NVML (nvidia-ml-py), as plain records.
+"""GPU readings through NVML (nvidia-ml-py), as plain records, and the one NVML session of the
+manager (``shared_nvml()``) that the metrics, the planner's GPU detection and the cleanup after a
+stop all read through.
 
 Every reading may be missing: a GPU that does not report a value (NotSupported on consumer cards,
 NoPermission in some containers) gives ``None`` for that field, which the pages show as "n/a".
@@ -15,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -70,31 +72,199 @@ def _load_pynvml() -> ModuleType:
     return pynvml
 
 
-class GpuCollector:
-    """Reads NVML lazily and caches the report briefly: several readers in a second cost one read.
+@dataclass(frozen=True)
+class NvmlUnavailable:
+    """Typed "not available": NVML cannot be used (no package, no driver, GPU lost) or one GPU
+    cannot be read. ``reason`` says why, in words a user can act on."""
 
-    ``nvml`` is the pynvml module, or an object with the same function names (tests use a stand-in).
-    After a failed initialisation it tries again only every ``retry_s`` seconds: a machine without a
-    driver does not get a driver by itself, and probing costs a dlopen each time.
+    reason: str
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """What a plan needs to know about one GPU; ``None`` where NVML does not report it."""
+
+    index: int
+    name: str | None
+    memory_total_bytes: int | None
+
+
+class _Session(NamedTuple):
+    module: Any  # pynvml, started
+    number: int  # which start this is: see Nvml._count
+
+
+class Nvml:
+    """The process's one NVML session: started on first use, kept open, shared by every reader.
+
+    The metrics sampler, the planner's GPU detection and the cleanup after a stop all read through
+    it, so NVML is initialised once rather than once per page view or stop. Nothing here raises:
+    each read returns its value or an ``NvmlUnavailable``.
+
+    ``module`` is the pynvml module, or an object with the same function names (tests use a
+    stand-in). After a failed start it tries again only every ``retry_s`` seconds: a machine without
+    a driver does not get a driver by itself, and probing costs a dlopen each time.
     """
 
     def __init__(
         self,
-        nvml: ModuleType | Any | None = None,
+        module: ModuleType | Any | None = None,
         *,
-        cache_s: float = 0.5,
         retry_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._nvml = nvml
-        self._cache_s = cache_s
+        self._module: Any = module  # pynvml has no type hints
         self._retry_s = retry_s
         self._clock = clock
+        # Guards the session state only; reads run outside it (NVML itself is thread-safe), so a
+        # plan does not wait behind the sampler's PCIe reads.
         self._lock = threading.Lock()
         self._ready = False
-        self._failed: tuple[float, str] | None = None  # (when, why) of the last failed init
-        self._cached: tuple[float, GpuReport] | None = None
+        self._number = 0  # counts starts and closes: a read that fails after a close is no lost GPU
+        self._failed: tuple[float, str] | None = None  # (when, why) of the last failed start
         self._driver: str | None = None
+
+    @property
+    def driver_version(self) -> str | None:
+        return self._driver
+
+    def device_count(self) -> int | NvmlUnavailable:
+        session = self._start()
+        if isinstance(session, NvmlUnavailable):
+            return session
+        return self._count(session)
+
+    def devices(self) -> tuple[GpuDevice, ...] | NvmlUnavailable:
+        """Name and total memory of every GPU (a few cheap calls: no utilisation or PCIe reads)."""
+        session = self._start()
+        if isinstance(session, NvmlUnavailable):
+            return session
+        nvml = session.module
+        count = self._count(session)
+        if isinstance(count, NvmlUnavailable):
+            return count
+        found = []
+        for index in range(count):
+            handle = _handle(nvml, index)
+            if isinstance(handle, NvmlUnavailable):
+                found.append(GpuDevice(index, None, None))
+                continue
+            mem = _optional(nvml.nvmlDeviceGetMemoryInfo, handle)
+            found.append(
+                GpuDevice(index, _optional(nvml.nvmlDeviceGetName, handle), None if mem is None else int(mem.total))
+            )
+        return tuple(found)
+
+    def compute_processes(self, index: int) -> tuple[GpuProcess, ...] | NvmlUnavailable:
+        """The processes NVML lists on GPU ``index`` (pids of this host's pid namespace)."""
+        session = self._start()
+        if isinstance(session, NvmlUnavailable):
+            return session
+        nvml = session.module
+        handle = _handle(nvml, index)
+        if isinstance(handle, NvmlUnavailable):
+            return handle
+        try:
+            procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception as exc:
+            return NvmlUnavailable(f"GPU {index} does not list its processes ({type(exc).__name__}: {exc})")
+        return _processes(procs)
+
+    def report(self) -> GpuReport:
+        """Every reading of every GPU, uncached (``GpuCollector`` caches it for the pages)."""
+        session = self._start()
+        if isinstance(session, NvmlUnavailable):
+            return GpuReport.unavailable(session.reason)
+        nvml = session.module
+        count = self._count(session)
+        if isinstance(count, NvmlUnavailable):
+            return GpuReport.unavailable(count.reason)
+        if count == 0:
+            return GpuReport.unavailable("NVML found no devices")
+        gpus = []
+        for index in range(count):
+            handle = _handle(nvml, index)
+            if isinstance(handle, NvmlUnavailable):
+                log.warning("%s", handle.reason)
+                gpus.append(_empty_sample(index))
+                continue
+            gpus.append(_read_device(nvml, index, handle))
+        return GpuReport(available=True, driver_version=self._driver, gpus=tuple(gpus))
+
+    def close(self) -> None:
+        """Ends the session; the next read starts a new one."""
+        with self._lock:
+            if self._ready:
+                # Shutting down a broken driver must not stop the manager's shutdown.
+                with contextlib.suppress(Exception):
+                    self._module.nvmlShutdown()
+            self._ready = False
+            self._number += 1
+
+    def _start(self) -> _Session | NvmlUnavailable:
+        """The started session, starting NVML if it is not; or why it cannot start."""
+        with self._lock:
+            if self._ready:
+                return _Session(self._module, self._number)
+            now = self._clock()
+            if self._failed and now - self._failed[0] < self._retry_s:
+                return NvmlUnavailable(self._failed[1])
+            try:
+                if self._module is None:
+                    self._module = _load_pynvml()
+                self._module.nvmlInit()
+            except ImportError:
+                why = "the nvidia-ml-py package is not installed (pip install nvidia-ml-py)"
+            except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, _NoPermission, ...
+                why = f"NVML could not start ({type(exc).__name__}: {exc}); is the NVIDIA driver installed?"
+            else:
+                self._ready = True
+                self._failed = None
+                self._number += 1
+                self._driver = _optional(self._module.nvmlSystemGetDriverVersion)
+                return _Session(self._module, self._number)
+            self._failed = (now, why)
+            log.info("NVML not available, no GPU readings: %s", why)
+            return NvmlUnavailable(why)
+
+    def _count(self, session: _Session) -> int | NvmlUnavailable:
+        try:
+            return int(session.module.nvmlDeviceGetCount())
+        except Exception as exc:
+            why = f"NVML stopped answering ({type(exc).__name__}: {exc})"
+        with self._lock:
+            # The driver went away under us (GPU lost, driver reload): start over after retry_s.
+            # A failure caused by close() in another thread is not that.
+            if self._ready and self._number == session.number:
+                self._ready = False
+                self._failed = (self._clock(), why)
+        return NvmlUnavailable(why)
+
+
+_shared = Nvml()
+
+
+def shared_nvml() -> Nvml:
+    """The NVML session every part of the manager reads through (metrics, planner, cleanup)."""
+    return _shared
+
+
+class GpuCollector:
+    """The metrics' GPU reader: caches the report briefly, so several readers in a second cost one
+    read. ``nvml`` is the session to read through; by default the process's shared one."""
+
+    def __init__(
+        self,
+        nvml: Nvml | None = None,
+        *,
+        cache_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._nvml = nvml if nvml is not None else shared_nvml()
+        self._cache_s = cache_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cached: tuple[float, GpuReport] | None = None
 
     def sample(self, pid_to_worker: Mapping[int, str] | None = None) -> GpuReport:
         """The current report; processes whose pid is in ``pid_to_worker`` are tagged with it."""
@@ -102,66 +272,30 @@ class GpuCollector:
             now = self._clock()
             if self._cached and now - self._cached[0] < self._cache_s:
                 return _tag_workers(self._cached[1], pid_to_worker or {})
-            report = self._read(now)
+            report = self._nvml.report()
             self._cached = (now, report)
             return _tag_workers(report, pid_to_worker or {})
 
     def close(self) -> None:
+        """Ends the NVML session at the manager's shutdown (a later reader would start it again)."""
         with self._lock:
-            if self._ready and self._nvml is not None:
-                # Shutting down a broken driver must not stop the manager's shutdown.
-                with contextlib.suppress(Exception):
-                    self._nvml.nvmlShutdown()
-            self._ready = False
             self._cached = None
+        self._nvml.close()
 
-    def _init(self, now: float) -> str | None:
-        """Initialise NVML once; returns the reason it cannot be used, or None."""
-        if self._ready:
-            return None
-        if self._failed and now - self._failed[0] < self._retry_s:
-            return self._failed[1]
-        try:
-            if self._nvml is None:
-                self._nvml = _load_pynvml()
-            self._nvml.nvmlInit()
-        except ImportError:
-            why = "the nvidia-ml-py package is not installed (pip install nvidia-ml-py)"
-        except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, _NoPermission, ...
-            why = f"NVML could not start ({type(exc).__name__}: {exc}); is the NVIDIA driver installed?"
-        else:
-            self._ready = True
-            self._failed = None
-            self._driver = _optional(self._nvml.nvmlSystemGetDriverVersion)
-            return None
-        self._failed = (now, why)
-        log.info("GPU metrics off: %s", why)
-        return why
 
-    def _read(self, now: float) -> GpuReport:
-        why = self._init(now)
-        if why is not None:
-            return GpuReport.unavailable(why)
-        nvml = self._nvml
-        try:
-            count = nvml.nvmlDeviceGetCount()
-        except Exception as exc:
-            # The driver went away under us (GPU lost, driver reload): start over next time.
-            self._ready = False
-            self._failed = (now, f"NVML stopped answering ({type(exc).__name__}: {exc})")
-            return GpuReport.unavailable(self._failed[1])
-        if count == 0:
-            return GpuReport.unavailable("NVML found no devices")
-        gpus = []
-        for index in range(count):
-            try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            except Exception as exc:
-                log.warning("GPU %d cannot be read: %s", index, exc)
-                gpus.append(_empty_sample(index))
-                continue
-            gpus.append(_read_device(nvml, index, handle))
-        return GpuReport(available=True, driver_version=self._driver, gpus=tuple(gpus))
+def _handle(nvml: Any, index: int) -> Any:
+    try:
+        return nvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception as exc:
+        return NvmlUnavailable(f"GPU {index} cannot be read ({type(exc).__name__}: {exc})")
+
+
+def _processes(procs: Any) -> tuple[GpuProcess, ...]:
+    return tuple(
+        # pynvml gives usedGpuMemory=None where the driver cannot attribute memory (WDDM, MIG).
+        GpuProcess(pid=int(p.pid), used_memory_bytes=_as_int(getattr(p, "usedGpuMemory", None)))
+        for p in procs
+    )
 
 
 def _optional(fn: Callable[..., Any], *args: Any) -> Any:
@@ -196,11 +330,7 @@ def _read_device(nvml: Any, index: int, handle: Any) -> GpuSample:
         memory_clock_mhz=_optional(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_MEM),
         pcie_rx_bytes_per_s=None if rx_kb is None else rx_kb * 1024.0,
         pcie_tx_bytes_per_s=None if tx_kb is None else tx_kb * 1024.0,
-        processes=tuple(
-            # pynvml gives usedGpuMemory=None where the driver cannot attribute memory (WDDM, MIG).
-            GpuProcess(pid=int(p.pid), used_memory_bytes=_as_int(getattr(p, "usedGpuMemory", None)))
-            for p in procs
-        ),
+        processes=_processes(procs),
     )
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
-from sqlalchemy import Index, UniqueConstraint, func
+from sqlalchemy import Index, Table, UniqueConstraint, func
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, col, delete, select
@@ -23,6 +24,7 @@ class MetricHistory(SQLModel, table=True):
     """The table of revision 0002_metric_history; keep both in step."""
 
     __tablename__ = "metric_history"
+    __table__: ClassVar[Table]  # set by SQLModel's metaclass, which does not declare it for type checkers
     __table_args__ = (
         UniqueConstraint("series", "minute", name="uq_metric_history_series_minute"),
         Index("ix_metric_history_minute", "minute"),  # retention deletes by age
@@ -137,7 +139,7 @@ class HistoryStore:
         """Delete rows older than the retention; returns how many went."""
         cutoff = now - self.retention_s
         with Session(self.engine) as session:
-            result = session.exec(delete(MetricHistory).where(MetricHistory.minute < cutoff))
+            result = session.exec(delete(MetricHistory).where(col(MetricHistory.minute) < cutoff))
             session.commit()
             return result.rowcount or 0
 

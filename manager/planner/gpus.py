@@ -6,8 +6,11 @@ vLLM multiplies by gpu_memory_utilization; the marketing "24 GB" of an RTX 4090 
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from manager.metrics.gpu import Nvml
 
 MiB = 1024**2
 
@@ -80,30 +83,24 @@ def gpu_from_catalogue(name: str) -> GPU:
     raise ValueError(f"unknown GPU {name!r}; use one of: {known}, or 'detected' for this machine's GPU")
 
 
-def detect_gpu() -> GPU | NoGPU:
-    """GPU 0 of this machine through NVML (nvidia-ml-py); NoGPU with the reason when there is none."""
-    try:
-        import pynvml
-    except ImportError:
-        return NoGPU("nvidia-ml-py is not installed, so NVML cannot be read")
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        return NoGPU(f"no NVIDIA GPU: NVML did not start ({exc})")
-    try:
-        count = pynvml.nvmlDeviceGetCount()
-        if count == 0:
-            return NoGPU("no NVIDIA GPU: NVML reports 0 devices")
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        name = pynvml.nvmlDeviceGetName(handle)
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-        return GPU(name, total, "NVML", count)
-    except Exception as exc:
-        return NoGPU(f"NVML could not read GPU 0: {exc}")
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+def detect_gpu(nvml: Nvml | None = None) -> GPU | NoGPU:
+    """GPU 0 of this machine through NVML; NoGPU with the reason when there is none.
+
+    ``nvml`` is the session to read through; by default the manager's shared one, so a plan page
+    does not start and stop NVML on every view.
+    """
+    # Imported here: the planner's pure part needs nothing from the metrics package.
+    from manager.metrics.gpu import NO_GPU, NvmlUnavailable, shared_nvml
+
+    devices = (nvml if nvml is not None else shared_nvml()).devices()
+    if isinstance(devices, NvmlUnavailable):
+        return NoGPU(f"{NO_GPU}: {devices.reason}")
+    if not devices:
+        return NoGPU(f"{NO_GPU}: NVML reports 0 devices")
+    first = devices[0]
+    if first.name is None or first.memory_total_bytes is None:
+        return NoGPU("NVML could not read GPU 0's name and total memory")
+    return GPU(first.name, first.memory_total_bytes, "NVML", len(devices))
 
 
 def resolve_gpu(name: str) -> GPU | NoGPU:

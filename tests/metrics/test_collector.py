@@ -16,10 +16,10 @@ from sqlmodel import SQLModel, create_engine
 from manager.metrics.collector import MetricsCollector, WorkerInfo
 from manager.metrics.engine import EngineScraper
 from manager.metrics.exposition import ManagerExposition
-from manager.metrics.gpu import GpuCollector
+from manager.metrics.gpu import GpuCollector, Nvml
 from manager.metrics.history import HistoryStore, MetricHistory
 from manager.metrics.pools import PoolsReader
-from tests.metrics.test_gpu import GIB, FakeNvml
+from tests.support.nvml import DEFAULT_PROCESSES, GIB, FakeNvml
 
 T0 = 1_700_000_040.0  # a minute boundary
 
@@ -48,22 +48,16 @@ def history(tmp_path) -> HistoryStore:
 
 
 def _nvml_seeing(pid: int) -> FakeNvml:
-    """The stand-in NVML, with GPU 0 holding 90 GiB for ``pid`` (a worker's engine process)."""
-    nvml = FakeNvml()
-    real = nvml.nvmlDeviceGetComputeRunningProcesses
-
-    def procs(h):
-        return [type(p)(pid=pid, usedGpuMemory=p.usedGpuMemory) if p.pid == 101 else p for p in real(h)]
-
-    nvml.nvmlDeviceGetComputeRunningProcesses = procs
-    return nvml
+    """The stand-in NVML, with GPU 0 holding 60 GiB for ``pid`` (a worker's engine process)."""
+    on_gpu0 = [(pid if p == 101 else p, used) for p, used in DEFAULT_PROCESSES[0]]
+    return FakeNvml(processes={**DEFAULT_PROCESSES, 0: on_gpu0})
 
 
 def _collector(workers, clock, history=None, nvml=None):
     return MetricsCollector(
         lambda: workers,
         disks=[("data", "/")],
-        gpu=GpuCollector(nvml, cache_s=0) if nvml else GpuCollector(),
+        gpu=GpuCollector(Nvml(nvml), cache_s=0) if nvml else GpuCollector(),
         engine=EngineScraper(clock=clock),
         pools=PoolsReader(None),
         history=history,

@@ -1,16 +1,17 @@
-"""GPU collector: the no-NVML path for real; the NVML mapping with a stand-in that has pynvml's
-function names and raises pynvml's own error classes for values a GPU does not report."""
+"""GPU collector and the shared NVML session: the no-NVML path for real; the NVML mapping with a
+stand-in that has pynvml's function names and raises pynvml's own error classes for values a GPU
+does not report."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pynvml
 import pytest
 
-from manager.metrics.gpu import NO_GPU, GpuCollector, worker_gpu_memory
-
-GIB = 1024**3
+from manager.metrics import gpu
+from manager.metrics.gpu import NO_GPU, GpuCollector, GpuDevice, GpuProcess, Nvml, NvmlUnavailable, worker_gpu_memory
+from manager.planner.gpus import GPU, detect_gpu
+from manager.supervisor.gpu_cleanup import end_gpu_orphans
+from tests.support.nvml import GIB, FakeNvml
 
 
 def test_machine_without_nvidia_driver_reports_no_gpu_instead_of_raising():
@@ -28,88 +29,6 @@ def test_machine_without_nvidia_driver_reports_no_gpu_instead_of_raising():
     assert report.gpus == ()
 
 
-class FakeNvml:
-    """pynvml's names and constants; GPU 1 is a card that reports no power, temperature or PCIe."""
-
-    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
-    NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
-    NVML_CLOCK_MEM = pynvml.NVML_CLOCK_MEM
-    NVML_PCIE_UTIL_RX_BYTES = pynvml.NVML_PCIE_UTIL_RX_BYTES
-    NVML_PCIE_UTIL_TX_BYTES = pynvml.NVML_PCIE_UTIL_TX_BYTES
-
-    def __init__(self, init_error: Exception | None = None) -> None:
-        self.init_error = init_error
-        self.init_calls = 0
-        self.reads = 0
-        self.count_error: Exception | None = None
-
-    def nvmlInit(self):
-        self.init_calls += 1
-        if self.init_error:
-            raise self.init_error
-
-    def nvmlShutdown(self):
-        pass
-
-    def nvmlSystemGetDriverVersion(self):
-        return "570.86.15"
-
-    def nvmlDeviceGetCount(self):
-        self.reads += 1
-        if self.count_error:
-            raise self.count_error
-        return 2
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def _unsupported_on_1(self, h, value):
-        if h == 1:
-            raise pynvml.NVMLError_NotSupported()
-        return value
-
-    def nvmlDeviceGetName(self, h):
-        return ["NVIDIA H200", b"NVIDIA GeForce RTX 4090"][h]  # old pynvml returned bytes
-
-    def nvmlDeviceGetUUID(self, h):
-        return f"GPU-{h:08d}"
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        return SimpleNamespace(gpu=[87, 3][h], memory=40)
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        total = [141 * GIB, 24 * GIB][h]
-        return SimpleNamespace(total=total, used=[100 * GIB, 1 * GIB][h], free=0)
-
-    def nvmlDeviceGetTemperature(self, h, sensor):
-        assert sensor == pynvml.NVML_TEMPERATURE_GPU
-        return self._unsupported_on_1(h, 61)
-
-    def nvmlDeviceGetPowerUsage(self, h):
-        return self._unsupported_on_1(h, 512_345)  # milliwatts
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, h):
-        if h == 1:
-            raise pynvml.NVMLError_NoPermission()
-        return 700_000
-
-    def nvmlDeviceGetClockInfo(self, h, clock):
-        return {pynvml.NVML_CLOCK_SM: 1980, pynvml.NVML_CLOCK_MEM: 2619}[clock]
-
-    def nvmlDeviceGetPcieThroughput(self, h, counter):
-        value = {pynvml.NVML_PCIE_UTIL_RX_BYTES: 50_000, pynvml.NVML_PCIE_UTIL_TX_BYTES: 2_000}[counter]
-        return self._unsupported_on_1(h, value)  # KB/s
-
-    def nvmlDeviceGetComputeRunningProcesses(self, h):
-        if h == 1:
-            return []
-        return [
-            SimpleNamespace(pid=101, usedGpuMemory=60 * GIB),
-            SimpleNamespace(pid=102, usedGpuMemory=30 * GIB),
-            SimpleNamespace(pid=999, usedGpuMemory=None),  # pynvml's "not available"
-        ]
-
-
 def test_stand_in_uses_only_names_that_pynvml_has():
     names = [n for n in vars(FakeNvml) if n.startswith("nvml") or n.startswith("NVML_")]
     missing = [n for n in names if not hasattr(pynvml, n)]
@@ -117,7 +36,7 @@ def test_stand_in_uses_only_names_that_pynvml_has():
 
 
 def test_values_a_gpu_does_not_report_are_na_and_the_rest_are_read():
-    report = GpuCollector(FakeNvml()).sample()
+    report = GpuCollector(Nvml(FakeNvml())).sample()
     assert report.available and report.driver_version == "570.86.15"
     h200, rtx = report.gpus
     assert h200.name == "NVIDIA H200"
@@ -134,7 +53,7 @@ def test_values_a_gpu_does_not_report_are_na_and_the_rest_are_read():
 
 
 def test_gpu_processes_are_mapped_to_our_workers():
-    report = GpuCollector(FakeNvml()).sample({101: "llama", 102: "llama", 555: "other"})
+    report = GpuCollector(Nvml(FakeNvml())).sample({101: "llama", 102: "llama", 555: "other"})
     procs = {p.pid: p for p in report.gpus[0].processes}
     assert procs[101].worker_id == "llama" and procs[999].worker_id is None
     assert procs[999].used_memory_bytes is None
@@ -144,7 +63,7 @@ def test_gpu_processes_are_mapped_to_our_workers():
 def test_missing_library_is_not_retried_every_second():
     nvml = FakeNvml(init_error=pynvml.NVMLError_LibraryNotFound())
     now = [0.0]
-    collector = GpuCollector(nvml, cache_s=0, retry_s=60, clock=lambda: now[0])
+    collector = GpuCollector(Nvml(nvml, retry_s=60, clock=lambda: now[0]), cache_s=0, clock=lambda: now[0])
     for t in range(0, 50, 1):
         now[0] = float(t)
         report = collector.sample()
@@ -158,7 +77,7 @@ def test_missing_library_is_not_retried_every_second():
 def test_driver_that_comes_back_is_picked_up_on_retry():
     nvml = FakeNvml(init_error=pynvml.NVMLError_DriverNotLoaded())
     now = [0.0]
-    collector = GpuCollector(nvml, cache_s=0, retry_s=10, clock=lambda: now[0])
+    collector = GpuCollector(Nvml(nvml, retry_s=10, clock=lambda: now[0]), cache_s=0, clock=lambda: now[0])
     assert not collector.sample().available
     nvml.init_error = None
     now[0] = 11.0
@@ -167,7 +86,7 @@ def test_driver_that_comes_back_is_picked_up_on_retry():
 
 def test_gpu_lost_mid_run_turns_into_a_no_gpu_report():
     nvml = FakeNvml()
-    collector = GpuCollector(nvml, cache_s=0)
+    collector = GpuCollector(Nvml(nvml), cache_s=0)
     assert collector.sample().available
     nvml.count_error = pynvml.NVMLError_GpuIsLost()
     report = collector.sample()
@@ -177,7 +96,7 @@ def test_gpu_lost_mid_run_turns_into_a_no_gpu_report():
 def test_readers_within_the_cache_window_share_one_read():
     nvml = FakeNvml()
     now = [0.0]
-    collector = GpuCollector(nvml, cache_s=0.5, clock=lambda: now[0])
+    collector = GpuCollector(Nvml(nvml), cache_s=0.5, clock=lambda: now[0])
     collector.sample()
     now[0] = 0.3
     collector.sample({101: "w"})  # tagging still applies to the cached report
@@ -185,3 +104,75 @@ def test_readers_within_the_cache_window_share_one_read():
     now[0] = 0.6
     collector.sample()
     assert nvml.reads == 2
+
+
+def test_device_list_and_processes_for_the_planner_and_the_cleanup():
+    nvml = Nvml(FakeNvml())
+    assert nvml.device_count() == 2
+    assert nvml.devices() == (
+        GpuDevice(0, "NVIDIA H200", 141 * GIB),
+        GpuDevice(1, "NVIDIA GeForce RTX 4090", 24 * GIB),
+    )
+    procs = nvml.compute_processes(0)
+    assert isinstance(procs, tuple) and GpuProcess(999, None) in procs
+    assert nvml.compute_processes(1) == ()
+    missing = nvml.compute_processes(7)
+    assert isinstance(missing, NvmlUnavailable) and "GPU 7" in missing.reason
+
+
+def test_without_a_driver_every_read_is_a_typed_not_available():
+    fake = FakeNvml(init_error=pynvml.NVMLError_DriverNotLoaded())
+    nvml = Nvml(fake)
+    for read in (nvml.device_count, nvml.devices, lambda: nvml.compute_processes(0)):
+        gone = read()
+        assert isinstance(gone, NvmlUnavailable) and "driver" in gone.reason
+    assert not nvml.report().available
+    assert fake.init_calls == 1  # within the retry window nobody probes again
+
+
+def test_close_ends_the_session_and_the_next_read_starts_a_new_one():
+    fake = FakeNvml()
+    nvml = Nvml(fake)
+    assert nvml.device_count() == 2 and nvml.device_count() == 2
+    assert fake.init_calls == 1
+    nvml.close()
+    assert fake.shutdown_calls == 1
+    assert nvml.device_count() == 2
+    assert fake.init_calls == 2
+
+
+class ClosedDuringRead(FakeNvml):
+    """NVML closed by another thread between a reader's start and its read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closer: Nvml | None = None
+
+    def nvmlDeviceGetCount(self) -> int:
+        if self.closer is not None:
+            closer, self.closer = self.closer, None
+            closer.close()
+            raise pynvml.NVMLError_Uninitialized()
+        return super().nvmlDeviceGetCount()
+
+
+def test_a_read_cut_short_by_close_is_not_a_lost_gpu():
+    fake = ClosedDuringRead()
+    nvml = Nvml(fake, retry_s=60)
+    fake.closer = nvml
+    assert isinstance(nvml.device_count(), NvmlUnavailable)
+    assert nvml.device_count() == 2  # started again at once, not after retry_s
+    assert fake.init_calls == 2
+
+
+def test_metrics_planner_and_cleanup_share_one_nvml_start(monkeypatch):
+    fake = FakeNvml()
+    monkeypatch.setattr(gpu, "_shared", Nvml(fake))
+    assert GpuCollector(cache_s=0).sample().available
+    found = detect_gpu()
+    assert isinstance(found, GPU) and (found.name, found.count) == ("NVIDIA H200", 2)
+    notes = end_gpu_orphans([0], [])
+    assert any("pid 999 (0 MiB), not ours" in n for n in notes)  # usedGpuMemory None: 0 MiB
+    GpuCollector(cache_s=0).sample()
+    detect_gpu()
+    assert fake.init_calls == 1 and fake.shutdown_calls == 0

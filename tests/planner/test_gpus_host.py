@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pynvml
 import pytest
 
+from manager.metrics.gpu import Nvml
 from manager.planner.gpus import GPU, NoGPU, catalogue, detect_gpu, gpu_from_catalogue, resolve_gpu
 from manager.planner.host import cgroup_memory_limit, planned_host, read_host_memory
+from tests.support.nvml import FakeNvml
 
 GiB = 1024**3
 
@@ -46,6 +49,17 @@ def test_detection_returns_a_gpu_or_the_reason():
     if isinstance(found, NoGPU):
         assert found.reason
     assert isinstance(resolve_gpu("detected"), (GPU, NoGPU))
+
+
+def test_detected_gpu_is_gpu_0_with_the_count_of_all():
+    assert detect_gpu(Nvml(FakeNvml())) == GPU("NVIDIA H200", 141 * GiB, "NVML", 2)
+
+
+def test_no_driver_or_no_device_is_a_reason_not_an_exception():
+    no_driver = detect_gpu(Nvml(FakeNvml(init_error=pynvml.NVMLError_DriverNotLoaded())))
+    assert isinstance(no_driver, NoGPU) and "driver" in no_driver.reason
+    no_device = detect_gpu(Nvml(FakeNvml(count=0)))
+    assert isinstance(no_device, NoGPU) and "0 devices" in no_device.reason
 
 
 def test_cgroup_v2_and_v1_limits(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from manager.planner import PlanError, PlanRequest, check_fits, make_plan
@@ -13,9 +15,9 @@ from tests.planner.conftest import load_config
 GiB = 1024**3
 
 
-def seed_request(**change) -> PlanRequest:
+def seed_request(**change: Any) -> PlanRequest:
     """The seed's machine: RTX 4090 24 GB, 128 GB RAM, Qwen3-Coder-30B-A3B AWQ, 52,000 tokens."""
-    base = dict(
+    base: dict[str, Any] = dict(
         model="Qwen3-Coder-30B-A3B-Instruct-AWQ",
         hf_config=load_config("Qwen3-Coder-30B-A3B-Instruct-AWQ"),
         max_model_len=52000,

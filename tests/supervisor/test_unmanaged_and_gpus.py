@@ -5,10 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 
+import pynvml
+
+from manager.metrics.gpu import Nvml
 from manager.supervisor import process
 from manager.supervisor.gpu_cleanup import end_gpu_orphans
+from tests.support.nvml import MIB, FakeNvml
 
 
 def test_hand_started_server_is_listed_and_can_be_stopped(client):
@@ -45,33 +48,11 @@ def test_hand_started_server_is_listed_and_can_be_stopped(client):
         fake.wait()
 
 
-class FakeNVML:
-    """pynvml's names and shapes: the processes NVML lists on each GPU."""
-
-    def __init__(self, procs_by_gpu):
-        self.procs_by_gpu = procs_by_gpu
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlShutdown(self):
-        pass
-
-    def nvmlDeviceGetCount(self):
-        return len(self.procs_by_gpu)
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        return index
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle):
-        return [SimpleNamespace(pid=pid, usedGpuMemory=mib << 20) for pid, mib in self.procs_by_gpu[handle]]
-
-
 def test_engine_processes_still_on_the_gpu_are_ended_and_others_only_reported(tmp_path):
     straggler = process.spawn([sys.executable, "-c", "import time; time.sleep(60)"], {}, tmp_path / "l.log")
     try:
-        nvml = FakeNVML({0: [(straggler.pid, 1200), (4242, 500)], 1: []})
-        notes = end_gpu_orphans([0], [straggler.pid], nvml=nvml)
+        nvml = FakeNvml(processes={0: [(straggler.pid, 1200 * MIB), (4242, 500 * MIB)], 1: []})
+        notes = end_gpu_orphans([0], [straggler.pid], nvml=Nvml(nvml))
         assert straggler.wait(5) is not None
         assert f"ended pid {straggler.pid} still holding GPU 0" in notes
         assert any("pid 4242" in n and "not ours" in n for n in notes)
@@ -81,8 +62,5 @@ def test_engine_processes_still_on_the_gpu_are_ended_and_others_only_reported(tm
 
 
 def test_no_driver_means_nothing_to_check():
-    class NoDriver:
-        def nvmlInit(self):
-            raise RuntimeError("NVML Shared Library Not Found")
-
-    assert end_gpu_orphans([0], [1], nvml=NoDriver()) == []
+    no_driver = Nvml(FakeNvml(init_error=pynvml.NVMLError_LibraryNotFound()))
+    assert end_gpu_orphans([0], [1], nvml=no_driver) == []
