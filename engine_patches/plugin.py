@@ -135,10 +135,10 @@ def _lora_pool(settings: PatchSettings, allocator) -> list[str]:
 
 def _moe(settings: PatchSettings) -> list[str]:
     try:
-        vllm_adapter = importlib.import_module("engine_patches.moe.vllm_adapter")
+        vllm_adapter = importlib.import_module("engine_patches.vllm_adapters.moe")
     except ImportError:
         logger.warning(
-            "engine_patches: moe_offload is on but engine_patches.moe.vllm_adapter is not installed; MoE offload is off"
+            "engine_patches: moe_offload is on but engine_patches.vllm_adapters.moe is not installed; MoE offload is off"
         )
         return []
     result = vllm_adapter.install(settings)

@@ -78,9 +78,9 @@ def test_moe_offload_calls_the_moe_adapter_when_present(fresh_plugin, monkeypatc
     import types
 
     calls = []
-    fake = types.ModuleType("engine_patches.moe.vllm_adapter")
+    fake = types.ModuleType("engine_patches.vllm_adapters.moe")
     fake.install = lambda settings: calls.append(settings.moe_mode) or ["FusedMoE.moe"]
-    monkeypatch.setitem(sys.modules, "engine_patches.moe.vllm_adapter", fake)
+    monkeypatch.setitem(sys.modules, "engine_patches.vllm_adapters.moe", fake)
     monkeypatch.setenv(ENV_VAR, json.dumps({"moe_offload": True, "moe_mode": "copy_all"}))
     plugin.register()
     assert calls == ["copy_all"] and "FusedMoE.moe" in plugin.installed_patches()

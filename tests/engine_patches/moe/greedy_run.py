@@ -38,7 +38,7 @@ def main(model_dir: str) -> None:
         ],
     }
     try:
-        from engine_patches.moe.vllm_adapter import RUNTIME
+        from engine_patches.vllm_adapters.moe import RUNTIME
     except ImportError:
         RUNTIME = None
     if RUNTIME is not None and RUNTIME.offload is not None:
