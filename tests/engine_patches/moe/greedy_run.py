@@ -37,11 +37,9 @@ def main(model_dir: str) -> None:
             for o in outs
         ],
     }
-    try:
-        from engine_patches.vllm_adapters.moe import RUNTIME
-    except ImportError:
-        RUNTIME = None
-    if RUNTIME is not None and RUNTIME.offload is not None:
+    from engine_patches.vllm_adapters.moe import RUNTIME
+
+    if RUNTIME.offload is not None:
         result["expert_cache"] = RUNTIME.offload.stats().as_dict()
         result["offloaded_layers"] = RUNTIME.offload.num_layers
     print("RESULT " + json.dumps(result), flush=True)
