@@ -124,7 +124,7 @@ def install(settings: Any = None) -> list[str]:
 
 
 def _make_method_class(base: type) -> type:
-    class OffloadedFusedMoEMethod(base):  # type: ignore[misc, valid-type]
+    class OffloadedFusedMoEMethod(base):
         """vLLM's unquantized MoE method with the experts in host memory and a GPU cache."""
 
         store_index: int | None = None
