@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -190,7 +191,7 @@ def main() -> None:
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if CUDA else "cpu",
     }
-    runs = []
+    runs: list[dict[str, Any]] = []
     for variant in ("ceiling", *VARIANTS):
         cmd = [sys.executable, __file__, "--variant", variant] + (["--tiny"] if args.tiny else [])
         cmd += ["--layers", str(shape.layers)]
