@@ -117,7 +117,7 @@ def gpu_side(
         offloaded += min(int(req.cpu_offload_gb * GiB), on_gpu)
     weights_gpu = weights.total_bytes // tp - offloaded
 
-    memory = host_ram_bytes if on_cpu else gpu.memory_bytes
+    memory = host_ram_bytes if gpu is None else gpu.memory_bytes
     usable = int(memory * req.gpu_memory_utilization)
     if on_cpu:
         overhead = int(req.overhead_gib * GiB) if req.overhead_gib is not None else CPU_ENGINE_RSS_BYTES
