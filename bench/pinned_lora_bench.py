@@ -13,7 +13,7 @@ must not share one):
 
 Reports per variant: host RSS added (after the per-expert tensors are gone, and peak), pinned
 bytes, the time from loaded tensors to pinned result, host-to-GPU bandwidth of the result.
-Targets (issue 6): exact RSS <= 1.05x the adapter bytes; bandwidth >= 95% of the ceiling.
+Targets: exact RSS <= 1.05x the adapter bytes; bandwidth >= 95% of the ceiling.
 
     python bench/pinned_lora_bench.py --out results.json          # full size, needs CUDA
     python bench/pinned_lora_bench.py --tiny                      # CPU smoke test

@@ -15,7 +15,7 @@ Two modes, chosen per engine:
     ``ExpertSlotTable`` plans rounds when the batch needs more experts than there are slots, and
     the copies run on a side stream while the resident experts are computed.
   The two hand the LRU state over when the batch size crosses the line.
-- ``copy_all`` (the seed's way, kept as the baseline): every expert of the layer is copied into one
+- ``copy_all`` (the plain way, kept as the baseline): every expert of the layer is copied into one
   of two staging buffers; while layer L computes from one buffer, layer L+1 is copied into the other
   (ping-pong), so copies overlap compute but every byte still crosses the link every step.
 """
