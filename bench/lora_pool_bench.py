@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -77,7 +78,8 @@ def pinned_ceiling_gbps(nbytes: int) -> float | None:
     if not CUDA:
         return None
     buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).fill_(1)
-    return nbytes / gpu_swap_s([buf]) / 1e9
+    seconds = gpu_swap_s([buf])
+    return nbytes / seconds / 1e9 if seconds else None
 
 
 def run_variant(variant: str, shape: MoEShape, n: int) -> dict:
@@ -97,7 +99,7 @@ def run_variant(variant: str, shape: MoEShape, n: int) -> dict:
         mods = pool_modules(shape)
     for i in range(n):
         t0 = time.perf_counter()
-        if variant == "vllm":
+        if pool is None:
             resident.append(build_vllm_way(shape, load_adapter(shape, seed=i)))
         else:
             adapter = pool.load(i, mods, fill_from_checkpoint(i))
@@ -145,7 +147,7 @@ def main() -> None:
     if args.variant:
         print(json.dumps(run_variant(args.variant, shape, args.adapters)))
         return
-    runs = []
+    runs: list[dict[str, Any]] = []
     for variant in ("vllm", "pool"):
         cmd = [
             sys.executable,

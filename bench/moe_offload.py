@@ -4,7 +4,7 @@ A Qwen3-30B-A3B-shaped stack (48 layers, 128 experts, top-8, hidden 2048, moe_in
 bf16) with an attention stand-in (the q/k/v/o projections, no KV read) and realistic routing
 (skewed expert popularity per layer, each sequence keeping part of its previous token's experts).
 Per batch size it reports tokens/s for: all experts resident on the GPU (upper bound), copy-all
-(the seed's way, with ping-pong), and the LRU cache at several budgets, plus the link bound: the
+(every expert copied each step, with ping-pong), and the LRU cache at several budgets, plus the link bound: the
 bytes the cache really missed over the pinned host-to-GPU bandwidth measured in the same run.
 
     python bench/moe_offload.py --out results.json            # full run (needs a GPU, ~60 GB RAM)

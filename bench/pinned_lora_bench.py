@@ -13,7 +13,7 @@ must not share one):
 
 Reports per variant: host RSS added (after the per-expert tensors are gone, and peak), pinned
 bytes, the time from loaded tensors to pinned result, host-to-GPU bandwidth of the result.
-Targets (issue 6): exact RSS <= 1.05x the adapter bytes; bandwidth >= 95% of the ceiling.
+Targets: exact RSS <= 1.05x the adapter bytes; bandwidth >= 95% of the ceiling.
 
     python bench/pinned_lora_bench.py --out results.json          # full size, needs CUDA
     python bench/pinned_lora_bench.py --tiny                      # CPU smoke test
@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -190,7 +191,7 @@ def main() -> None:
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if CUDA else "cpu",
     }
-    runs = []
+    runs: list[dict[str, Any]] = []
     for variant in ("ceiling", *VARIANTS):
         cmd = [sys.executable, __file__, "--variant", variant] + (["--tiny"] if args.tiny else [])
         cmd += ["--layers", str(shape.layers)]

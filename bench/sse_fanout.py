@@ -105,7 +105,9 @@ async def run_clients(url: str, clients: int, seconds: float, pid: int | None) -
         "delay_ms_max": round(1000 * delays[-1], 1) if delays else None,
         "delay_ms_mean": round(1000 * statistics.fmean(delays), 1) if delays else None,
         "server_cpu_pct": (
-            round(100 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / wall, 1) if server else None
+            round(100 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / wall, 1)
+            if cpu0 is not None and cpu1 is not None
+            else None
         ),
         "server_rss_mib": round(server.memory_info().rss / 2**20) if server else None,
         "bench_clients_cpu_pct": round(100 * ((me1.user + me1.system) - (me0.user + me0.system)) / wall, 1),

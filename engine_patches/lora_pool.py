@@ -13,12 +13,13 @@ Torch only; no vllm.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import math
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Set
 from dataclasses import asdict, dataclass
 
 import torch
@@ -28,7 +29,7 @@ from engine_patches.pinned import PinnedAllocator, default_allocator
 logger = logging.getLogger("engine_patches.lora_pool")
 
 TensorSpec = tuple[tuple[int, ...], torch.dtype]
-AdapterId = Hashable
+AdapterId = Hashable  # any key: the vLLM adapter keys by (lora_int_id, load number)
 
 
 class PoolFullError(MemoryError):
@@ -97,7 +98,7 @@ class PooledLoRALayerWeights:
 
 @dataclass
 class PooledAdapter:
-    adapter_id: int | str
+    adapter_id: AdapterId
     layers: dict[str, PooledLoRALayerWeights]
     nbytes: int
     pinned: bool = False
@@ -136,7 +137,7 @@ class CPULoRAPool:
         self._lock = threading.RLock()
         self._slabs: dict[TensorSpec, list[_Slab]] = {}
         self._owner: dict[int, tuple[_Slab, int]] = {}  # data_ptr -> (slab, slot)
-        self._adapters: OrderedDict[int | str, PooledAdapter] = OrderedDict()  # LRU first
+        self._adapters: OrderedDict[AdapterId, PooledAdapter] = OrderedDict()  # LRU first
         self._stats = PoolStats(capacity_bytes=capacity_bytes, free_bytes=capacity_bytes)
 
     # -- tensors ------------------------------------------------------------------------------
@@ -192,7 +193,7 @@ class CPULoRAPool:
         self._stats.reserved_bytes += slab.nbytes
         return slab
 
-    def _drop_empty_slabs(self, except_key: TensorSpec | None = None, keep: set[TensorSpec] = frozenset()) -> None:
+    def _drop_empty_slabs(self, except_key: TensorSpec | None = None, keep: Set[TensorSpec] = frozenset()) -> None:
         for key, slabs in self._slabs.items():
             if key == except_key or key in keep:
                 continue
@@ -205,7 +206,7 @@ class CPULoRAPool:
 
     def load(
         self,
-        adapter_id: int | str,
+        adapter_id: AdapterId,
         modules: Mapping[str, tuple[TensorSpec, TensorSpec]],
         fill: Callable[[str, torch.Tensor, torch.Tensor], None],
         *,
@@ -274,7 +275,7 @@ class CPULoRAPool:
             if self.on_evict is not None:
                 self.on_evict(victim.adapter_id)
 
-    def get(self, adapter_id: int | str) -> PooledAdapter | None:
+    def get(self, adapter_id: AdapterId) -> PooledAdapter | None:
         """The resident adapter (counted as a hit and made most recent), or None (a miss)."""
         with self._lock:
             adapter = self._adapters.get(adapter_id)
@@ -286,7 +287,7 @@ class CPULoRAPool:
         self._changed()
         return adapter
 
-    def pin(self, adapter_id: int | str, pinned: bool = True) -> None:
+    def pin(self, adapter_id: AdapterId, pinned: bool = True) -> None:
         with self._lock:
             if adapter_id not in self._adapters:
                 raise KeyError(f"LoRA adapter {adapter_id!r} is not in the CPU pool")
@@ -294,7 +295,7 @@ class CPULoRAPool:
             self._count_adapters()
         self._changed()
 
-    def remove(self, adapter_id: int | str) -> bool:
+    def remove(self, adapter_id: AdapterId) -> bool:
         """Give the adapter's slots back; False when it is not resident (already evicted)."""
         with self._lock:
             adapter = self._adapters.pop(adapter_id, None)
@@ -310,7 +311,7 @@ class CPULoRAPool:
         with self._lock:
             return tensor.data_ptr() in self._owner
 
-    def resident(self) -> list[int | str]:
+    def resident(self) -> list[AdapterId]:
         with self._lock:
             return list(self._adapters)
 
@@ -392,7 +393,7 @@ class SafetensorsFile:
                 )
             start, end = entry["data_offsets"]
             self.tensors[name] = StoredTensor(name, dtype, tuple(entry["shape"]), 8 + header_len + start, end - start)
-        self._file = None
+        self._file: io.FileIO | None = None
 
     def __enter__(self) -> SafetensorsFile:
         self._file = open(self.path, "rb", buffering=0)
@@ -425,7 +426,7 @@ class SafetensorsFile:
         if stored.nbytes == 0:
             return
         assert self._file is not None, "use SafetensorsFile as a context manager to read"
-        view = memoryview(out.view(-1).view(torch.uint8).numpy())
+        view = out.view(-1).view(torch.uint8).numpy().data  # the slot's bytes, for readinto
         self._file.seek(stored.offset)
         done = 0
         while done < stored.nbytes:

@@ -38,7 +38,7 @@ def install() -> None:
         if torch.Tensor.pin_memory is _routed_pin_memory:
             return
         _original_pin_memory = torch.Tensor.pin_memory
-        torch.Tensor.pin_memory = _routed_pin_memory  # type: ignore[method-assign]
+        torch.Tensor.pin_memory = _routed_pin_memory  # type: ignore[method-assign, assignment]
 
 
 def installed() -> bool:

@@ -24,7 +24,7 @@ import mmap
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -53,7 +53,7 @@ class CudaHostRegistrar:
     """
 
     def __init__(self) -> None:
-        self._cudart = None
+        self._cudart: Any = None  # torch.cuda.cudart(): torch's untyped binding module
         self._checked = False
 
     def available(self) -> bool:
@@ -126,6 +126,8 @@ class _Region(np.ndarray):
     storage), so unregistering here happens exactly when the memory stops being used, and before
     the mapping itself is unmapped.
     """
+
+    _release: _Release  # set once, right after the mapping is made
 
     def __del__(self) -> None:
         release = self.__dict__.pop("_release", None) if hasattr(self, "__dict__") else None

@@ -7,7 +7,6 @@ a broken patch must cost its feature, not the engine.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from collections.abc import Callable
@@ -134,15 +133,9 @@ def _lora_pool(settings: PatchSettings, allocator) -> list[str]:
 
 
 def _moe(settings: PatchSettings) -> list[str]:
-    try:
-        vllm_adapter = importlib.import_module("engine_patches.moe.vllm_adapter")
-    except ImportError:
-        logger.warning(
-            "engine_patches: moe_offload is on but engine_patches.moe.vllm_adapter is not installed; MoE offload is off"
-        )
-        return []
-    result = vllm_adapter.install(settings)
-    return list(result) if isinstance(result, (list, tuple)) else ["moe_offload"]
+    from engine_patches.vllm_adapters import moe
+
+    return moe.install(settings)
 
 
 def _route_logs_through_vllm() -> None:

@@ -32,8 +32,8 @@ class PatchSettings:
     pinned: bool = True  # exact-size pinned memory for LoRA and UVA weight offload
     kv_check: bool = True  # two-tier message when the KV memory check fails
     shm_check: bool = True  # /dev/shm and cgroup headroom before the offload region
-    offload_config: bool = True  # convert the seed's num_cpu_blocks to cpu_bytes_to_use
-    lora_pool: bool = False  # CPU LoRA pool (issue 7)
+    offload_config: bool = True  # convert num_cpu_blocks (a size in blocks) to cpu_bytes_to_use
+    lora_pool: bool = False  # CPU LoRA pool: adapters in bounded pinned host memory (engine_patches.lora_pool)
     moe_offload: bool = False  # MoE expert offload (engine_patches.moe)
 
     # Pinned allocator: None means no budget; above it allocations stay pageable.

@@ -2,7 +2,7 @@
 
 Torch-only core (no vLLM): ``store`` (host copies), ``slots`` (LRU slot table), ``gather``
 (copy kernels), ``experts`` (expert math), ``offload`` (the runtime), ``stats``; ``sizing`` is
-pure arithmetic for the planner. ``vllm_adapter`` is the thin part that patches vLLM.
+pure arithmetic for the planner. ``engine_patches.vllm_adapters.moe`` is the thin part that patches vLLM.
 """
 
 from .sizing import ExpertOffloadSizing, expert_offload_sizing

@@ -136,9 +136,8 @@ class DeviceSlotTables:
         if use_triton and not HAVE_TRITON:
             raise RuntimeError("the Triton slot planner needs Triton installed")
         self.use_triton = use_triton
-        i32 = dict(dtype=torch.int32, device=self.device)
-        self.expert_slot = torch.full((num_layers, num_experts), -1, **i32)
-        self.slot_expert = torch.full((num_layers, num_slots), -1, **i32)
+        self.expert_slot = torch.full((num_layers, num_experts), -1, dtype=torch.int32, device=self.device)
+        self.slot_expert = torch.full((num_layers, num_slots), -1, dtype=torch.int32, device=self.device)
         self.last_used = torch.full(
             (num_layers, num_slots), -1, dtype=torch.int64, device=self.device
         )  # clock tick of last use, -1: never

@@ -15,7 +15,7 @@ Two modes, chosen per engine:
     ``ExpertSlotTable`` plans rounds when the batch needs more experts than there are slots, and
     the copies run on a side stream while the resident experts are computed.
   The two hand the LRU state over when the batch size crosses the line.
-- ``copy_all`` (the seed's way, kept as the baseline): every expert of the layer is copied into one
+- ``copy_all`` (the plain way, kept as the baseline): every expert of the layer is copied into one
   of two staging buffers; while layer L computes from one buffer, layer L+1 is copied into the other
   (ping-pong), so copies overlap compute but every byte still crosses the link every step.
 """
@@ -23,7 +23,7 @@ Two modes, chosen per engine:
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Literal, TypedDict
 
 import torch
 
@@ -38,6 +38,14 @@ from .store import ExpertStore
 
 OffloadMode = Literal["cached", "copy_all"]
 Planner = Literal["auto", "host", "device"]
+
+
+class GatherTuning(TypedDict):
+    """Launch shape of the Triton gather (``copy_expert_pairs_indexed``'s keyword arguments)."""
+
+    block: int
+    num_warps: int
+    programs: int
 
 
 class ExpertOffload:
@@ -106,7 +114,7 @@ class ExpertOffload:
             )
             # True where the device tables changed since the host table last saw them.
             self._host_stale = [False] * len(store.layers)
-            self._gather_kw = dict(block=gather_block, num_warps=gather_warps, programs=gather_programs)
+            self._gather_kw = GatherTuning(block=gather_block, num_warps=gather_warps, programs=gather_programs)
         else:
             first = store.layers[0]
             for lay in store.layers:
@@ -175,6 +183,7 @@ class ExpertOffload:
             self._exposed_s += dt  # a synchronous copy hides nothing
             return None
         stream = self._copy_stream
+        assert stream is not None  # made in __init__ on CUDA
         # A slot may still be read by compute queued earlier on the main stream: wait for it.
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -231,6 +240,7 @@ class ExpertOffload:
         return self.mode == "cached" and self._device is not None and self._device.fits(topk_ids)
 
     def _forward_device(self, layer, x, topk_weights, topk_ids, fn, own_math) -> torch.Tensor:
+        assert self._device is not None  # plans_on_device() said so
         plan = self._device.plan(layer, topk_ids)
         self._host_stale[layer] = True
         src, dst = self.store.layers[layer], self._slots[layer]
@@ -261,12 +271,12 @@ class ExpertOffload:
         if not (self.device_overlap and splits_cheaply(fn, x, plan.slot_ids)):
             # The gather on the compute stream: the layer waits for all of it (all exposed).
             if timed:
-                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-                start.record()
+                gather_start, gather_end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                gather_start.record()
             copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots, **self._gather_kw)
             if timed:
-                end.record()
-                self._critical_events.append((start, end))
+                gather_end.record()
+                self._critical_events.append((gather_start, gather_end))
             return fn(x, dst[0], dst[1], topk_weights, plan.slot_ids)
         # The gather on the side stream while the main stream computes the experts that were
         # already resident; only the loaded ones wait for it. The side stream first waits for
@@ -274,6 +284,7 @@ class ExpertOffload:
         # The plan's tensors outlive the copy: the main stream waits for the side stream before
         # this function returns, so the allocator cannot hand them out while the gather reads.
         main, side = torch.cuda.current_stream(self.device), self._copy_stream
+        assert side is not None  # made in __init__ on CUDA
         side.wait_stream(main)
         with torch.cuda.stream(side):
             start = torch.cuda.Event(enable_timing=True) if timed else None

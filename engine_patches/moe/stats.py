@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 
+from engine_patches.stats import publish as channel_publish
+
 log = logging.getLogger(__name__)
 
 CHANNEL = "expert_cache"
@@ -44,11 +46,7 @@ class ExpertCacheStats:
 
 
 def publish(stats: ExpertCacheStats) -> bool:
-    """Send to ``engine_patches.stats.publish`` when the plugin provides it; False if it does not."""
-    try:
-        from engine_patches.stats import publish as channel_publish  # the plugin engineer's channel
-    except ImportError:
-        return False
+    """Put ``stats`` on the plugin's stats channel (``engine_patches.stats``); False if that failed."""
     try:
         channel_publish(CHANNEL, stats.as_dict())
     except Exception:  # stats must never take the engine down

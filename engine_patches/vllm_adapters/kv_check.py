@@ -36,7 +36,7 @@ def offload_cpu_bytes(vllm_config: Any, bytes_per_token: float | None = None) ->
         return int(extra["cpu_bytes_to_use"])
     if size_gib:
         return int(size_gib * GIB)
-    blocks = extra.get("num_cpu_blocks")  # the seed's form; converted at offload start
+    blocks = extra.get("num_cpu_blocks")  # a size in blocks; offload_region converts it at offload start
     if blocks and bytes_per_token:
         block_size = vllm_config.cache_config.block_size or 16
         world = vllm_config.parallel_config.world_size

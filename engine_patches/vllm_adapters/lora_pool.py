@@ -172,11 +172,11 @@ def _batch_context(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _count_hits(original: Callable[..., Any]) -> Callable[..., Any]:
     def add_adapter_counting_hits(self: Any, lora_request: Any) -> Any:
-        p = pool()
-        if p is not None and not getattr(lora_request, "load_inplace", False):
+        state = _state
+        if state is not None and state.pool is not None and not getattr(lora_request, "load_inplace", False):
             # get() counts a hit (and refreshes LRU order) for a resident adapter, else a miss;
             # an int id is never a pool key, so an adapter not loaded yet counts as a miss.
-            p.get(_state.current.get(lora_request.lora_int_id, lora_request.lora_int_id))
+            state.pool.get(state.current.get(lora_request.lora_int_id, lora_request.lora_int_id))
         return original(self, lora_request)
 
     return add_adapter_counting_hits
@@ -198,11 +198,11 @@ def _release_on_remove(original: Callable[..., Any]) -> Callable[..., Any]:
     def on_remove_releasing_slots(self: Any, key: Any, value: Any) -> Any:
         result = original(self, key, value)
         pool_key = getattr(value, POOL_KEY_ATTR, None)
-        p = pool()
-        if pool_key is not None and p is not None:
-            p.remove(pool_key)
-            if _state.current.get(pool_key[0]) == pool_key:
-                del _state.current[pool_key[0]]
+        state = _state
+        if pool_key is not None and state is not None and state.pool is not None:
+            state.pool.remove(pool_key)
+            if state.current.get(pool_key[0]) == pool_key:
+                del state.current[pool_key[0]]
         return result
 
     return on_remove_releasing_slots
@@ -274,6 +274,7 @@ def _load_into_pool(
             if scaling != 1:  # what pack_moe + optimize() do: fold the scaling into B
                 b[expert].mul_(scaling)
 
+    assert _state is not None  # _pooled_checkpoint loads into the pool only while installed
     p = _pool_for(adapter_manager)
     lora_model_id = get_lora_id() if lora_model_id is None else lora_model_id
     key: PoolKey = (lora_model_id, next(_state.loads))

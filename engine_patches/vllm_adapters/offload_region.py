@@ -1,10 +1,11 @@
-"""Before vLLM creates its KV offload region: headroom check and the seed's config form.
+"""Before vLLM creates its KV offload region: headroom check, and a size in blocks made bytes.
 
 - ``SharedOffloadRegion.__init__``: the creator checks /dev/shm and the cgroup's memory first and
   fails with the size asked and the size available (vLLM only logs a low cgroup headroom, then
   the kernel kills the engine when the pages are touched).
-- ``CPUOffloadingSpec.__init__``: ``num_cpu_blocks`` in ``kv_connector_extra_config`` (the seed's
-  form, not a key vLLM 0.32 knows) becomes ``cpu_bytes_to_use`` with the real bytes per block.
+- ``CPUOffloadingSpec.__init__``: ``num_cpu_blocks`` in ``kv_connector_extra_config`` (a size in
+  blocks, which configs carry but vLLM 0.32 does not know) becomes ``cpu_bytes_to_use`` with the
+  real bytes per block.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from engine_patches.moe.sizing import expert_offload_sizing
 from manager.planner.gpus import GPU
 from manager.planner.hf_config import text_config
 from manager.planner.kv import KVCapacity, KVLayout, block_pool, kv_capacity, kv_layout, rank_layout
@@ -32,29 +33,19 @@ class ExpertOffload:
 
 
 def moe_offload(weights: WeightEstimate, cfg: dict[str, Any], cache_gib: float) -> ExpertOffload:
-    """GPU bytes our MoE expert offload frees, from engine_patches' sizing when it is installed."""
+    """GPU bytes our MoE expert offload frees, sized as the engine sizes its expert cache."""
     if not weights.is_moe or weights.expert_bytes == 0:
         return ExpertOffload(0, 0, 1.0)
-    hidden = int(cfg.get("hidden_size") or 0)
-    inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
-    try:
-        from engine_patches.moe.sizing import expert_offload_sizing
-
-        sizing = expert_offload_sizing(
-            num_experts=weights.experts,
-            num_layers=weights.moe_layers,
-            hidden_size=hidden,
-            moe_intermediate_size=inter,
-            dtype_bytes=weights.bits_per_weight / 8,
-            cache_gib=cache_gib,
-            top_k=max(1, weights.experts_per_token),
-        )
-        kept = sizing.cached_fraction
-    except ImportError:  # same arithmetic: a per-layer cache of at least top_k experts
-        one = 3 * hidden * inter * weights.bits_per_weight / 8
-        fit = int(cache_gib * GiB // max(1, weights.moe_layers * one))
-        slots = max(min(weights.experts_per_token, weights.experts), min(fit, weights.experts))
-        kept = slots / weights.experts
+    sizing = expert_offload_sizing(
+        num_experts=weights.experts,
+        num_layers=weights.moe_layers,
+        hidden_size=int(cfg.get("hidden_size") or 0),
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0),
+        dtype_bytes=weights.bits_per_weight / 8,
+        cache_gib=cache_gib,
+        top_k=max(1, weights.experts_per_token),
+    )
+    kept = sizing.cached_fraction
     # Scale by the real expert bytes (safetensors headers include scales and padding).
     return ExpertOffload(int(weights.expert_bytes * (1 - kept)), weights.expert_bytes, kept)
 
@@ -126,7 +117,7 @@ def gpu_side(
         offloaded += min(int(req.cpu_offload_gb * GiB), on_gpu)
     weights_gpu = weights.total_bytes // tp - offloaded
 
-    memory = host_ram_bytes if on_cpu else gpu.memory_bytes
+    memory = host_ram_bytes if gpu is None else gpu.memory_bytes
     usable = int(memory * req.gpu_memory_utilization)
     if on_cpu:
         overhead = int(req.overhead_gib * GiB) if req.overhead_gib is not None else CPU_ENGINE_RSS_BYTES

@@ -74,13 +74,14 @@ def test_importing_the_plugin_loads_no_torch():
     assert out.stdout.strip() == "False"
 
 
-def test_moe_offload_calls_the_moe_adapter_when_present(fresh_plugin, monkeypatch):
-    import types
-
+def test_moe_offload_calls_the_moe_adapter(fresh_plugin, monkeypatch):
     calls = []
-    fake = types.ModuleType("engine_patches.moe.vllm_adapter")
-    fake.install = lambda settings: calls.append(settings.moe_mode) or ["FusedMoE.moe"]
-    monkeypatch.setitem(sys.modules, "engine_patches.moe.vllm_adapter", fake)
+
+    def fake_install(settings):
+        calls.append(settings.moe_mode)
+        return ["FusedMoE.moe"]
+
+    monkeypatch.setattr("engine_patches.vllm_adapters.moe.install", fake_install)
     monkeypatch.setenv(ENV_VAR, json.dumps({"moe_offload": True, "moe_mode": "copy_all"}))
     plugin.register()
     assert calls == ["copy_all"] and "FusedMoE.moe" in plugin.installed_patches()

@@ -193,7 +193,7 @@ def _offloading_config(extra: dict, bytes_per_block: int = 1 << 20):
     )
 
 
-def test_seed_num_cpu_blocks_becomes_cpu_bytes_to_use(caplog):
+def test_num_cpu_blocks_becomes_cpu_bytes_to_use(caplog):
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
     with pytest.raises(Exception, match="cpu_bytes_to_use must be specified"):

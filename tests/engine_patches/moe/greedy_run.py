@@ -4,15 +4,22 @@ Run as a script (``python greedy_run.py MODEL_DIR``); the plugin is switched on 
 caller through VLLM_PLUGINS / VLLM_MANAGER_PATCHES, exactly as the manager does for a worker.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm.outputs import CompletionOutput
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: inspectable
 
 
 def main(model_dir: str) -> None:
     from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
 
     # Real random weights saved with the model (dummy weights are so small that the MoE hardly
     # moves the logits, and a broken MoE would go unnoticed).
@@ -26,25 +33,32 @@ def main(model_dir: str) -> None:
         max_num_seqs=8,
     )
     prompts = [
-        {"prompt_token_ids": [(7 * i + 3 * j) % 900 + 4 for j in range(n)]} for i, n in enumerate((5, 17, 40, 9))
+        TokensPrompt(prompt_token_ids=[(7 * i + 3 * j) % 900 + 4 for j in range(n)])
+        for i, n in enumerate((5, 17, 40, 9))
     ]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)
     outs = llm.generate(prompts, params)
-    result = {
+    result: dict[str, Any] = {
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
-        "logprobs": [
-            [step[tok].logprob for tok, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=False)]
-            for o in outs
-        ],
+        "logprobs": [chosen_logprobs(o.outputs[0]) for o in outs],
     }
-    try:
-        from engine_patches.moe.vllm_adapter import RUNTIME
-    except ImportError:
-        RUNTIME = None
-    if RUNTIME is not None and RUNTIME.offload is not None:
+    from engine_patches.vllm_adapters.moe import RUNTIME
+
+    if RUNTIME.offload is not None:
         result["expert_cache"] = RUNTIME.offload.stats().as_dict()
         result["offloaded_layers"] = RUNTIME.offload.num_layers
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def chosen_logprobs(output: CompletionOutput) -> list[float]:
+    """The logprob of each generated token (main asks vLLM for logprobs=1)."""
+    steps = output.logprobs
+    assert steps is not None, "vLLM returned no logprobs"
+    chosen = []
+    for tok, step in zip(output.token_ids, steps, strict=False):
+        assert step is not None, "vLLM returned no logprobs for a step"
+        chosen.append(step[tok].logprob)
+    return chosen
 
 
 if __name__ == "__main__":

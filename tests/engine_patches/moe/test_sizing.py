@@ -10,7 +10,7 @@ QWEN3_30B_A3B = dict(
 def test_qwen3_30b_experts_and_a_quarter_budget():
     all_bytes = 128 * 48 * 3 * 2048 * 768 * 2
     s = expert_offload_sizing(cache_gib=all_bytes / 4 / GIB, **QWEN3_30B_A3B)
-    assert s.all_expert_bytes == all_bytes  # about 58 GB, as limits.md says
+    assert s.all_expert_bytes == all_bytes  # about 58 GB
     assert s.slots_per_layer == 32
     assert s.gpu_bytes_kept + s.gpu_bytes_freed == all_bytes
     assert s.gpu_bytes_freed == all_bytes * 3 // 4

@@ -9,16 +9,16 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
 
-from engine_patches.moe import vllm_adapter
+from engine_patches.vllm_adapters import moe as moe_adapter
 
 
 @pytest.fixture
 def clean_registry():
-    saved = op_registry_oot.pop(vllm_adapter.OOT_NAME, None)
+    saved = op_registry_oot.pop(moe_adapter.OOT_NAME, None)
     yield
-    op_registry_oot.pop(vllm_adapter.OOT_NAME, None)
+    op_registry_oot.pop(moe_adapter.OOT_NAME, None)
     if saved is not None:
-        op_registry_oot[vllm_adapter.OOT_NAME] = saved
+        op_registry_oot[moe_adapter.OOT_NAME] = saved
 
 
 class _Settings:
@@ -27,36 +27,36 @@ class _Settings:
 
 
 def test_install_makes_vllm_build_our_method_for_every_unquantized_moe_layer(clean_registry):
-    patched = vllm_adapter.install(_Settings())
+    patched = moe_adapter.install(_Settings())
     assert patched == ["UnquantizedFusedMoEMethod.oot"]
     # vLLM's CustomOp.__new__ consults the out-of-tree registry: what RoutedExperts builds is ours.
     method = UnquantizedFusedMoEMethod.__new__(UnquantizedFusedMoEMethod)
     assert type(method).__name__ == "OffloadedFusedMoEMethod"
     assert isinstance(method, UnquantizedFusedMoEMethod)
-    assert vllm_adapter.RUNTIME.settings.moe_gpu_cache_gib == 1.5
+    assert moe_adapter.RUNTIME.settings.moe_gpu_cache_gib == 1.5
 
 
 def test_install_is_idempotent(clean_registry):
-    vllm_adapter.install(_Settings())
-    cls = op_registry_oot[vllm_adapter.OOT_NAME]
-    assert vllm_adapter.install(_Settings()) == ["UnquantizedFusedMoEMethod.oot"]
-    assert op_registry_oot[vllm_adapter.OOT_NAME] is cls
+    moe_adapter.install(_Settings())
+    cls = op_registry_oot[moe_adapter.OOT_NAME]
+    assert moe_adapter.install(_Settings()) == ["UnquantizedFusedMoEMethod.oot"]
+    assert op_registry_oot[moe_adapter.OOT_NAME] is cls
 
 
 def test_install_leaves_another_plugins_method_alone(clean_registry):
     class Other(UnquantizedFusedMoEMethod):
         pass
 
-    op_registry_oot[vllm_adapter.OOT_NAME] = Other
-    assert vllm_adapter.install(_Settings()) == []
-    assert op_registry_oot[vllm_adapter.OOT_NAME] is Other
+    op_registry_oot[moe_adapter.OOT_NAME] = Other
+    assert moe_adapter.install(_Settings()) == []
+    assert op_registry_oot[moe_adapter.OOT_NAME] is Other
 
 
 def test_importing_the_adapter_does_not_import_vllm():
     import subprocess
     import sys
 
-    code = "import sys, engine_patches.moe.vllm_adapter; sys.exit(1 if 'vllm' in sys.modules else 0)"
+    code = "import sys, engine_patches.vllm_adapters.moe; sys.exit(1 if 'vllm' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -71,7 +71,7 @@ def test_own_kernels_are_used_only_for_the_plain_silu_moe():
     def fits(x_dtype=torch.bfloat16, shared=None, config=None, backend=UnquantizedMoeBackend.TRITON, **layer):
         attrs = {"activation": MoEActivation.SILU, "apply_router_weight_on_input": False} | layer
         method = SimpleNamespace(moe=SimpleNamespace(**(config or {})), unquantized_backend=backend)
-        return vllm_adapter.own_kernels_fit(method, SimpleNamespace(**attrs), torch.empty(1, 8, dtype=x_dtype), shared)
+        return moe_adapter.own_kernels_fit(method, SimpleNamespace(**attrs), torch.empty(1, 8, dtype=x_dtype), shared)
 
     assert fits()  # Qwen3-MoE, Mixtral: silu, weights on the output, no shared experts
     assert fits(x_dtype=torch.float16)

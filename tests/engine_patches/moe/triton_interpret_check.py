@@ -81,13 +81,13 @@ def main() -> None:
             # the second tensor's rows have another size (and so another word count).
             src_b = torch.randn(experts, 7, generator=g)
             for programs in (0, 1, 3):
-                got = (torch.zeros(slots, 3, 5), torch.zeros(slots, 7))
+                got_pair = (torch.zeros(slots, 3, 5), torch.zeros(slots, 7))
                 want = (torch.zeros(slots, 3, 5), torch.zeros(slots, 7))
                 copy_expert_pairs_indexed(
-                    (src, src_b), got, a.load_experts, a.load_slots, use_triton=True, programs=programs, block=4
+                    (src, src_b), got_pair, a.load_experts, a.load_slots, use_triton=True, programs=programs, block=4
                 )
                 copy_expert_pairs_indexed((src, src_b), want, a.load_experts, a.load_slots, use_triton=False)
-                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), step
+                assert torch.equal(got_pair[0], want[0]) and torch.equal(got_pair[1], want[1]), step
             compared += 1
     # The decode-batch expert kernels against the float64 reference, skipped entries included.
     for tokens, k, slots, hidden, inter in ((1, 4, 6, 40, 24), (3, 2, 5, 64, 36)):
@@ -103,8 +103,8 @@ def main() -> None:
         second = torch.where(torch.rand(ids.shape, generator=g) < 0.5, ids, -1)
         first = torch.where(second >= 0, -1, ids)
         calls = []
-        split = gemv_experts_split(x, w13, w2, w, first, second, lambda: calls.append(1))
-        assert calls == [1] and float((split - ref).norm() / ref.norm()) < 1e-5, (tokens, k)
+        two_passes = gemv_experts_split(x, w13, w2, w, first, second, lambda: calls.append(1))
+        assert calls == [1] and float((two_passes - ref).norm() / ref.norm()) < 1e-5, (tokens, k)
         compared += 1
     # One token with its missing experts read from the store inside the expert kernels: the
     # output equals the reference over the store's experts, and afterwards every loaded slot

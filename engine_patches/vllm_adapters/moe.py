@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from .offload import ExpertOffload
-from .sizing import GIB
-from .stats import publish
-from .store import ExpertStore
+from engine_patches.moe.offload import ExpertOffload
+from engine_patches.moe.sizing import GIB
+from engine_patches.moe.stats import publish
+from engine_patches.moe.store import ExpertStore
 
 log = logging.getLogger("engine_patches.moe")
 
@@ -124,7 +124,7 @@ def install(settings: Any = None) -> list[str]:
 
 
 def _make_method_class(base: type) -> type:
-    class OffloadedFusedMoEMethod(base):  # type: ignore[misc, valid-type]
+    class OffloadedFusedMoEMethod(base):
         """vLLM's unquantized MoE method with the experts in host memory and a GPU cache."""
 
         store_index: int | None = None
