@@ -15,7 +15,7 @@ EVICTION_POLICIES = ("lru", "arc")
 class OffloadProfileFields(SQLModel):
     # CPU KV offload: prefix-cache capacity in host RAM. It does not raise max_model_len.
     kv_offload_gib: float | None = Field(default=None, gt=0)
-    # The seed documents' form; converted to bytes with the model's real page size at launch.
+    # The same as a count of KV blocks; converted to bytes with the model's real page size at launch.
     kv_offload_num_cpu_blocks: int | None = Field(default=None, gt=0)
     kv_eviction_policy: str = "lru"
     lora_cpu_pooling: bool = False

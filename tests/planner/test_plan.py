@@ -1,4 +1,4 @@
-"""Plans a user would ask for, above all the seed's RTX 4090 + Qwen3-Coder AWQ + 52,000 tokens."""
+"""Plans a user would ask for, above all an RTX 4090 + Qwen3-Coder AWQ + 52,000 tokens."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from tests.planner.conftest import load_config
 GiB = 1024**3
 
 
-def seed_request(**change: Any) -> PlanRequest:
-    """The seed's machine: RTX 4090 24 GB, 128 GB RAM, Qwen3-Coder-30B-A3B AWQ, 52,000 tokens."""
+def rtx4090_request(**change: Any) -> PlanRequest:
+    """A home machine: RTX 4090 24 GB, 128 GB RAM, Qwen3-Coder-30B-A3B AWQ, 52,000 tokens."""
     base: dict[str, Any] = dict(
         model="Qwen3-Coder-30B-A3B-Instruct-AWQ",
         hf_config=load_config("Qwen3-Coder-30B-A3B-Instruct-AWQ"),
@@ -28,12 +28,12 @@ def seed_request(**change: Any) -> PlanRequest:
     return PlanRequest(**(base | change))
 
 
-def test_seed_scenario_does_not_fit_and_cpu_kv_offload_does_not_change_that():
-    plain = make_plan(seed_request())
-    # The seed's 50,000 OffloadingConnector blocks: 16 tokens x 96 KiB each = 73 GiB of host memory.
+def test_rtx4090_coder_does_not_fit_and_cpu_kv_offload_does_not_change_that():
+    plain = make_plan(rtx4090_request())
+    # 50,000 OffloadingConnector blocks: 16 tokens x 96 KiB each = 73 GiB of host memory.
     cfg = load_config("Qwen3-Coder-30B-A3B-Instruct-AWQ")
     offload_gib = 50_000 * kv_page_bytes(cfg, "auto", 16) / GiB
-    offloaded = make_plan(seed_request(kv_offload_gib=offload_gib))
+    offloaded = make_plan(rtx4090_request(kv_offload_gib=offload_gib))
 
     assert not plain.verdict.fits
     assert plain.max_context < 52_000
@@ -46,8 +46,8 @@ def test_seed_scenario_does_not_fit_and_cpu_kv_offload_does_not_change_that():
     assert line.label == "Prefix-cache capacity added by CPU KV offload" and line.value == 800_000
 
 
-def test_seed_scenario_names_what_does_make_52000_fit():
-    plan = make_plan(seed_request())
+def test_rtx4090_coder_names_what_does_make_52000_fit():
+    plan = make_plan(rtx4090_request())
     ways = {w.key: w for w in plan.verdict.ways_out}
     assert ways["fp8_kv"].fits and ways["fp8_kv"].max_context >= 52_000
     assert ways["moe_offload"].fits and ways["vllm_expert_offload"].fits
@@ -60,18 +60,18 @@ def test_seed_scenario_names_what_does_make_52000_fit():
 
 
 def test_fp8_kv_doubles_the_tokens_of_the_same_budget():
-    plain, fp8 = make_plan(seed_request()), make_plan(seed_request(kv_cache_dtype="fp8"))
+    plain, fp8 = make_plan(rtx4090_request()), make_plan(rtx4090_request(kv_cache_dtype="fp8"))
     assert fp8.kv_budget_bytes == plain.kv_budget_bytes
     assert fp8.kv_cache_tokens == pytest.approx(2 * plain.kv_cache_tokens, rel=0.001)
 
 
 def test_cpu_offload_gb_frees_its_gib_for_kv():
-    plain, more = make_plan(seed_request()), make_plan(seed_request(cpu_offload_gb=2))
+    plain, more = make_plan(rtx4090_request()), make_plan(rtx4090_request(cpu_offload_gb=2))
     assert more.kv_budget_bytes - plain.kv_budget_bytes == 2 * GiB
 
 
 def test_budget_is_total_times_utilisation_minus_weights_and_overhead():
-    plan = make_plan(seed_request(overhead_gib=1.0))
+    plan = make_plan(rtx4090_request(overhead_gib=1.0))
     total = gpu_from_catalogue("rtx-4090").memory_bytes
     weights = plan.line("weights_on_device").value
     expected = total * 0.88 / GiB - weights - 1.0
@@ -93,7 +93,7 @@ def test_a_model_that_fits_says_so_with_its_concurrency():
 
 
 def test_refusal_carries_the_numbers_unless_forced():
-    verdict = check_fits(seed_request())
+    verdict = check_fits(rtx4090_request())
     assert "52,000" in verdict.refusal()
     assert verdict.refusal(force=True) is None
 
