@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from manager.errors import Conflict, NotFound
 from manager.schemas.common import utcnow
@@ -70,7 +70,7 @@ def delete_model(db: Session, name: str) -> None:
     config = get_model(db, name)
     # A worker that holds (or will soon hold) an engine needs its config.
     active = [state.value for state in ACTIVE]
-    busy = db.exec(select(Worker.id).where(Worker.model_name == name, Worker.state.in_(active))).all()
+    busy = db.exec(select(Worker.id).where(Worker.model_name == name, col(Worker.state).in_(active))).all()
     if busy:
         ids = ", ".join(str(i) for i in busy)
         raise Conflict(f"model config {name!r} is running in worker(s) {ids}; stop them first", workers=list(busy))
