@@ -13,9 +13,9 @@ from manager import __version__, web
 from manager.db import make_engine, migrate
 from manager.deps import require_token_for_changes
 from manager.errors import ManagerError
+from manager.launch.preflight import refuse_if_it_cannot_fit
 from manager.lora.pin_keeper import PinKeeper
 from manager.routes import health, loras, models, plan, profiles, transfer, workers
-from manager.services.preflight import refuse_if_it_cannot_fit
 from manager.settings import Settings
 from manager.supervisor.supervisor import Supervisor
 

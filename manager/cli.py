@@ -246,9 +246,9 @@ def command(
     data_dir: DataDir = None,
 ) -> None:
     """Show the exact argv and environment a model config launches."""
+    from manager.launch.command import preview_command
+    from manager.launch.validation import validate_engine_argv
     from manager.services import models
-    from manager.services.command import preview_command
-    from manager.services.validation import validate_engine_argv
 
     settings = _settings(data_dir)
     with _open_db(settings) as db:

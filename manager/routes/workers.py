@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 
 from manager.deps import SessionDep
-from manager.services.preflight import worker_kv_check
+from manager.launch.preflight import worker_kv_check
 from manager.supervisor.supervisor import Supervisor
 
 router = APIRouter(prefix="/api", tags=["workers"])

@@ -6,6 +6,7 @@ import os
 from dataclasses import replace
 
 from manager.errors import Invalid
+from manager.launch.flags import flag_value
 from manager.planner import PlanError, PlanRequest, check_fits, make_plan
 from manager.planner.engine_report import compare, parse_engine_kv_report
 from manager.planner.gpus import NoGPU, detect_gpu
@@ -13,7 +14,6 @@ from manager.planner.host import read_host_memory
 from manager.planner.model_files import ModelNotFound
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
-from manager.services.engine_flags import flag_value
 
 GIB = 1 << 30
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from engine_patches.settings import PatchSettings
 from manager.errors import Invalid
+from manager.launch.flags import flag_value
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
-from manager.services.engine_flags import flag_value
 
 GIB = 1 << 30
 ENTRY_MODULE = "vllm.entrypoints.openai.api_server"
