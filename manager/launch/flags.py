@@ -1,53 +1,85 @@
-"""Rules for the extra engine arguments a model config may carry."""
+"""The engine flags the manager writes itself: one table from config field to flag, and argv readers.
+
+The table builds the managed part of every launch argv (in its order) and tells the extra_args check
+which flags a config may not set itself.
+"""
 
 from __future__ import annotations
 
-from manager.errors import Invalid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-# Flags that make vLLM import or run code named by the user (a class path, a module, a plugin file,
-# remote model code). Refused unless the operator turns on allow_code_flags.
-CODE_FLAGS = {
-    "--trust-remote-code": "runs Python code shipped with the model",
-    "--worker-cls": "loads a worker class from a module path",
-    "--worker-extension-cls": "loads a worker extension class from a module path",
-    "--scheduler-cls": "loads a scheduler class from a module path",
-    "--middleware": "imports ASGI middleware from a module path",
-    "--tool-parser-plugin": "executes a Python file as a tool parser plugin",
-    "--reasoning-parser-plugin": "executes a Python file as a reasoning parser plugin",
-    "--logits-processors": "imports logits processors from module paths",
-    "--io-processor-plugin": "loads an IO processor plugin",
-    "--model-class-overrides": "replaces model classes with ones from module paths",
-    "--logging-config": "loads a logging configuration that can name handler classes",
-    "--log-config-file": "loads a logging configuration that can name handler classes",
-    "--kv-transfer-config": "can name a connector module path (kv_connector_module_path)",
-    "--ec-transfer-config": "can name a connector module path",
-    "--distributed-executor-backend": "can name an executor class path",
-    "--config": "reads further arguments from a file, which could set any flag refused here",
+
+def _given(value: Any) -> bool:
+    return value is not None
+
+
+@dataclass(frozen=True)
+class EngineFlag:
+    """One engine flag, the launch value it carries, and how that value is written."""
+
+    flag: str
+    # The key of the value in the launch values: a model config field, or one the launch itself
+    # decides (host, the KV offload size and backend from the offload profile).
+    field: str
+    aliases: tuple[str, ...] = ()  # other spellings vLLM accepts, refused in extra_args as well
+    when: Callable[[Any], bool] = _given  # written only for a value this accepts
+    # How the value is written after the flag; None: a switch, `--flag` when true, `--no-flag` when false.
+    text: Callable[[Any], str] | None = str
+    needs: str | None = None  # written only when this other launch value is true
+    instead: str | None = None  # what a refusal tells the user to set, when not the field itself
+    # A switch extra_args may give as well: there it only repeats or overrides the field, and
+    # refusing it would turn away stored configs that carry it.
+    extra_args_may_set: bool = False
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.flag, *self.aliases)
+
+    def argv(self, values: Mapping[str, Any]) -> list[str]:
+        value = values.get(self.field)
+        if (self.needs and not values.get(self.needs)) or not self.when(value):
+            return []
+        if self.text is None:
+            return [self.flag if value else "--no-" + self.flag[2:]]
+        return [self.flag, self.text(value)]
+
+
+ENGINE_FLAGS: tuple[EngineFlag, ...] = (
+    EngineFlag("--model", "model"),
+    EngineFlag("--served-model-name", "served_model_name"),
+    EngineFlag(
+        "--host", "host", instead="(none: the manager sets it from VLLM_MANAGER_WORKER_HOST, default 127.0.0.1)"
+    ),
+    EngineFlag("--port", "port"),
+    EngineFlag("--dtype", "dtype", when=lambda v: v != "auto"),
+    EngineFlag("--quantization", "quantization", ("-q",), when=bool),
+    EngineFlag("--tensor-parallel-size", "tensor_parallel_size", ("-tp",), when=lambda v: v != 1),
+    # repr keeps every digit of the float the user stored.
+    EngineFlag("--gpu-memory-utilization", "gpu_memory_utilization", ("--device-memory-utilization",), text=repr),
+    EngineFlag("--max-model-len", "max_model_len"),
+    EngineFlag("--max-num-seqs", "max_num_seqs"),
+    EngineFlag("--kv-cache-dtype", "kv_cache_dtype", when=lambda v: v != "auto"),
+    EngineFlag("--enforce-eager", "enforce_eager", when=bool, text=None, extra_args_may_set=True),
+    EngineFlag("--enable-prefix-caching", "enable_prefix_caching", text=None, extra_args_may_set=True),
+    EngineFlag("--enable-lora", "enable_lora", when=bool, text=None),
+    EngineFlag("--max-loras", "max_loras", needs="enable_lora"),
+    EngineFlag("--max-lora-rank", "max_lora_rank", needs="enable_lora"),
+    EngineFlag("--max-cpu-loras", "max_cpu_loras", needs="enable_lora"),
+    EngineFlag("--kv-offloading-size", "kv_offloading_size", instead="the offload profile's kv_offload_gib"),
+    EngineFlag("--kv-offloading-backend", "kv_offloading_backend", instead="the offload profile"),
+)
+
+# Every spelling of a flag the manager sets, and what to set instead: refused in extra_args.
+MANAGED_FLAGS: dict[str, str] = {
+    name: row.instead or row.field for row in ENGINE_FLAGS if not row.extra_args_may_set for name in row.names
 }
 
-# Flags the manager sets from the config's own fields or from the worker it starts.
-MANAGED_FLAGS = {
-    "--model": "model",
-    "--served-model-name": "served_model_name",
-    "--host": "(none: the manager sets it from VLLM_MANAGER_WORKER_HOST, default 127.0.0.1)",
-    "--port": "port",
-    "--tensor-parallel-size": "tensor_parallel_size",
-    "-tp": "tensor_parallel_size",
-    "--gpu-memory-utilization": "gpu_memory_utilization",
-    "--device-memory-utilization": "gpu_memory_utilization",
-    "--max-model-len": "max_model_len",
-    "--max-num-seqs": "max_num_seqs",
-    "--kv-cache-dtype": "kv_cache_dtype",
-    "--dtype": "dtype",
-    "--quantization": "quantization",
-    "-q": "quantization",
-    "--enable-lora": "enable_lora",
-    "--max-loras": "max_loras",
-    "--max-lora-rank": "max_lora_rank",
-    "--max-cpu-loras": "max_cpu_loras",
-    "--kv-offloading-size": "the offload profile's kv_offload_gib",
-    "--kv-offloading-backend": "the offload profile",
-}
+
+def managed_argv(values: Mapping[str, Any]) -> list[str]:
+    """The flags the manager writes for these launch values, in the table's order."""
+    return [part for row in ENGINE_FLAGS for part in row.argv(values)]
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -61,6 +93,7 @@ def flag_value(argv: list[str], flag: str) -> str | None:
 
 
 def flag_name(arg: str) -> str | None:
+    """The flag an argv element names (`--flag` of `--flag=value`), or None for a value."""
     if not arg.startswith("-") or arg == "-" or _is_number(arg):
         return None
     return arg.split("=", 1)[0]
@@ -72,63 +105,3 @@ def _is_number(arg: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _canonical(flag: str) -> str:
-    # vLLM's parser accepts --some_flag for --some-flag.
-    return flag[:2] + flag[2:].replace("_", "-") if flag.startswith("--") else flag
-
-
-def _protected_by(flag: str, table: dict[str, str]) -> str | None:
-    """The protected flag that `flag` names: itself, or one it abbreviates (argparse accepts any
-    unambiguous prefix, so --trust-remote means --trust-remote-code)."""
-    if flag in table:
-        return flag
-    if flag.startswith("--") and len(flag) > 3:
-        for name in table:
-            if name.startswith(flag):
-                return name
-    return None
-
-
-def check_extra_args(args: list[str], allow_code_flags: bool) -> None:
-    """Refuse flags that run user-chosen code (unless allowed) and flags the config already owns."""
-    for arg in args:
-        flag = flag_name(arg)
-        if flag is None:
-            continue
-        # vLLM sets one key of a JSON flag with --flag.key value: the flag is what counts.
-        flag = _canonical(flag).split(".", 1)[0]
-        base = "--" + flag[5:] if flag.startswith("--no-") else flag
-        managed = _protected_by(flag, MANAGED_FLAGS) or _protected_by(base, MANAGED_FLAGS)
-        if managed:
-            raise Invalid(
-                f"extra_args: {arg.split('=', 1)[0]} sets {managed}, which is set by the manager; "
-                f"use the config field {MANAGED_FLAGS[managed]} instead",
-                field="extra_args",
-            )
-        code = _protected_by(flag, CODE_FLAGS)
-        if code and not allow_code_flags:
-            raise Invalid(
-                f"extra_args: {arg.split('=', 1)[0]} is refused because {code} {CODE_FLAGS[code]}; an "
-                "operator can allow such flags with VLLM_MANAGER_ALLOW_CODE_FLAGS=1",
-                field="extra_args",
-            )
-
-
-# Environment variables that make the engine's interpreter load code of the user's choosing.
-CODE_ENV_PREFIXES = ("LD_", "PYTHON", "DYLD_")
-CODE_ENV_NAMES = {"VLLM_PLUGINS", "VLLM_MANAGER_PATCHES", "BASH_ENV", "ENV"}
-
-
-def check_env(env: dict[str, str], allow_code_flags: bool) -> None:
-    """Refuse environment overrides that load code (LD_PRELOAD, PYTHONPATH, VLLM_PLUGINS, ...)."""
-    if allow_code_flags:
-        return
-    for name in env:
-        if name.upper().startswith(CODE_ENV_PREFIXES) or name.upper() in CODE_ENV_NAMES:
-            raise Invalid(
-                f"env: {name} is refused because it can make the engine load other code; an operator "
-                "can allow it with VLLM_MANAGER_ALLOW_CODE_FLAGS=1",
-                field="env",
-            )

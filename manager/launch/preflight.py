@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from pathlib import Path
+
+from sqlmodel import Session
 
 from manager.errors import Invalid
 from manager.launch.flags import flag_value
@@ -93,7 +96,7 @@ def prediction_vs_engine(config: ModelConfig, profile: OffloadProfile | None, lo
     return {"reported": report.model_dump(), **(comparison.model_dump() if comparison else {})}
 
 
-def worker_kv_check(db, model_name: str, log_path) -> dict:
+def worker_kv_check(db: Session, model_name: str, log_path: Path | None) -> dict:
     """For a worker: vLLM's KV figures from its current log beside the plan for its config."""
     from manager.services import models
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlmodel import Session, select
 
 from manager.errors import Conflict, NotFound
-from manager.launch.flags import check_env, check_extra_args
+from manager.launch.refusals import check_env, check_extra_args
 from manager.schemas.common import utcnow
 from manager.schemas.model_config import (
     ModelConfig,

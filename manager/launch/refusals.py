@@ -1,0 +1,87 @@
+"""What a model config's extra_args and env may not hold: flags the manager sets, and code loading."""
+
+from __future__ import annotations
+
+from manager.errors import Invalid
+from manager.launch.flags import MANAGED_FLAGS, flag_name
+
+# Flags that make vLLM import or run code named by the user (a class path, a module, a plugin file,
+# remote model code). Refused unless the operator turns on allow_code_flags.
+CODE_FLAGS = {
+    "--trust-remote-code": "runs Python code shipped with the model",
+    "--worker-cls": "loads a worker class from a module path",
+    "--worker-extension-cls": "loads a worker extension class from a module path",
+    "--scheduler-cls": "loads a scheduler class from a module path",
+    "--middleware": "imports ASGI middleware from a module path",
+    "--tool-parser-plugin": "executes a Python file as a tool parser plugin",
+    "--reasoning-parser-plugin": "executes a Python file as a reasoning parser plugin",
+    "--logits-processors": "imports logits processors from module paths",
+    "--io-processor-plugin": "loads an IO processor plugin",
+    "--model-class-overrides": "replaces model classes with ones from module paths",
+    "--logging-config": "loads a logging configuration that can name handler classes",
+    "--log-config-file": "loads a logging configuration that can name handler classes",
+    "--kv-transfer-config": "can name a connector module path (kv_connector_module_path)",
+    "--ec-transfer-config": "can name a connector module path",
+    "--distributed-executor-backend": "can name an executor class path",
+    "--config": "reads further arguments from a file, which could set any flag refused here",
+}
+
+
+def _canonical(flag: str) -> str:
+    # vLLM's parser accepts --some_flag for --some-flag.
+    return flag[:2] + flag[2:].replace("_", "-") if flag.startswith("--") else flag
+
+
+def _protected_by(flag: str, table: dict[str, str]) -> str | None:
+    """The protected flag that `flag` names: itself, or one it abbreviates (argparse accepts any
+    unambiguous prefix, so --trust-remote means --trust-remote-code)."""
+    if flag in table:
+        return flag
+    if flag.startswith("--") and len(flag) > 3:
+        for name in table:
+            if name.startswith(flag):
+                return name
+    return None
+
+
+def check_extra_args(args: list[str], allow_code_flags: bool) -> None:
+    """Refuse flags that run user-chosen code (unless allowed) and flags the config already owns."""
+    for arg in args:
+        flag = flag_name(arg)
+        if flag is None:
+            continue
+        # vLLM sets one key of a JSON flag with --flag.key value: the flag is what counts.
+        flag = _canonical(flag).split(".", 1)[0]
+        base = "--" + flag[5:] if flag.startswith("--no-") else flag
+        managed = _protected_by(flag, MANAGED_FLAGS) or _protected_by(base, MANAGED_FLAGS)
+        if managed:
+            raise Invalid(
+                f"extra_args: {arg.split('=', 1)[0]} sets {managed}, which is set by the manager; "
+                f"use the config field {MANAGED_FLAGS[managed]} instead",
+                field="extra_args",
+            )
+        code = _protected_by(flag, CODE_FLAGS)
+        if code and not allow_code_flags:
+            raise Invalid(
+                f"extra_args: {arg.split('=', 1)[0]} is refused because {code} {CODE_FLAGS[code]}; an "
+                "operator can allow such flags with VLLM_MANAGER_ALLOW_CODE_FLAGS=1",
+                field="extra_args",
+            )
+
+
+# Environment variables that make the engine's interpreter load code of the user's choosing.
+CODE_ENV_PREFIXES = ("LD_", "PYTHON", "DYLD_")
+CODE_ENV_NAMES = {"VLLM_PLUGINS", "VLLM_MANAGER_PATCHES", "BASH_ENV", "ENV"}
+
+
+def check_env(env: dict[str, str], allow_code_flags: bool) -> None:
+    """Refuse environment overrides that load code (LD_PRELOAD, PYTHONPATH, VLLM_PLUGINS, ...)."""
+    if allow_code_flags:
+        return
+    for name in env:
+        if name.upper().startswith(CODE_ENV_PREFIXES) or name.upper() in CODE_ENV_NAMES:
+            raise Invalid(
+                f"env: {name} is refused because it can make the engine load other code; an operator "
+                "can allow it with VLLM_MANAGER_ALLOW_CODE_FLAGS=1",
+                field="env",
+            )
