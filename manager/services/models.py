@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from manager.errors import Conflict, NotFound
 from manager.launch.refusals import check_env, check_extra_args
@@ -69,7 +69,7 @@ def delete_model(db: Session, name: str) -> None:
     from manager.schemas.worker import Worker
 
     config = get_model(db, name)
-    busy = db.exec(select(Worker.id).where(Worker.model_name == name, Worker.state.in_(ACTIVE_STATES))).all()
+    busy = db.exec(select(Worker.id).where(Worker.model_name == name, col(Worker.state).in_(ACTIVE_STATES))).all()
     if busy:
         ids = ", ".join(str(i) for i in busy)
         raise Conflict(f"model config {name!r} is running in worker(s) {ids}; stop them first", workers=list(busy))
