@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -62,7 +62,7 @@ def _open_db(settings: Settings):
     return session(engine)
 
 
-def _fail(message: str, code: int = 1) -> None:
+def _fail(message: str, code: int = 1) -> NoReturn:
     typer.secho(message, fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
 
@@ -246,9 +246,9 @@ def command(
     data_dir: DataDir = None,
 ) -> None:
     """Show the exact argv and environment a model config launches."""
+    from manager.launch.command import preview_command
+    from manager.launch.validation import validate_engine_argv
     from manager.services import models
-    from manager.services.command import preview_command
-    from manager.services.validation import validate_engine_argv
 
     settings = _settings(data_dir)
     with _open_db(settings) as db:

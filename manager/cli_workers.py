@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
         token: Token = None,
     ) -> None:
         """Start a worker for a model config."""
-        body = {"model": model, "port": port, "force": force}
+        body: dict[str, object] = {"model": model, "port": port, "force": force}
         if gpus:
             body["gpus"] = [int(g) for g in gpus.split(",")]
         typer.echo(_line(call(url, token, "POST", "/api/workers", json=body)))

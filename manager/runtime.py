@@ -16,11 +16,11 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 
 from manager.db import make_engine, migrate, session
+from manager.launch.preflight import refuse_if_it_cannot_fit
 from manager.lora.pin_keeper import PinKeeper
 from manager.metrics import HistoryStore, ManagerExposition, MetricsCollector, WorkerInfo
 from manager.schemas.model_config import ModelConfig
 from manager.services import models
-from manager.services.preflight import refuse_if_it_cannot_fit
 from manager.settings import Settings
 from manager.supervisor.supervisor import Supervisor
 from manager.supervisor.view import WorkerView

@@ -1,1 +1,1 @@
-"""HTTP routes: translation between requests and the library in manager.services."""
+"""HTTP routes: translation between requests and the library (manager.services, manager.launch, ...)."""

@@ -3,10 +3,10 @@ from fastapi.concurrency import run_in_threadpool
 
 from manager.deps import SessionDep, SettingsDep, is_authorized
 from manager.errors import Invalid
+from manager.launch.command import preview_command
+from manager.launch.validation import validate_engine_argv
 from manager.schemas.model_config import ModelConfigCreate, ModelConfigPublic, ModelConfigUpdate
 from manager.services import models
-from manager.services.command import preview_command
-from manager.services.validation import validate_engine_argv
 
 router = APIRouter(prefix="/api/models", tags=["model configs"])
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 
 from manager.deps import SessionDep, SupervisorDep
-from manager.services.preflight import worker_kv_check
+from manager.launch.preflight import worker_kv_check
 from manager.supervisor.view import WorkerView
 
 router = APIRouter(prefix="/api", tags=["workers"])

@@ -1,1 +1,1 @@
-"""The manager's logic, usable without FastAPI."""
+"""The store: model configs, offload profiles, API tokens, export and import; usable without FastAPI."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlmodel import Session, col, select
 
 from manager.errors import Conflict, NotFound
+from manager.launch.refusals import check_env, check_extra_args
 from manager.schemas.common import utcnow
 from manager.schemas.model_config import (
     ModelConfig,
@@ -14,7 +15,6 @@ from manager.schemas.model_config import (
 )
 from manager.schemas.offload_profile import OffloadProfile
 from manager.services import profiles
-from manager.services.engine_flags import check_env, check_extra_args
 from manager.supervisor.lifecycle import ACTIVE
 
 

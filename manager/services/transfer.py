@@ -89,14 +89,14 @@ def import_data(
     result: dict[str, list[str]] = {"created": [], "replaced": []}
     try:
         for p in new_profiles:
-            row = db.exec(select(OffloadProfile).where(OffloadProfile.name == p.name)).first()
-            if row is None:
+            stored_profile = db.exec(select(OffloadProfile).where(OffloadProfile.name == p.name)).first()
+            if stored_profile is None:
                 db.add(OffloadProfile.model_validate(p.model_dump()))
                 result["created"].append(f"profile {p.name}")
             else:
                 for key, value in p.model_dump(exclude={"name"}).items():
-                    setattr(row, key, value)
-                db.add(row)
+                    setattr(stored_profile, key, value)
+                db.add(stored_profile)
                 result["replaced"].append(f"profile {p.name}")
         db.flush()
         for m in new_models:
@@ -106,14 +106,14 @@ def import_data(
                 if m.offload_profile
                 else None
             )
-            row = db.exec(select(ModelConfig).where(ModelConfig.name == m.name)).first()
-            if row is None:
+            stored_model = db.exec(select(ModelConfig).where(ModelConfig.name == m.name)).first()
+            if stored_model is None:
                 db.add(ModelConfig(name=m.name, **fields))
                 result["created"].append(f"model {m.name}")
             else:
                 for key, value in fields.items():
-                    setattr(row, key, value)
-                db.add(row)
+                    setattr(stored_model, key, value)
+                db.add(stored_model)
                 result["replaced"].append(f"model {m.name}")
         db.commit()
     except Exception:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from manager.services.engine_flags import flag_value
+from manager.launch.flags import flag_value
 
 ENGINE_MARKERS = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
 

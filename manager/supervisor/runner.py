@@ -24,8 +24,8 @@ from sqlalchemy.engine import Engine as DbEngine
 
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
+from manager.launch.command import LaunchCommand
 from manager.schemas.worker import Worker
-from manager.services.command import LaunchCommand
 from manager.settings import Settings
 from manager.supervisor import lifecycle as lc
 from manager.supervisor import process

@@ -17,12 +17,12 @@ from sqlmodel import Session, col, select
 
 from manager.db import session
 from manager.errors import Conflict, NotFound
+from manager.launch.command import build_command, served_name
+from manager.launch.preflight import host_bytes_of
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.schemas.worker import Worker
 from manager.services import models
-from manager.services.command import build_command, served_name
-from manager.services.preflight import host_bytes_of
 from manager.settings import Settings
 from manager.supervisor import gpu_cleanup, process
 from manager.supervisor.events import EventLog

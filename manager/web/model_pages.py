@@ -15,6 +15,8 @@ from pydantic import BaseModel
 
 from manager.deps import SessionDep, SettingsDep
 from manager.errors import ManagerError, NotFound
+from manager.launch.command import preview_command
+from manager.launch.validation import validate_engine_argv
 from manager.schemas.model_config import ModelConfigCreate, ModelConfigUpdate
 from manager.schemas.offload_profile import (
     EVICTION_POLICIES,
@@ -22,8 +24,6 @@ from manager.schemas.offload_profile import (
     OffloadProfileUpdate,
 )
 from manager.services import models, profiles
-from manager.services.command import preview_command
-from manager.services.validation import validate_engine_argv
 from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, to_text, validate
 from manager.web.render import render
 

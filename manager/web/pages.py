@@ -11,10 +11,10 @@ from fastapi.responses import HTMLResponse
 
 from manager.deps import LiveViewsDep, MetricsDep, SessionDep, SupervisorDep
 from manager.errors import NotFound
+from manager.launch.preflight import worker_kv_check
 from manager.planner import PlanError, PlanRequest, make_plan
 from manager.planner.gpus import CATALOGUE, NoGPU, detect_gpu
 from manager.services import models
-from manager.services.preflight import worker_kv_check
 from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, validate
 from manager.web.render import render
 

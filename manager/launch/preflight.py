@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from pathlib import Path
+
+from sqlmodel import Session
 
 from manager.errors import Invalid
+from manager.launch.flags import flag_value
 from manager.planner import PlanError, PlanRequest, check_fits, make_plan
 from manager.planner.engine_report import compare, parse_engine_kv_report
 from manager.planner.gpus import NoGPU, detect_gpu
@@ -13,7 +17,6 @@ from manager.planner.host import read_host_memory
 from manager.planner.model_files import ModelNotFound
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
-from manager.services.engine_flags import flag_value
 
 GIB = 1 << 30
 
@@ -93,7 +96,7 @@ def prediction_vs_engine(config: ModelConfig, profile: OffloadProfile | None, lo
     return {"reported": report.model_dump(), **(comparison.model_dump() if comparison else {})}
 
 
-def worker_kv_check(db, model_name: str, log_path) -> dict:
+def worker_kv_check(db: Session, model_name: str, log_path: Path | None) -> dict:
     """For a worker: vLLM's KV figures from its current log beside the plan for its config."""
     from manager.services import models
 

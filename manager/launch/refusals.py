@@ -1,8 +1,9 @@
-"""Rules for the extra engine arguments a model config may carry."""
+"""What a model config's extra_args and env may not hold: flags the manager sets, and code loading."""
 
 from __future__ import annotations
 
 from manager.errors import Invalid
+from manager.launch.flags import MANAGED_FLAGS, flag_name
 
 # Flags that make vLLM import or run code named by the user (a class path, a module, a plugin file,
 # remote model code). Refused unless the operator turns on allow_code_flags.
@@ -24,54 +25,6 @@ CODE_FLAGS = {
     "--distributed-executor-backend": "can name an executor class path",
     "--config": "reads further arguments from a file, which could set any flag refused here",
 }
-
-# Flags the manager sets from the config's own fields or from the worker it starts.
-MANAGED_FLAGS = {
-    "--model": "model",
-    "--served-model-name": "served_model_name",
-    "--host": "(none: the manager sets it from VLLM_MANAGER_WORKER_HOST, default 127.0.0.1)",
-    "--port": "port",
-    "--tensor-parallel-size": "tensor_parallel_size",
-    "-tp": "tensor_parallel_size",
-    "--gpu-memory-utilization": "gpu_memory_utilization",
-    "--device-memory-utilization": "gpu_memory_utilization",
-    "--max-model-len": "max_model_len",
-    "--max-num-seqs": "max_num_seqs",
-    "--kv-cache-dtype": "kv_cache_dtype",
-    "--dtype": "dtype",
-    "--quantization": "quantization",
-    "-q": "quantization",
-    "--enable-lora": "enable_lora",
-    "--max-loras": "max_loras",
-    "--max-lora-rank": "max_lora_rank",
-    "--max-cpu-loras": "max_cpu_loras",
-    "--kv-offloading-size": "the offload profile's kv_offload_gib",
-    "--kv-offloading-backend": "the offload profile",
-}
-
-
-def flag_value(argv: list[str], flag: str) -> str | None:
-    """The value given to `flag` in an argv (`--flag value` or `--flag=value`), or None."""
-    for i, part in enumerate(argv):
-        if part == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if part.startswith(flag + "="):
-            return part.split("=", 1)[1]
-    return None
-
-
-def flag_name(arg: str) -> str | None:
-    if not arg.startswith("-") or arg == "-" or _is_number(arg):
-        return None
-    return arg.split("=", 1)[0]
-
-
-def _is_number(arg: str) -> bool:
-    try:
-        float(arg)
-    except ValueError:
-        return False
-    return True
 
 
 def _canonical(flag: str) -> str:

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from engine_patches.settings import PatchSettings
 from manager.errors import Invalid
+from manager.launch.flags import flag_value, managed_argv
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
-from manager.services.engine_flags import flag_value
+from manager.settings import Settings
 
 GIB = 1 << 30
 ENTRY_MODULE = "vllm.entrypoints.openai.api_server"
@@ -91,61 +92,34 @@ def build_command(
     run_dir: Path | None = None,
     host: str = "127.0.0.1",
 ) -> LaunchCommand:
-    argv = [engine_python, "-m", ENTRY_MODULE, "--model", config.model]
+    """The argv (the managed flags from the flag table, then extra_args) and the environment."""
     notes: list[str] = []
-    argv += ["--served-model-name", served_name(config), "--host", host, "--port", str(port)]
-    if config.dtype != "auto":
-        argv += ["--dtype", config.dtype]
-    if config.quantization:
-        argv += ["--quantization", config.quantization]
-    if config.tensor_parallel_size != 1:
-        argv += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
-    argv += ["--gpu-memory-utilization", repr(config.gpu_memory_utilization)]
-    if config.max_model_len is not None:
-        argv += ["--max-model-len", str(config.max_model_len)]
-    if config.max_num_seqs is not None:
-        argv += ["--max-num-seqs", str(config.max_num_seqs)]
-    if config.kv_cache_dtype != "auto":
-        argv += ["--kv-cache-dtype", config.kv_cache_dtype]
     moe_offload = profile is not None and profile.moe_expert_offload
-    if config.enforce_eager or moe_offload:
-        argv.append("--enforce-eager")
-        if moe_offload and not config.enforce_eager:
-            # The expert cache reads the router's choices on the host: no CUDA graph may capture it.
-            notes.append("--enforce-eager added: MoE expert offload cannot run inside CUDA graphs")
-    if config.enable_prefix_caching is not None:
-        argv.append("--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching")
-    if config.enable_lora:
-        argv.append("--enable-lora")
-        for flag, value in (
-            ("--max-loras", config.max_loras),
-            ("--max-lora-rank", config.max_lora_rank),
-            ("--max-cpu-loras", config.max_cpu_loras),
-        ):
-            if value is not None:
-                argv += [flag, str(value)]
+    if moe_offload and not config.enforce_eager:
+        # The expert cache reads the router's choices on the host: no CUDA graph may capture it.
+        notes.append("--enforce-eager added: MoE expert offload cannot run inside CUDA graphs")
+    kv_size, kv_connector = None, None
     if profile is not None:
         kv_bytes, note = kv_offload_bytes(config, profile)
         if note:
             notes.append(note)
-        if kv_bytes is not None:
-            if profile.kv_eviction_policy == "lru":
-                argv += ["--kv-offloading-size", _gib_text(kv_bytes), "--kv-offloading-backend", "native"]
-            else:
-                # Only the connector's extra config carries a policy other than the default LRU.
-                argv += [
-                    "--kv-transfer-config",
-                    json.dumps(
-                        {
-                            "kv_connector": "OffloadingConnector",
-                            "kv_role": "kv_both",
-                            "kv_connector_extra_config": {
-                                "cpu_bytes_to_use": kv_bytes,
-                                "eviction_policy": profile.kv_eviction_policy,
-                            },
-                        }
-                    ),
-                ]
+        if kv_bytes is not None and profile.kv_eviction_policy == "lru":
+            kv_size = _gib_text(kv_bytes)
+        elif kv_bytes is not None:
+            # Only the connector's extra config carries a policy other than the default LRU.
+            kv_connector = _offloading_connector(kv_bytes, profile.kv_eviction_policy)
+    values = {
+        **config.model_dump(),
+        "served_model_name": served_name(config),
+        "host": host,
+        "port": port,
+        "enforce_eager": config.enforce_eager or moe_offload,
+        "kv_offloading_size": kv_size,
+        "kv_offloading_backend": "native" if kv_size is not None else None,
+    }
+    argv = [engine_python, "-m", ENTRY_MODULE, *managed_argv(values)]
+    if kv_connector is not None:
+        argv += ["--kv-transfer-config", kv_connector]
     argv += config.extra_args
 
     env = dict(config.env)
@@ -160,6 +134,16 @@ def build_command(
     return LaunchCommand(argv=argv, env=env, notes=notes)
 
 
+def _offloading_connector(kv_bytes: int, eviction_policy: str) -> str:
+    return json.dumps(
+        {
+            "kv_connector": "OffloadingConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"cpu_bytes_to_use": kv_bytes, "eviction_policy": eviction_policy},
+        }
+    )
+
+
 def _gib_text(n_bytes: int) -> str:
     # n / 2**30 is exact in a float for any realistic size, and vLLM multiplies it back by 2**30,
     # so the engine gets exactly n_bytes.
@@ -167,7 +151,7 @@ def _gib_text(n_bytes: int) -> str:
     return str(int(gib)) if gib.is_integer() else repr(gib)
 
 
-def preview_command(config: ModelConfig, profile: OffloadProfile | None, settings) -> LaunchCommand:
+def preview_command(config: ModelConfig, profile: OffloadProfile | None, settings: Settings) -> LaunchCommand:
     """The command a start of this config would run now, for previews (its own port, or the range's first)."""
     return build_command(
         config,

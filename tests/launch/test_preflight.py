@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from manager.errors import Invalid
+from manager.launch import preflight
 from manager.planner.gpus import gpu_from_catalogue
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
-from manager.services import preflight
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
 

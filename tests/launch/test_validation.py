@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from manager.services.validation import validate_engine_argv
+from manager.launch.validation import validate_engine_argv
 
 BASE = {"model": "/models/none", "gpu_memory_utilization": 0.5, "max_model_len": 4096}
 

@@ -33,7 +33,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(data_dir: Path, port: int, *extra: str) -> subprocess.Popen:
+def _serve(data_dir: Path, port: int, *extra: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         CLI + ["serve", "--port", str(port), "--data-dir", str(data_dir), *extra],
         stdout=subprocess.PIPE,
@@ -49,7 +49,7 @@ def _serve(data_dir: Path, port: int, *extra: str) -> subprocess.Popen:
         except httpx.TransportError:
             time.sleep(0.2)
         if proc.poll() is not None:
-            raise AssertionError(proc.stdout.read())
+            raise AssertionError(proc.communicate()[0])
     proc.kill()
     raise AssertionError("the manager did not answer within 60 s")
 

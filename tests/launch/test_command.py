@@ -1,0 +1,148 @@
+"""build_command on its own: the exact argv and environment for representative configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from manager.launch.command import ENTRY_MODULE, build_command
+from manager.schemas.model_config import ModelConfig
+from manager.schemas.offload_profile import OffloadProfile
+
+PYTHON = "/opt/engine/bin/python"
+HEAD = [PYTHON, "-m", ENTRY_MODULE]
+
+
+def _build(config: ModelConfig, profile: OffloadProfile | None = None, **launch):
+    return build_command(config, profile, engine_python=PYTHON, port=8001, **launch)
+
+
+def _patches(env: dict[str, str]) -> dict:
+    return json.loads(env["VLLM_MANAGER_PATCHES"])
+
+
+def test_a_plain_config_gets_only_what_the_manager_always_sets():
+    cmd = _build(ModelConfig(name="plain", model="/models/llama"))
+    assert cmd.argv == HEAD + [
+        "--model", "/models/llama",
+        "--served-model-name", "plain",
+        "--host", "127.0.0.1",
+        "--port", "8001",
+        "--gpu-memory-utilization", "0.9",
+    ]  # fmt: skip
+    assert cmd.engine_argv == cmd.argv[3:]
+    assert set(cmd.env) == {"VLLM_PLUGINS", "VLLM_MANAGER_PATCHES"}
+    assert cmd.env["VLLM_PLUGINS"] == "offload_patches"
+    assert _patches(cmd.env)["run_dir"] is None and _patches(cmd.env)["moe_offload"] is False
+    assert cmd.notes == []
+
+
+def test_tp2_with_fp8_kv_on_two_gpus():
+    config = ModelConfig(
+        name="qwen-tp2",
+        model="Qwen/Qwen3-8B",
+        served_model_name="qwen",
+        dtype="bfloat16",
+        quantization="fp8",
+        tensor_parallel_size=2,
+        gpu_ids=[2, 3],
+        gpu_memory_utilization=0.1 + 0.2,
+        max_model_len=32768,
+        max_num_seqs=16,
+        kv_cache_dtype="fp8",
+        enforce_eager=True,
+        enable_prefix_caching=True,
+    )
+    cmd = _build(config, gpus=[2, 3], run_dir=Path("/data/run/7"), host="0.0.0.0")
+    assert cmd.argv == HEAD + [
+        "--model", "Qwen/Qwen3-8B",
+        "--served-model-name", "qwen",
+        "--host", "0.0.0.0",
+        "--port", "8001",
+        "--dtype", "bfloat16",
+        "--quantization", "fp8",
+        "--tensor-parallel-size", "2",
+        "--gpu-memory-utilization", "0.30000000000000004",  # every digit the user stored
+        "--max-model-len", "32768",
+        "--max-num-seqs", "16",
+        "--kv-cache-dtype", "fp8",
+        "--enforce-eager",
+        "--enable-prefix-caching",
+    ]  # fmt: skip
+    assert cmd.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert _patches(cmd.env)["run_dir"] == "/data/run/7"
+
+
+def test_lora_flags_runtime_loading_and_the_cpu_pool():
+    config = ModelConfig(
+        name="lora", model="/models/m", enable_lora=True, max_loras=4, max_lora_rank=16, max_cpu_loras=8
+    )
+    cmd = _build(config, OffloadProfile(name="pool", lora_cpu_pooling=True, lora_pool_gib=2))
+    assert cmd.engine_argv[-7:] == [
+        "--enable-lora",
+        "--max-loras", "4",
+        "--max-lora-rank", "16",
+        "--max-cpu-loras", "8",
+    ]  # fmt: skip
+    assert cmd.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    patches = _patches(cmd.env)
+    assert patches["lora_pool"] is True and patches["lora_pool_bytes"] == 2 << 30 and patches["max_cpu_loras"] == 8
+
+
+def test_lora_limits_are_left_out_while_lora_is_off():
+    config = ModelConfig(name="plain", model="/models/m", max_loras=4, max_lora_rank=16, max_cpu_loras=8)
+    cmd = _build(config)
+    assert not any("lora" in part for part in cmd.argv)
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in cmd.env
+
+
+def test_kv_offload_from_a_profiles_gib():
+    profile = OffloadProfile(name="kv", kv_offload_gib=2.5, pinned_budget_gib=1)
+    cmd = _build(ModelConfig(name="kv", model="/models/m", max_model_len=4096), profile)
+    assert cmd.engine_argv[-6:] == [
+        "--max-model-len", "4096",
+        "--kv-offloading-size", "2.5",
+        "--kv-offloading-backend", "native",
+    ]  # fmt: skip
+    assert _patches(cmd.env)["pin_budget_bytes"] == 1 << 30
+
+
+def test_kv_offload_with_arc_eviction_goes_through_the_connector_config():
+    profile = OffloadProfile(name="kv-arc", kv_offload_gib=1, kv_eviction_policy="arc")
+    cmd = _build(ModelConfig(name="arc", model="/models/m"), profile)
+    assert "--kv-offloading-size" not in cmd.argv and "--kv-offloading-backend" not in cmd.argv
+    assert cmd.argv[-2] == "--kv-transfer-config"
+    assert json.loads(cmd.argv[-1]) == {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30, "eviction_policy": "arc"},
+    }
+
+
+def test_moe_offload_forces_eager_mode_and_says_so():
+    profile = OffloadProfile(name="moe", moe_expert_offload=True, moe_gpu_cache_gib=6.5)
+    cmd = _build(ModelConfig(name="moe", model="/models/m"), profile)
+    assert cmd.argv.count("--enforce-eager") == 1
+    assert cmd.notes == ["--enforce-eager added: MoE expert offload cannot run inside CUDA graphs"]
+    assert _patches(cmd.env)["moe_offload"] is True and _patches(cmd.env)["moe_gpu_cache_gib"] == 6.5
+    eager_anyway = _build(ModelConfig(name="moe", model="/models/m", enforce_eager=True), profile)
+    assert eager_anyway.argv.count("--enforce-eager") == 1 and eager_anyway.notes == []
+
+
+def test_extra_args_come_last_and_the_configs_plugins_stay_allowed():
+    config = ModelConfig(
+        name="extra",
+        model="/models/m",
+        enable_prefix_caching=False,
+        extra_args=["--enable-chunked-prefill", "--max-num-batched-tokens", "2048"],
+        env={"VLLM_PLUGINS": "lora_resolver", "HF_HUB_OFFLINE": "1"},
+    )
+    cmd = _build(config, OffloadProfile(name="kv", kv_offload_gib=4))
+    assert cmd.engine_argv[-8:] == [
+        "--no-enable-prefix-caching",
+        "--kv-offloading-size", "4",
+        "--kv-offloading-backend", "native",
+        "--enable-chunked-prefill", "--max-num-batched-tokens", "2048",
+    ]  # fmt: skip
+    assert cmd.env["VLLM_PLUGINS"] == "lora_resolver,offload_patches"
+    assert cmd.env["HF_HUB_OFFLINE"] == "1"
