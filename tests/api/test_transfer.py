@@ -10,10 +10,10 @@ from manager.app import create_app
 YAML = {"content-type": "application/yaml"}
 PROFILES = [
     {
-        "name": "kv-seed",
+        "name": "kv-blocks",
         "kv_offload_num_cpu_blocks": 50000,
         "kv_eviction_policy": "arc",
-        "description": "the seed's form",
+        "description": "a size in blocks",
     },
     {
         "name": "moe",
@@ -44,7 +44,7 @@ MODELS = [
         "model": "/models/llama",
         "kv_cache_dtype": "fp8",
         "enable_prefix_caching": False,
-        "offload_profile": "kv-seed",
+        "offload_profile": "kv-blocks",
     },
 ]
 

@@ -30,15 +30,15 @@ def rtx_4090(monkeypatch):
     monkeypatch.setattr(preflight, "detect_gpu", lambda: gpu_from_catalogue("rtx-4090"))
 
 
-def _seed_config(folder: Path, **fields) -> ModelConfig:
+def _coder_config(folder: Path, **fields) -> ModelConfig:
     values = {"max_model_len": 52000, "gpu_memory_utilization": 0.88, "max_num_seqs": 16, **fields}
     return ModelConfig(name="coder", model=str(folder), enforce_eager=True, **values)
 
 
-def test_the_seeds_scenario_is_refused_with_numbers_and_ways_out(coder_awq, rtx_4090):
-    seed_profile = OffloadProfile(name="seed", kv_offload_gib=73.2)
+def test_the_rtx4090_coder_config_is_refused_with_numbers_and_ways_out(coder_awq, rtx_4090):
+    kv_profile = OffloadProfile(name="kv-73g", kv_offload_gib=73.2)
     with pytest.raises(Invalid) as refused:
-        preflight.refuse_if_it_cannot_fit(_seed_config(coder_awq), seed_profile, force=False)
+        preflight.refuse_if_it_cannot_fit(_coder_config(coder_awq), kv_profile, force=False)
     message = refused.value.message
     assert "52,000" in message or "52000" in message
     assert "GiB" in message
@@ -49,15 +49,15 @@ def test_the_seeds_scenario_is_refused_with_numbers_and_ways_out(coder_awq, rtx_
 
 
 def test_force_and_a_fitting_config_go_ahead(coder_awq, rtx_4090):
-    preflight.refuse_if_it_cannot_fit(_seed_config(coder_awq), None, force=True)
-    preflight.refuse_if_it_cannot_fit(_seed_config(coder_awq, max_model_len=8192), None, force=False)
+    preflight.refuse_if_it_cannot_fit(_coder_config(coder_awq), None, force=True)
+    preflight.refuse_if_it_cannot_fit(_coder_config(coder_awq, max_model_len=8192), None, force=False)
 
 
 def test_no_gpu_means_no_refusal(coder_awq, monkeypatch):
     from manager.planner.gpus import NoGPU
 
     monkeypatch.setattr(preflight, "detect_gpu", lambda: NoGPU("no NVIDIA GPU detected"))
-    preflight.refuse_if_it_cannot_fit(_seed_config(coder_awq), None, force=False)
+    preflight.refuse_if_it_cannot_fit(_coder_config(coder_awq), None, force=False)
 
 
 def test_api_refuses_the_start_with_422(client, coder_awq, rtx_4090):
@@ -78,7 +78,7 @@ def test_api_refuses_the_start_with_422(client, coder_awq, rtx_4090):
 
 
 def test_host_ram_claimed_by_running_workers_counts(coder_awq, rtx_4090):
-    fits_alone = _seed_config(coder_awq, max_model_len=8192)
+    fits_alone = _coder_config(coder_awq, max_model_len=8192)
     preflight.refuse_if_it_cannot_fit(fits_alone, None, force=False, reserved_bytes=0)
     huge = preflight.read_host_memory().usable_ram  # others already claim all of this machine's RAM
     with pytest.raises(Invalid) as refused:

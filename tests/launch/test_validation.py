@@ -99,8 +99,8 @@ def test_validation_skipped_without_vllm(client, settings, tmp_path):
 def test_num_cpu_blocks_converted_with_the_models_page_size(client, tiny_llama):
     # The tiny Llama: 2 layers x 2 KV heads x head_dim 32 x (K and V) x 2 bytes = 512 bytes per token
     # per layer pair; a 16-token block over both layers is 16 x 2 x 2 x 32 x 2 x 2 = 8192 bytes.
-    client.post("/api/profiles", json={"name": "seed", "kv_offload_num_cpu_blocks": 50000})
-    client.post("/api/models", json={**BASE, "name": "tiny", "model": str(tiny_llama), "offload_profile": "seed"})
+    client.post("/api/profiles", json={"name": "kv-blocks", "kv_offload_num_cpu_blocks": 50000})
+    client.post("/api/models", json={**BASE, "name": "tiny", "model": str(tiny_llama), "offload_profile": "kv-blocks"})
     data = _command(client, "tiny").json()
     argv = data["argv"]
     gib = float(argv[argv.index("--kv-offloading-size") + 1])
@@ -110,8 +110,8 @@ def test_num_cpu_blocks_converted_with_the_models_page_size(client, tiny_llama):
 
 
 def test_num_cpu_blocks_refused_when_model_config_unreadable(client):
-    client.post("/api/profiles", json={"name": "seed", "kv_offload_num_cpu_blocks": 50000})
-    client.post("/api/models", json={**BASE, "name": "far", "model": "someorg/not-in-cache", "offload_profile": "seed"})
+    client.post("/api/profiles", json={"name": "kv-blocks", "kv_offload_num_cpu_blocks": 50000})
+    client.post("/api/models", json={**BASE, "name": "far", "model": "someorg/not-in-cache", "offload_profile": "kv-blocks"})
     resp = _command(client, "far")
     assert resp.status_code == 422
     assert "kv_offload_gib" in resp.json()["detail"] and "cpu_bytes_to_use" in resp.json()["detail"]
