@@ -188,6 +188,14 @@ class Exited:
 
 
 @dataclass(frozen=True)
+class Killed:
+    """The group of an engine the machine gave up on has been ended (answers KillGroup)."""
+
+    reason: str
+    now: float
+
+
+@dataclass(frozen=True)
 class Tick:
     now: float
 
@@ -205,6 +213,7 @@ Event = (
     | GroupStopped
     | Probed
     | Exited
+    | Killed
     | Tick
 )
 
@@ -230,9 +239,10 @@ class StopGroup:
 
 @dataclass(frozen=True)
 class KillGroup:
-    """End what is left of a failed engine's group; answers nothing."""
+    """End a failed engine's group (hung, or too slow to start); answers Killed with the reason."""
 
     pid: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -301,7 +311,7 @@ def step(life: Life, event: Event, policy: Policy) -> Step:
             return _group_stopped(life, event, policy)
         case Probed():
             if life.state == State.STARTING:
-                return _probed_starting(life, event, policy)
+                return _probed_starting(life, event)
             if life.state == State.READY:
                 return _probed_ready(life, event, policy)
             return life, []
@@ -310,6 +320,13 @@ def step(life: Life, event: Event, policy: Policy) -> Step:
                 return _start_failed(life, f"{exit_text} before it was ready: {reason or 'no output'}", policy, now)
             if life.state == State.READY:
                 return _crashed(life, f"{exit_text} while serving" + (f": {reason}" if reason else ""), policy, now)
+            return life, []
+        case Killed(reason=reason, now=now):
+            # Published only now, once the group is gone: "crashed" or "failed" never names a live engine.
+            if life.state == State.STARTING:
+                return _start_failed(life, reason, policy, now)
+            if life.state == State.READY:
+                return _crashed(life, reason, policy, now)
             return life, []
         case Tick(now=now):
             if life.state == State.CRASHED and life.next_restart_at is not None and now >= life.next_restart_at:
@@ -419,7 +436,7 @@ def _adopted(life: Life, event: Adopted) -> Step:
     return new, [record("adopted", event.message)]
 
 
-def _probed_starting(life: Life, event: Probed, policy: Policy) -> Step:
+def _probed_starting(life: Life, event: Probed) -> Step:
     if event.serves:
         new = replace(life, state=State.READY, ready_since=event.now, detail=None, start_kind=None, switch_from=None)
         effects: list[Effect] = [_moved(life, new, "ready", f"{life.model} is serving on port {life.port}")]
@@ -434,11 +451,9 @@ def _probed_starting(life: Life, event: Probed, policy: Policy) -> Step:
             )
         return new, effects
     waiting = replace(life, detail=event.latest_log or event.detail)
-    if life.deadline is not None and event.now > life.deadline:
-        assert life.engine is not None  # a start under way always has its process
+    if life.deadline is not None and event.now > life.deadline and life.engine is not None:
         reason = f"not ready within the start timeout; last log line: {event.latest_log or '-'}"
-        failed, effects = _start_failed(waiting, reason, policy, event.now)
-        return failed, [KillGroup(life.engine.pid), *effects]
+        return waiting, [KillGroup(life.engine.pid, reason)]
     return waiting, []
 
 
@@ -448,12 +463,9 @@ def _probed_ready(life: Life, event: Probed, policy: Policy) -> Step:
     else:
         failures = life.health_failures + 1
         limit = policy.health_failures_before_crash
-        if failures >= limit:
-            assert life.engine is not None
-            reason = f"/health failed {limit} times in a row ({event.detail})"
-            crashed, effects = _crashed(life, reason, policy, event.now)
-            return crashed, [KillGroup(life.engine.pid), *effects]
         life = replace(life, health_failures=failures)
+        if failures >= limit and life.engine is not None:
+            return life, [KillGroup(life.engine.pid, f"/health failed {limit} times in a row ({event.detail})")]
     if life.restart_count and life.ready_since is not None and event.now - life.ready_since >= policy.healthy_reset_s:
         return replace(life, restart_count=0), [record("healthy", "healthy long enough: restart counter reset")]
     return life, []

@@ -38,7 +38,7 @@ log = logging.getLogger("vllm_manager.runner")
 
 
 @dataclass
-class Launch:
+class Prepared:
     """What the supervisor prepared for one start: the command and the limits that go with it."""
 
     model_name: str
@@ -48,7 +48,7 @@ class Launch:
 
 
 # Builds the launch for a model config: (worker id, config name, port, gpus, run dir, force).
-Prepare = Callable[[int, str, int, list[int], Path, bool], Launch]
+Prepare = Callable[[int, str, int, list[int], Path, bool], Prepared]
 
 
 @dataclass
@@ -271,8 +271,9 @@ class WorkerRunner:
                 return lc.GroupStopped(
                     report.graceful, report.seconds, tuple(report.killed), tuple(report.leftover), tuple(notes)
                 )
-            case lc.KillGroup():
-                await self._end_group(quick=False, pid=effect.pid)
+            case lc.KillGroup(pid=pid, reason=reason):
+                await self._end_group(quick=False, pid=pid)
+                return lc.Killed(reason, time.monotonic())
             case lc.Reject(error=error):
                 raise error
             case lc.Forget():

@@ -27,7 +27,7 @@ from manager.settings import Settings
 from manager.supervisor import gpu_cleanup, process
 from manager.supervisor.events import EventLog
 from manager.supervisor.lifecycle import Adopted, FoundGone, State
-from manager.supervisor.runner import Launch, RunnerDeps, WorkerRunner
+from manager.supervisor.runner import Prepared, RunnerDeps, WorkerRunner
 from manager.supervisor.view import WorkerView
 
 # Refuses a start that cannot fit: (config, its profile, force, host bytes other workers claim).
@@ -178,7 +178,7 @@ class Supervisor:
 
     def _prepare(
         self, worker_id: int, model_name: str, port: int, gpus: list[int], run_dir: Path, force: bool
-    ) -> Launch:
+    ) -> Prepared:
         with session(self.engine) as db:
             config = models.get_model(db, model_name)
             profile = models.profile_of(db, config)
@@ -194,7 +194,7 @@ class Supervisor:
             run_dir=run_dir,
             host=self.settings.worker_host,
         )
-        return Launch(config.name, served_name(config), cmd, float(config.start_timeout_s))
+        return Prepared(config.name, served_name(config), cmd, float(config.start_timeout_s))
 
     def _host_reserved(self, db: Session, worker_id: int) -> int:
         """Host bytes the other running workers' offload profiles claim (KV offload, LoRA pool, pins)."""

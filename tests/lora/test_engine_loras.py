@@ -150,7 +150,7 @@ def test_a_moe_adapter_is_stacked_inside_the_pool_of_a_real_worker(engine_settin
 
     adapter = make_moe_adapter(tmp_path / "experts", model, rank=8)
     with safe_open(str(adapter / "adapter_model.safetensors"), "pt") as f:
-        adapter_bytes = sum(f.get_tensor(k).nbytes for k in f)
+        adapter_bytes = sum(f.get_tensor(k).nbytes for k in f.keys())  # noqa: SIM118 (safe_open is not iterable)
 
     with TestClient(lora_app(engine_settings)) as c:
         c.post("/api/profiles", json={"name": "lora-pool", "lora_cpu_pooling": True, "lora_pool_gib": 0.01})

@@ -111,9 +111,12 @@ def test_start_timeout_kills_the_group_and_fails():
     life, effects = step(life, probed(59.0, healthy=False, serves=False, log="still loading"))
     assert life.state == State.STARTING and effects == []
     life, effects = step(life, probed(61.0, healthy=False, serves=False, log="still loading"))
-    assert life.state == State.FAILED
-    assert effects[0] == lc.KillGroup(55)
-    assert life.last_error == "not ready within the start timeout; last log line: still loading"
+    reason = "not ready within the start timeout; last log line: still loading"
+    assert effects == [lc.KillGroup(55, reason)]
+    assert life.state == State.STARTING  # failed only once the group is gone
+    life, effects = step(life, lc.Killed(reason, 75.0))
+    assert life.state == State.FAILED and life.engine is None
+    assert life.last_error == reason and records(effects) == [("failed", reason)]
 
 
 def test_crash_backs_off_restarts_and_gives_up_past_the_ceiling():
@@ -154,8 +157,12 @@ def test_health_failures_in_a_row_are_a_crash_and_one_success_resets_them():
     for t in (8.0, 10.0):
         life, _ = step(life, probed(t, healthy=False, serves=False))
     life, effects = step(life, probed(12.0, healthy=False, serves=False))
-    assert life.state == State.CRASHED and effects[0] == lc.KillGroup(77)
-    assert life.last_error == "/health failed 3 times in a row (/health: ConnectError)"
+    reason = "/health failed 3 times in a row (/health: ConnectError)"
+    assert effects == [lc.KillGroup(77, reason)]
+    assert life.state == State.READY  # crashed only once the hung group is gone
+    life, effects = step(life, lc.Killed(reason, 34.0))
+    assert life.state == State.CRASHED and life.engine is None and life.next_restart_at == 44.0
+    assert life.last_error == reason and records(effects) == [("crashed", f"{reason}; restart 1 in 10 s")]
 
 
 def test_restart_counter_resets_after_a_healthy_while():
@@ -318,7 +325,7 @@ def test_a_worker_whose_engine_is_gone_after_a_manager_restart_is_stopped():
 
 
 @pytest.mark.parametrize("state", list(State))
-def test_every_state_answers_every_event_without_error(state):
+def test_every_state_answers_every_event_without_error(state: State) -> None:
     life = lc.Life(state=state, model="a", port=1, engine=lc.Engine(1, 1.0, ()))
     events: list[lc.Event] = [
         lc.StartRequested(),
@@ -329,6 +336,7 @@ def test_every_state_answers_every_event_without_error(state):
         lc.FoundGone(),
         lc.Probed(True, True, "ready", None, 1.0),
         lc.Exited("exited", None, 1.0),
+        lc.Killed("hung", 1.0),
         lc.Tick(1.0),
         lc.GroupStopped(True, 1.0, (), ()),
     ]
