@@ -111,7 +111,9 @@ def test_num_cpu_blocks_converted_with_the_models_page_size(client, tiny_llama):
 
 def test_num_cpu_blocks_refused_when_model_config_unreadable(client):
     client.post("/api/profiles", json={"name": "kv-blocks", "kv_offload_num_cpu_blocks": 50000})
-    client.post("/api/models", json={**BASE, "name": "far", "model": "someorg/not-in-cache", "offload_profile": "kv-blocks"})
+    client.post(
+        "/api/models", json={**BASE, "name": "far", "model": "someorg/not-in-cache", "offload_profile": "kv-blocks"}
+    )
     resp = _command(client, "far")
     assert resp.status_code == 422
     assert "kv_offload_gib" in resp.json()["detail"] and "cpu_bytes_to_use" in resp.json()["detail"]
