@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 GiB = 1024**3
 
@@ -41,6 +41,14 @@ class PlanRequest(BaseModel):
     overhead_gib: float | None = Field(default=None, ge=0, description="replaces the overhead estimate")
     host_ram_gib: float | None = Field(default=None, gt=0, description="plan another machine's RAM")
     host_shm_gib: float | None = Field(default=None, ge=0)
+
+    @field_validator("model")
+    @classmethod
+    def _home_exists(cls, v: str) -> str:
+        from manager.schemas.common import expand_home
+
+        expand_home(v)  # a ~user this machine does not have is refused here, on the field
+        return v
 
     @model_validator(mode="after")
     def _finite(self):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from pathlib import Path
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 SLUG_RULE = "1-63 characters: lowercase letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -13,6 +14,18 @@ def check_slug(value: str) -> str:
     if not SLUG.match(value):
         raise ValueError(f"must be a slug ({SLUG_RULE}), got {value!r}")
     return value
+
+
+def expand_home(path: str) -> Path:
+    """``Path(path).expanduser()``, where a ``~user`` this machine does not have is a ValueError that
+    says what to do (pathlib raises a RuntimeError, which would reach the user as a 500)."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError as exc:
+        raise ValueError(
+            "starts with '~' for a home folder this machine does not have (no such user, or no HOME set): "
+            "give the full path instead"
+        ) from exc
 
 
 def utcnow() -> datetime:

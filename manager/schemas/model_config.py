@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 
 from pydantic import field_validator, model_validator
 from sqlalchemy import JSON, Column
 from sqlmodel import Field, SQLModel
 
-from manager.schemas.common import check_numbers, check_slug, utcnow
+from manager.schemas.common import check_numbers, check_slug, expand_home, utcnow
 
 ENV_NAME_RULE = "letters, digits and '_', not starting with a digit"
 
@@ -43,7 +42,7 @@ class ModelConfigFields(SQLModel):
         # Engines run in their own folder, so a relative path would name something else there (or be
         # taken for a Hugging Face id). Hub ids ("org/name") are left as they are.
         if v.startswith(("~", "./", "../", "/")) or v in (".", ".."):
-            return str(Path(v).expanduser().resolve())
+            return str(expand_home(v).resolve())
         return v
 
     @field_validator("gpu_ids")
