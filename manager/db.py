@@ -8,7 +8,10 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, create_engine
+
+from manager.errors import Conflict
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -41,3 +44,13 @@ def migrate(engine: Engine) -> None:
 
 def session(engine: Engine) -> Session:
     return Session(engine, expire_on_commit=False)
+
+
+def commit_or_conflict(db: Session, clash: str) -> None:
+    """Commit, or roll back and raise Conflict(clash) when another writer got there first: a name taken
+    between our check and our insert, or a row we refer to removed meanwhile (SQLite's constraints)."""
+    try:
+        db.commit()
+    except IntegrityError as exc:
+        db.rollback()
+        raise Conflict(clash) from exc

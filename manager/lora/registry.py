@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlmodel import Session, select
 
+from manager.db import commit_or_conflict
 from manager.errors import Conflict, NotFound
 from manager.lora.checks import AdapterCheck, check_adapter
 from manager.lora.records import LoraAdapter, LoraAdapterCreate, LoraAdapterPublic
@@ -45,7 +46,7 @@ def add_adapter(db: Session, data: LoraAdapterCreate) -> tuple[LoraAdapter, Adap
         pinned=data.pinned,
     )
     db.add(adapter)
-    db.commit()
+    commit_or_conflict(db, f"a LoRA adapter named {data.name!r} already exists")
     db.refresh(adapter)
     return adapter, check
 

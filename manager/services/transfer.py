@@ -6,6 +6,7 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from manager.errors import Conflict, Invalid
@@ -86,39 +87,69 @@ def import_data(
         if clashes:
             raise Conflict(f"already stored: {', '.join(clashes)} (import with overwrite to replace them)")
 
-    result: dict[str, list[str]] = {"created": [], "replaced": []}
+    # A name another client stores between our reads and our commit breaks a UNIQUE constraint: with
+    # overwrite, write once more (that name is replaced now); without, it is a clash like any other.
     try:
-        for p in new_profiles:
-            stored_profile = db.exec(select(OffloadProfile).where(OffloadProfile.name == p.name)).first()
-            if stored_profile is None:
-                db.add(OffloadProfile.model_validate(p.model_dump()))
-                result["created"].append(f"profile {p.name}")
-            else:
-                for key, value in p.model_dump(exclude={"name"}).items():
-                    setattr(stored_profile, key, value)
-                db.add(stored_profile)
-                result["replaced"].append(f"profile {p.name}")
-        db.flush()
-        for m in new_models:
-            fields = m.model_dump(exclude={"name", "offload_profile"})
-            fields["offload_profile_id"] = (
-                db.exec(select(OffloadProfile.id).where(OffloadProfile.name == m.offload_profile)).first()
-                if m.offload_profile
-                else None
-            )
-            stored_model = db.exec(select(ModelConfig).where(ModelConfig.name == m.name)).first()
-            if stored_model is None:
-                db.add(ModelConfig(name=m.name, **fields))
-                result["created"].append(f"model {m.name}")
-            else:
-                for key, value in fields.items():
-                    setattr(stored_model, key, value)
-                db.add(stored_model)
-                result["replaced"].append(f"model {m.name}")
+        return _commit(db, new_profiles, new_models)
+    except IntegrityError as exc:
+        if not overwrite:
+            raise Conflict(_STORED_MEANWHILE) from exc
+    try:
+        return _commit(db, new_profiles, new_models)
+    except IntegrityError as exc:
+        raise Conflict(_STORED_MEANWHILE) from exc
+
+
+_STORED_MEANWHILE = (
+    "some of these names were already stored by another client while this import ran; nothing was imported: "
+    "import again (with overwrite to replace them)"
+)
+
+
+def _commit(
+    db: Session, new_profiles: list[OffloadProfileCreate], new_models: list[ModelConfigCreate]
+) -> dict[str, list[str]]:
+    try:
+        result = _write(db, new_profiles, new_models)
         db.commit()
     except Exception:
         db.rollback()
         raise
+    return result
+
+
+def _write(
+    db: Session, new_profiles: list[OffloadProfileCreate], new_models: list[ModelConfigCreate]
+) -> dict[str, list[str]]:
+    """Add or replace every item in the session; the caller commits."""
+    result: dict[str, list[str]] = {"created": [], "replaced": []}
+    for p in new_profiles:
+        stored_profile = db.exec(select(OffloadProfile).where(OffloadProfile.name == p.name)).first()
+        if stored_profile is None:
+            db.add(OffloadProfile.model_validate(p.model_dump()))
+            result["created"].append(f"profile {p.name}")
+        else:
+            for key, value in p.model_dump(exclude={"name"}).items():
+                setattr(stored_profile, key, value)
+            db.add(stored_profile)
+            result["replaced"].append(f"profile {p.name}")
+    db.flush()
+    for m in new_models:
+        fields = m.model_dump(exclude={"name", "offload_profile"})
+        fields["offload_profile_id"] = (
+            db.exec(select(OffloadProfile.id).where(OffloadProfile.name == m.offload_profile)).first()
+            if m.offload_profile
+            else None
+        )
+        stored_model = db.exec(select(ModelConfig).where(ModelConfig.name == m.name)).first()
+        if stored_model is None:
+            db.add(ModelConfig(name=m.name, **fields))
+            result["created"].append(f"model {m.name}")
+        else:
+            for key, value in fields.items():
+                setattr(stored_model, key, value)
+            db.add(stored_model)
+            result["replaced"].append(f"model {m.name}")
     return result
 
 
