@@ -7,30 +7,42 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from sse_starlette.sse import EventSourceResponse
 
 from manager.deps import MAX_EVENTS, MAX_ROW_ID, LogTail, Pid, SessionDep, SupervisorDep, WorkerId
 from manager.launch.preflight import worker_kv_check
+from manager.schemas.common import MAX_GPUS, GpuId, Name, refuse_bools_as_numbers
 from manager.supervisor.view import WorkerView
 
 router = APIRouter(prefix="/api", tags=["workers"])
 
 
 class WorkerStart(BaseModel):
-    model: str = Field(description="Name of a stored model config")
-    gpus: list[int] | None = Field(default=None, description="GPU ids; default the config's gpu_ids")
+    model: Name = Field(description="Name of a stored model config")
+    gpus: list[GpuId] | None = Field(
+        default=None, max_length=MAX_GPUS, description="GPU ids; default the config's gpu_ids"
+    )
     port: int | None = Field(default=None, ge=1, le=65535)
     force: bool = Field(default=False, description="Start even if the memory plan says it will not fit")
 
+    _numbers_are_not_bools = field_validator("*", mode="before")(refuse_bools_as_numbers)
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("GPU ids repeat: give each GPU once")
+        return v
+
 
 class WorkerSwitch(BaseModel):
-    model: str
+    model: Name
     force: bool = False
 
 
 class Adopt(BaseModel):
-    model: str = Field(description="The model config the hand-started server corresponds to")
+    model: Name = Field(description="The model config the hand-started server corresponds to")
 
 
 @router.get("/workers")
