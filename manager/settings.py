@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     healthy_reset_s: float = 600.0
     metrics_retention_days: float = 7.0
     validation_timeout_s: float = 180.0
+    # Request bodies larger than this are refused (413). An export file of every config is far smaller
+    # than the import limit; a config alone is at most a few hundred KiB.
+    max_body_bytes: int = Field(default=2 * 1024**2, ge=1024)
+    max_import_bytes: int = Field(default=16 * 1024**2, ge=1024)
     # Host names this manager answers to (DNS-rebinding guard). Default: loopback names when bound to
     # loopback, any name when bound to a public address (where the API token guards changes).
     allowed_hosts: list[str] | None = None
