@@ -290,10 +290,9 @@ def import_(
 
     settings = _settings(data_dir)
     try:
-        text = file.read_text()
+        raw = file.read_bytes()
     except OSError as exc:
         _fail(f"cannot read {file}: {exc}")
     with _open_db(settings) as db:
-        data = _run(transfer.parse_yaml, text)
-        result = _run(transfer.import_data, db, data, overwrite=overwrite, allow_code_flags=settings.allow_code_flags)
+        result = _run(transfer.import_file, db, raw, overwrite=overwrite, allow_code_flags=settings.allow_code_flags)
     _print(result)
