@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -49,3 +50,57 @@ class BodyLimit:
             return message
 
         await self.app(scope, counted, send)
+
+
+class HeadAsGet:
+    """HEAD is answered wherever GET is: the request runs as a GET and only its status and headers go
+    out (FastAPI's routes declared with ``@router.get`` answer HEAD with a 405 otherwise). An endless
+    response (a live stream) is stopped once its headers are out."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        finished = False
+
+        with anyio.CancelScope() as run:
+
+            async def headers_only(message: Message) -> None:
+                nonlocal finished
+                if message["type"] == "http.response.start":
+                    await send(message)
+                elif message["type"] == "http.response.body" and not finished:
+                    finished = True
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    if message.get("more_body", False):
+                        run.cancel()
+
+            await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
+class FramingForbidden:
+    """No page of the manager may be shown in a frame on another site (clickjacking): every response
+    says so, in the header old browsers read and in the CSP directive new ones do."""
+
+    HEADERS = ((b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'"))
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers += [(name, value) for name, value in self.HEADERS if name not in present]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
