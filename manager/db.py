@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from alembic import command
@@ -12,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, create_engine
 
 from manager.errors import Conflict
+from manager.settings import make_private
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -28,9 +30,20 @@ def _on_connect(dbapi_conn, _record) -> None:
 
 def make_engine(db_path: Path) -> Engine:
     db_path.parent.mkdir(parents=True, exist_ok=True)
+    _create_private(db_path)
     engine = create_engine(f"sqlite:///{db_path}", connect_args={"check_same_thread": False})
     event.listen(engine, "connect", _on_connect)
     return engine
+
+
+def _create_private(db_path: Path) -> None:
+    """The database readable by this user only (0600). SQLite gives its -wal and -shm files the mode
+    of the database file, so creating that one first is enough; older files are tightened."""
+    if not db_path.exists():
+        os.close(os.open(db_path, os.O_CREAT | os.O_WRONLY, 0o600))  # an empty file is an empty database
+    for path in (db_path, db_path.with_name(db_path.name + "-wal"), db_path.with_name(db_path.name + "-shm")):
+        if path.exists():
+            make_private(path, 0o600)
 
 
 def migrate(engine: Engine) -> None:

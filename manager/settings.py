@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import sys
 from functools import cached_property
 from pathlib import Path
@@ -106,8 +107,11 @@ class Settings(BaseSettings):
         return None
 
     def ensure_dirs(self) -> None:
+        """The data dir and its folders, readable by this user only (0700): the database holds
+        environment values such as HF_TOKEN, and engine logs hold whatever the engines print."""
         for folder in (self.data_dir, self.logs_dir, self.run_dir):
-            folder.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            make_private(folder, 0o700)
 
 
 def is_loopback(host: str) -> bool:
@@ -117,3 +121,14 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a hostname other than localhost may resolve anywhere: treat as public
+
+
+def make_private(path: Path, mode: int) -> None:
+    """Take group and other access away from a file or folder of this user's; one owned by someone
+    else (a mounted volume) keeps its mode, and the manager does not fail over it."""
+    try:
+        stat = path.stat()
+        if stat.st_uid == os.getuid() and stat.st_mode & 0o777 != mode:
+            path.chmod(mode)
+    except OSError:
+        pass
