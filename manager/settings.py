@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+import tempfile
 from functools import cached_property
 from pathlib import Path
 
@@ -108,10 +109,20 @@ class Settings(BaseSettings):
 
     def ensure_dirs(self) -> None:
         """The data dir and its folders, readable by this user only (0700): the database holds
-        environment values such as HF_TOKEN, and engine logs hold whatever the engines print."""
-        for folder in (self.data_dir, self.logs_dir, self.run_dir):
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            make_private(folder, 0o700)
+        environment values such as HF_TOKEN, and engine logs hold whatever the engines print.
+        DataDirUnusable when they cannot be made or written."""
+        try:
+            for folder in (self.data_dir, self.logs_dir, self.run_dir):
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                make_private(folder, 0o700)
+            with tempfile.TemporaryFile(dir=self.data_dir):
+                pass  # an existing folder on a read-only disk (or of another user) fails here
+        except OSError as exc:
+            raise DataDirUnusable(
+                f"the data dir {self.data_dir} cannot be written ({exc.strerror or exc}): the manager keeps its "
+                "database and the engine logs there. Make it writable for this user, or choose another "
+                "folder with --data-dir or VLLM_MANAGER_DATA_DIR."
+            ) from exc
 
 
 def is_loopback(host: str) -> bool:
@@ -121,6 +132,10 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a hostname other than localhost may resolve anywhere: treat as public
+
+
+class DataDirUnusable(Exception):
+    """The data dir cannot be created or written; the message names it and says what to do."""
 
 
 def make_private(path: Path, mode: int) -> None:

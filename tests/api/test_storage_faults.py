@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -100,3 +101,39 @@ def test_a_full_disk_is_507_and_nothing_is_lost(tiny_disk, settings):
             except OSError:
                 pass
         _assert_full_then_recovers(client, make_room=filler.unlink)
+
+
+@pytest.fixture
+def read_only_folder(tmp_path) -> Iterator[Path]:
+    """A folder this process cannot write: a read-only tmpfs as root, a 0500 folder otherwise."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o500)
+        yield folder
+        folder.chmod(0o700)
+        return
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"root here cannot mount a read-only tmpfs: {done.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["the data dir itself", "a folder to create in it"])
+def test_serve_exits_with_a_clear_message_when_the_data_dir_cannot_be_written(read_only_folder, inside):
+    data_dir = read_only_folder / "data" if inside else read_only_folder
+    done = subprocess.run(
+        [sys.executable, "-m", "manager", "serve", "--data-dir", str(data_dir), "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert f"the data dir {data_dir} cannot be written" in done.stderr
+    assert "--data-dir" in done.stderr
+    assert "Read-only file system" in done.stderr or "Permission denied" in done.stderr
