@@ -13,6 +13,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from manager import __version__, web
 from manager.deps import require_token_for_changes
 from manager.errors import ManagerError
+from manager.middleware import BodyLimit, FramingForbidden, HeadAsGet
 from manager.routes import health, loras, models, plan, profiles, transfer, workers
 from manager.runtime import Runtime
 from manager.settings import Settings
@@ -40,6 +41,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
 
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts())
+    app.add_middleware(
+        BodyLimit,
+        default=settings.max_body_bytes,
+        by_path={"/api/import": (settings.max_import_bytes, "VLLM_MANAGER_MAX_IMPORT_BYTES")},
+    )
+    app.add_middleware(HeadAsGet)
+    app.add_middleware(FramingForbidden)  # the outermost: every answer carries it, refusals included
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -54,11 +54,21 @@ def _settings(data_dir: Path | None = None, **overrides) -> Settings:
 
 
 def _open_db(settings: Settings):
+    """The store, or exit 2 with what is wrong with the data dir or the database in it."""
     from manager.db import make_engine, migrate, session
+    from manager.errors import ManagerError
+    from manager.settings import DataDirUnusable
 
-    settings.ensure_dirs()
-    engine = make_engine(settings.db_path)
-    migrate(engine)
+    try:
+        settings.ensure_dirs()
+        engine = make_engine(settings.db_path)
+        migrate(engine)
+    except DataDirUnusable as exc:
+        _fail(str(exc), code=2)
+    except ManagerError as exc:  # a database that cannot be written, a full disk
+        _fail(exc.message, code=2)
+    except OSError as exc:
+        _fail(f"the database {settings.db_path} cannot be opened ({exc.strerror or exc}): check its permissions", 2)
     return session(engine)
 
 
@@ -97,16 +107,17 @@ def serve(
     except ValueError as exc:
         _fail(str(exc), code=2)
     host, port = settings.host, settings.port
-    if not is_loopback(host):
-        with _open_db(settings) as db:
-            has_token = tokens.auth_required(db, settings.env_token)
-        if not has_token:
-            _fail(
-                f"refusing to listen on {host} without an API token: anyone who can reach it could start "
-                "processes. Create one with `vllm-manager token create` (or set VLLM_MANAGER_API_TOKEN), "
-                "or bind 127.0.0.1.",
-                code=2,
-            )
+    # Opened here first so that an unusable data dir is one clear line and exit 2, not a traceback
+    # from inside the server's startup.
+    with _open_db(settings) as db:
+        has_token = tokens.auth_required(db, settings.env_token)
+    if not is_loopback(host) and not has_token:
+        _fail(
+            f"refusing to listen on {host} without an API token: anyone who can reach it could start "
+            "processes. Create one with `vllm-manager token create` (or set VLLM_MANAGER_API_TOKEN), "
+            "or bind 127.0.0.1.",
+            code=2,
+        )
     uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
 
 
@@ -290,10 +301,9 @@ def import_(
 
     settings = _settings(data_dir)
     try:
-        text = file.read_text()
+        raw = file.read_bytes()
     except OSError as exc:
         _fail(f"cannot read {file}: {exc}")
     with _open_db(settings) as db:
-        data = _run(transfer.parse_yaml, text)
-        result = _run(transfer.import_data, db, data, overwrite=overwrite, allow_code_flags=settings.allow_code_flags)
+        result = _run(transfer.import_file, db, raw, overwrite=overwrite, allow_code_flags=settings.allow_code_flags)
     _print(result)

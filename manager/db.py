@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import sqlite3
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, ExceptionContext
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, create_engine
+
+from manager.errors import Conflict, InsufficientStorage, Unavailable
+from manager.settings import make_private
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -23,11 +29,43 @@ def _on_connect(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def _storage_fault(context: ExceptionContext) -> None:
+    """SQLite's answers about the disk become errors that say what happened and what to do; the
+    transaction they broke is rolled back, so nothing is half-written."""
+    code = getattr(context.original_exception, "sqlite_errorcode", None)
+    folder = Path(context.engine.url.database or "").parent if context.engine else "the data dir"
+    if code == sqlite3.SQLITE_FULL:
+        raise InsufficientStorage(
+            f"the disk holding the manager's data ({folder}) is full; nothing was saved: free space there and try again"
+        ) from context.original_exception
+    if code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN):
+        raise Unavailable(
+            f"the manager's database in {folder} cannot be written ({context.original_exception}); nothing was "
+            "saved: check that the folder is writable and its disk healthy"
+        ) from context.original_exception
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        raise Unavailable(
+            "the manager's database is busy (another process holds a lock on it); nothing was saved: try again"
+        ) from context.original_exception
+
+
 def make_engine(db_path: Path) -> Engine:
     db_path.parent.mkdir(parents=True, exist_ok=True)
+    _create_private(db_path)
     engine = create_engine(f"sqlite:///{db_path}", connect_args={"check_same_thread": False})
     event.listen(engine, "connect", _on_connect)
+    event.listen(engine, "handle_error", _storage_fault)
     return engine
+
+
+def _create_private(db_path: Path) -> None:
+    """The database readable by this user only (0600). SQLite gives its -wal and -shm files the mode
+    of the database file, so creating that one first is enough; older files are tightened."""
+    if not db_path.exists():
+        os.close(os.open(db_path, os.O_CREAT | os.O_WRONLY, 0o600))  # an empty file is an empty database
+    for path in (db_path, db_path.with_name(db_path.name + "-wal"), db_path.with_name(db_path.name + "-shm")):
+        if path.exists():
+            make_private(path, 0o600)
 
 
 def migrate(engine: Engine) -> None:
@@ -41,3 +79,13 @@ def migrate(engine: Engine) -> None:
 
 def session(engine: Engine) -> Session:
     return Session(engine, expire_on_commit=False)
+
+
+def commit_or_conflict(db: Session, clash: str) -> None:
+    """Commit, or roll back and raise Conflict(clash) when another writer got there first: a name taken
+    between our check and our insert, or a row we refer to removed meanwhile (SQLite's constraints)."""
+    try:
+        db.commit()
+    except IntegrityError as exc:
+        db.rollback()
+        raise Conflict(clash) from exc

@@ -7,7 +7,7 @@ from typing import Annotated
 from urllib.parse import urlsplit
 
 import httpx
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Query, Request
 from sqlmodel import Session
 
 from manager.db import session as open_session
@@ -21,6 +21,17 @@ from manager.supervisor.supervisor import Supervisor
 from manager.web.live import LiveViews
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+
+# Integers in paths and query strings, bounded so that a number no table can hold is a 422 naming the
+# parameter (SQLite's INTEGER is signed 64-bit) and the bounds show in the OpenAPI schema.
+MAX_ROW_ID = 2**63 - 1
+MAX_PID = 2**22  # Linux's PID_MAX_LIMIT
+MAX_LOG_TAIL = 5000
+MAX_EVENTS = 1000
+
+WorkerId = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="The worker's id")]
+Pid = Annotated[int, Path(ge=1, le=MAX_PID, description="Process id of a vLLM server the manager did not start")]
+LogTail = Annotated[int, Query(ge=0, le=MAX_LOG_TAIL, description="How many of the last log lines to send")]
 
 
 def get_runtime(request: Request) -> Runtime:

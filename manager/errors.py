@@ -36,3 +36,15 @@ class Forbidden(ManagerError):
 
 class UnsupportedMediaType(ManagerError):
     status = 415
+
+
+class Unavailable(ManagerError):
+    """The manager cannot do it now (its database is locked or cannot be written); nothing changed."""
+
+    status = 503
+
+
+class InsufficientStorage(ManagerError):
+    """The disk holding the data dir is full; nothing was saved."""
+
+    status = 507

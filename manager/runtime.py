@@ -19,6 +19,7 @@ from manager.db import make_engine, migrate, session
 from manager.launch.preflight import refuse_if_it_cannot_fit
 from manager.lora.pin_keeper import PinKeeper
 from manager.metrics import HistoryStore, ManagerExposition, MetricsCollector, WorkerInfo
+from manager.schemas.common import expand_home
 from manager.schemas.model_config import ModelConfig
 from manager.services import models
 from manager.settings import Settings
@@ -101,15 +102,16 @@ def watched_disks(settings: Settings, engine: Engine) -> list[tuple[str, Path]]:
     with session(engine) as db:
         for config in db.exec(select(ModelConfig)):
             if config.model.startswith(("/", "~", ".")):
-                candidates.append((f"model {config.name}", Path(config.model).expanduser()))
+                candidates.append((f"model {config.name}", Path(config.model)))
     seen: set[int] = set()
     disks = []
     for label, path in candidates:
         try:
-            device = path.stat().st_dev
-        except OSError:
-            continue  # a folder that is not there has no disk to watch
+            folder = expand_home(str(path))
+            device = folder.stat().st_dev
+        except (OSError, ValueError):
+            continue  # a folder that is not there (or under a home this machine lacks) has no disk to watch
         if device not in seen:  # one card per filesystem, not one per folder on it
             seen.add(device)
-            disks.append((label, path))
+            disks.append((label, folder))
     return disks

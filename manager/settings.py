@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import sys
+import tempfile
 from functools import cached_property
 from pathlib import Path
 
@@ -45,6 +47,10 @@ class Settings(BaseSettings):
     healthy_reset_s: float = 600.0
     metrics_retention_days: float = 7.0
     validation_timeout_s: float = 180.0
+    # Request bodies larger than this are refused (413). An export file of every config is far smaller
+    # than the import limit; a config alone is at most a few hundred KiB.
+    max_body_bytes: int = Field(default=2 * 1024**2, ge=1024)
+    max_import_bytes: int = Field(default=16 * 1024**2, ge=1024)
     # Host names this manager answers to (DNS-rebinding guard). Default: loopback names when bound to
     # loopback, any name when bound to a public address (where the API token guards changes).
     allowed_hosts: list[str] | None = None
@@ -102,8 +108,21 @@ class Settings(BaseSettings):
         return None
 
     def ensure_dirs(self) -> None:
-        for folder in (self.data_dir, self.logs_dir, self.run_dir):
-            folder.mkdir(parents=True, exist_ok=True)
+        """The data dir and its folders, readable by this user only (0700): the database holds
+        environment values such as HF_TOKEN, and engine logs hold whatever the engines print.
+        DataDirUnusable when they cannot be made or written."""
+        try:
+            for folder in (self.data_dir, self.logs_dir, self.run_dir):
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                make_private(folder, 0o700)
+            with tempfile.TemporaryFile(dir=self.data_dir):
+                pass  # an existing folder on a read-only disk (or of another user) fails here
+        except OSError as exc:
+            raise DataDirUnusable(
+                f"the data dir {self.data_dir} cannot be written ({exc.strerror or exc}): the manager keeps its "
+                "database and the engine logs there. Make it writable for this user, or choose another "
+                "folder with --data-dir or VLLM_MANAGER_DATA_DIR."
+            ) from exc
 
 
 def is_loopback(host: str) -> bool:
@@ -113,3 +132,18 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a hostname other than localhost may resolve anywhere: treat as public
+
+
+class DataDirUnusable(Exception):
+    """The data dir cannot be created or written; the message names it and says what to do."""
+
+
+def make_private(path: Path, mode: int) -> None:
+    """Take group and other access away from a file or folder of this user's; one owned by someone
+    else (a mounted volume) keeps its mode, and the manager does not fail over it."""
+    try:
+        stat = path.stat()
+        if stat.st_uid == os.getuid() and stat.st_mode & 0o777 != mode:
+            path.chmod(mode)
+    except OSError:
+        pass

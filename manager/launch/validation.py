@@ -6,15 +6,17 @@ plugins) that will serve, not whatever the manager happens to import.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
 from dataclasses import dataclass
 
-# Runs inside the engine interpreter. Prints one JSON line on its last line of stdout.
+# Runs inside the engine interpreter. Reads the argv as JSON on stdin (a long argv would not fit in one
+# argument of its own command line) and prints one JSON line on its last line of stdout.
 _CHECK = r"""
 import contextlib, io, json, sys
-argv = json.loads(sys.argv[1])
+argv = json.loads(sys.stdin.read())
 try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
@@ -67,11 +69,30 @@ def validate_engine_argv(
     return answer
 
 
+def cannot_run(engine_python: str, exc: OSError | ValueError) -> str:
+    """Why the engine interpreter could not be started with this command, in the user's terms."""
+    if isinstance(exc, ValueError):  # subprocess: "embedded null byte"
+        return (
+            "the command line or environment holds a NUL byte, which no process can be given: "
+            "remove it from the model config's extra_args or env"
+        )
+    if exc.errno == errno.E2BIG:
+        return (
+            "the command line and environment are too long for this system to start a process with: "
+            "shorten the model config's extra_args or env (or the manager's own environment)"
+        )
+    return f"cannot run the engine interpreter {engine_python!r}: {exc}; check VLLM_MANAGER_ENGINE_PYTHON"
+
+
 def _run_check(engine_python: str, engine_argv: list[str], env: dict[str, str], timeout_s: float) -> Validation:
+    if any("\0" in part for part in [*engine_argv, *env, *env.values()]):
+        # json.dumps would carry it to vLLM's parser, which accepts it; starting the engine would not.
+        return Validation("rejected", cannot_run(engine_python, ValueError("embedded null byte")))
     child_env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", **env}
     try:
         proc = subprocess.run(
-            [engine_python, "-c", _CHECK, json.dumps(engine_argv)],
+            [engine_python, "-c", _CHECK],
+            input=json.dumps(engine_argv),
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -79,6 +100,8 @@ def _run_check(engine_python: str, engine_argv: list[str], env: dict[str, str], 
         )
     except (FileNotFoundError, PermissionError):
         return Validation("skipped", f"the engine interpreter {engine_python!r} cannot be run")
+    except (OSError, ValueError) as exc:
+        return Validation("rejected", cannot_run(engine_python, exc))
     except subprocess.TimeoutExpired:
         return Validation("skipped", f"vLLM's parser did not answer within {timeout_s:.0f} s")
     for line in reversed(proc.stdout.splitlines()):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from manager.errors import Invalid
 from manager.planner.model_files import ModelNotFound, find_model_folder, read_safetensors_header
+from manager.schemas.common import expand_home
 from manager.schemas.model_config import ModelConfig
 
 VLLM_DEFAULT_MAX_LORA_RANK = 16  # LoRAConfig.max_lora_rank in vLLM 0.32
@@ -44,7 +45,7 @@ class AdapterCheck:
 
 def check_adapter(path: str, config: ModelConfig) -> AdapterCheck:
     """Raise Invalid (with what to do) unless ``path`` is an adapter ``config`` can serve."""
-    folder = Path(path).expanduser()
+    folder = expand_home(path)
     if not config.enable_lora:
         raise Invalid(
             f"model config {config.name!r} has enable_lora off: turn it on (and set "

@@ -8,12 +8,18 @@ from datetime import datetime
 from pydantic import field_validator
 from sqlmodel import Field, SQLModel
 
-from manager.schemas.common import check_slug, utcnow
+from manager.schemas.common import Name, PathText, check_slug, expand_home, utcnow
 
 
 class LoraAdapterFields(SQLModel):
-    path: str = Field(min_length=1, description="Folder with adapter_config.json and the weights")
-    base_config: str = Field(min_length=1, description="Name of the model config it was trained for")
+    path: PathText = Field(min_length=1, description="Folder with adapter_config.json and the weights")
+    base_config: Name = Field(min_length=1, description="Name of the model config it was trained for")
+
+    @field_validator("path")
+    @classmethod
+    def _home_exists(cls, v: str) -> str:
+        expand_home(v)
+        return v
 
 
 class LoraAdapter(LoraAdapterFields, table=True):
@@ -28,7 +34,7 @@ class LoraAdapter(LoraAdapterFields, table=True):
 
 
 class LoraAdapterCreate(LoraAdapterFields):
-    name: str = Field(description="The name requests use as their model (vLLM's lora_name)")
+    name: Name = Field(description="The name requests use as their model (vLLM's lora_name)")
     pinned: bool = False
 
     @field_validator("name")

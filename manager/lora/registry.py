@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from sqlmodel import Session, select
 
+from manager.db import commit_or_conflict
 from manager.errors import Conflict, NotFound
 from manager.lora.checks import AdapterCheck, check_adapter
 from manager.lora.records import LoraAdapter, LoraAdapterCreate, LoraAdapterPublic
-from manager.schemas.common import utcnow
+from manager.schemas.common import expand_home, utcnow
 from manager.services import models
 
 
@@ -41,13 +40,13 @@ def add_adapter(db: Session, data: LoraAdapterCreate) -> tuple[LoraAdapter, Adap
     # Engines run in their own folder: keep the absolute path the manager checked.
     adapter = LoraAdapter(
         name=data.name,
-        path=str(Path(data.path).expanduser().resolve()),
+        path=str(expand_home(data.path).resolve()),
         base_config=data.base_config,
         rank=check.rank,
         pinned=data.pinned,
     )
     db.add(adapter)
-    db.commit()
+    commit_or_conflict(db, f"a LoRA adapter named {data.name!r} already exists")
     db.refresh(adapter)
     return adapter, check
 

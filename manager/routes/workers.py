@@ -4,32 +4,45 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter, Response
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel, Field, field_validator
 from sse_starlette.sse import EventSourceResponse
 
-from manager.deps import SessionDep, SupervisorDep
+from manager.deps import MAX_EVENTS, MAX_ROW_ID, LogTail, Pid, SessionDep, SupervisorDep, WorkerId
 from manager.launch.preflight import worker_kv_check
+from manager.schemas.common import MAX_GPUS, GpuId, Name, refuse_bools_as_numbers
 from manager.supervisor.view import WorkerView
 
 router = APIRouter(prefix="/api", tags=["workers"])
 
 
 class WorkerStart(BaseModel):
-    model: str = Field(description="Name of a stored model config")
-    gpus: list[int] | None = Field(default=None, description="GPU ids; default the config's gpu_ids")
+    model: Name = Field(description="Name of a stored model config")
+    gpus: list[GpuId] | None = Field(
+        default=None, max_length=MAX_GPUS, description="GPU ids; default the config's gpu_ids"
+    )
     port: int | None = Field(default=None, ge=1, le=65535)
     force: bool = Field(default=False, description="Start even if the memory plan says it will not fit")
 
+    _numbers_are_not_bools = field_validator("*", mode="before")(refuse_bools_as_numbers)
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("GPU ids repeat: give each GPU once")
+        return v
+
 
 class WorkerSwitch(BaseModel):
-    model: str
+    model: Name
     force: bool = False
 
 
 class Adopt(BaseModel):
-    model: str = Field(description="The model config the hand-started server corresponds to")
+    model: Name = Field(description="The model config the hand-started server corresponds to")
 
 
 @router.get("/workers")
@@ -52,54 +65,54 @@ def unmanaged(sup: SupervisorDep) -> list[dict]:
 
 
 @router.post("/workers/unmanaged/{pid}/adopt", status_code=201)
-async def adopt_unmanaged(pid: int, body: Adopt, sup: SupervisorDep) -> WorkerView:
+async def adopt_unmanaged(pid: Pid, body: Adopt, sup: SupervisorDep) -> WorkerView:
     return await sup.adopt_unmanaged(pid, body.model)
 
 
 @router.post("/workers/unmanaged/{pid}/stop")
-async def stop_unmanaged(pid: int, sup: SupervisorDep) -> dict:
+async def stop_unmanaged(pid: Pid, sup: SupervisorDep) -> dict:
     return await sup.stop_unmanaged(pid)
 
 
 @router.get("/workers/{worker_id}")
-def get_worker(worker_id: int, sup: SupervisorDep) -> WorkerView:
+def get_worker(worker_id: WorkerId, sup: SupervisorDep) -> WorkerView:
     return sup.view(worker_id)
 
 
 @router.post("/workers/{worker_id}/start")
-async def start(worker_id: int, sup: SupervisorDep, force: bool = False) -> WorkerView:
+async def start(worker_id: WorkerId, sup: SupervisorDep, force: bool = False) -> WorkerView:
     return await sup.command(worker_id, "start", force=force)
 
 
 @router.post("/workers/{worker_id}/stop")
-async def stop(worker_id: int, sup: SupervisorDep) -> WorkerView:
+async def stop(worker_id: WorkerId, sup: SupervisorDep) -> WorkerView:
     return await sup.command(worker_id, "stop")
 
 
 @router.post("/workers/{worker_id}/restart")
-async def restart(worker_id: int, sup: SupervisorDep, force: bool = False) -> WorkerView:
+async def restart(worker_id: WorkerId, sup: SupervisorDep, force: bool = False) -> WorkerView:
     return await sup.command(worker_id, "restart", force=force)
 
 
 @router.post("/workers/{worker_id}/switch")
-async def switch(worker_id: int, body: WorkerSwitch, sup: SupervisorDep) -> WorkerView:
+async def switch(worker_id: WorkerId, body: WorkerSwitch, sup: SupervisorDep) -> WorkerView:
     return await sup.command(worker_id, "switch", body.model, body.force)
 
 
 @router.delete("/workers/{worker_id}", status_code=204)
-async def delete(worker_id: int, sup: SupervisorDep) -> Response:
+async def delete(worker_id: WorkerId, sup: SupervisorDep) -> Response:
     await sup.command(worker_id, "delete")
     return Response(status_code=204)
 
 
 @router.get("/workers/{worker_id}/logs")
-def logs(worker_id: int, sup: SupervisorDep, tail: int = 200) -> dict:
-    lines = sup.log_lines(worker_id, min(tail, 5000))
+def logs(worker_id: WorkerId, sup: SupervisorDep, tail: LogTail = 200) -> dict:
+    lines = sup.log_lines(worker_id, tail)
     return {"worker": worker_id, "file": sup.view(worker_id).log_file, "lines": lines}
 
 
 @router.get("/workers/{worker_id}/logs/stream")
-async def logs_stream(worker_id: int, sup: SupervisorDep, tail: int = 100) -> EventSourceResponse:
+async def logs_stream(worker_id: WorkerId, sup: SupervisorDep, tail: LogTail = 100) -> EventSourceResponse:
     source = sup.log_stream(worker_id, tail)
 
     async def lines() -> AsyncIterator[dict[str, str]]:
@@ -110,15 +123,19 @@ async def logs_stream(worker_id: int, sup: SupervisorDep, tail: int = 100) -> Ev
 
 
 @router.get("/workers/{worker_id}/kv-check")
-def kv_check(worker_id: int, sup: SupervisorDep, db: SessionDep) -> dict:
+def kv_check(worker_id: WorkerId, sup: SupervisorDep, db: SessionDep) -> dict:
     """vLLM's own KV cache figures (from the engine log) beside the planner's prediction."""
     view = sup.view(worker_id)
     return worker_kv_check(db, view.model, Path(view.log_file) if view.log_file else None)
 
 
 @router.get("/events")
-def events(sup: SupervisorDep, worker_id: int | None = None, limit: int = 100) -> list[dict]:
-    return sup.events.recent(worker_id, min(max(limit, 1), 1000))
+def events(
+    sup: SupervisorDep,
+    worker_id: Annotated[int | None, Query(ge=1, le=MAX_ROW_ID, description="Only this worker's events")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_EVENTS, description="The newest this many")] = 100,
+) -> list[dict]:
+    return sup.events.recent(worker_id, limit)
 
 
 @router.get("/events/stream")

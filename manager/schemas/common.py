@@ -3,16 +3,114 @@
 from __future__ import annotations
 
 import re
+import types
+import typing
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field, StringConstraints, ValidationInfo
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 SLUG_RULE = "1-63 characters: lowercase letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+# Text limits: roomy for real use, and small enough that a stored config always makes a command line
+# Linux accepts (one argument or environment entry at most 128 KiB, all of them about 2 MiB).
+MAX_NAME = 63
+MAX_PATH = 4096
+MAX_SHORT = 256
+MAX_ARG = 16 * 1024
+MAX_ARGS = 256
+MAX_ENV_VALUE = 16 * 1024
+MAX_ENV = 128
+MAX_DESCRIPTION = 4096
+MAX_COMMAND_BYTES = 256 * 1024  # extra_args and env together, in bytes as the engine's command line holds them
+MAX_GPU_ID = 255
+MAX_GPUS = 64
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # tab, newline and CR are allowed
+
+
+def _refuse(pattern: re.Pattern[str], allowed: str):
+    def check(value: str) -> str:
+        found = pattern.search(value)
+        if found:
+            raise ValueError(
+                f"holds a control character (U+{ord(found.group()):04X} at position {found.start()}); "
+                f"{allowed}: remove it"
+            )
+        return value
+
+    return check
+
+
+single_line = _refuse(_CONTROL, "this field takes printable text on one line")
+multi_line = _refuse(_CONTROL_BUT_LINES, "this field takes printable text, tabs and line breaks")
+
+# The rule is checked by the validator, whose message says where the character is; the schema states it too.
+_SINGLE_LINE_SCHEMA = Field(json_schema_extra={"pattern": r"^[^\x00-\x1f\x7f]*$"})
+_MULTI_LINE_SCHEMA = Field(json_schema_extra={"pattern": r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"})
+
+Name = Annotated[str, StringConstraints(max_length=MAX_NAME), AfterValidator(single_line), _SINGLE_LINE_SCHEMA]
+PathText = Annotated[str, StringConstraints(max_length=MAX_PATH), AfterValidator(single_line), _SINGLE_LINE_SCHEMA]
+ShortText = Annotated[str, StringConstraints(max_length=MAX_SHORT), AfterValidator(single_line), _SINGLE_LINE_SCHEMA]
+Argument = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_ARG), AfterValidator(single_line), _SINGLE_LINE_SCHEMA
+]
+# Its characters are checked by the config's own rule (letters, digits and '_'), which no control passes.
+EnvName = Annotated[str, StringConstraints(max_length=MAX_SHORT)]
+EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE), AfterValidator(single_line), _SINGLE_LINE_SCHEMA]
+Description = Annotated[
+    str, StringConstraints(max_length=MAX_DESCRIPTION), AfterValidator(multi_line), _MULTI_LINE_SCHEMA
+]
+
+
+GpuId = Annotated[int, Field(ge=0, le=MAX_GPU_ID)]
+
+
+def _takes_numbers(annotation: Any) -> bool:
+    """int, float, or a list of them, optional or not."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, list):
+        return any(_takes_numbers(a) for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _takes_numbers(typing.get_args(annotation)[0])
+    return annotation in (int, float)
+
+
+def refuse_bools_as_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+    """A field validator (mode="before", all fields): JSON true would otherwise be taken for 1
+    (``lora_pool_gib: true`` stored as 1.0, ``gpu_ids: [true]`` as GPU 1)."""
+    given = value if isinstance(value, list) else [value]
+    if not any(isinstance(v, bool) for v in given) or not info.field_name:
+        return value
+    if _takes_numbers(cls.model_fields[info.field_name].annotation):
+        raise ValueError("must be a number, not true or false")
+    return value
+
+
+def command_bytes(extra_args: list[str], env: dict[str, str]) -> int:
+    """What extra_args and env take of the engine's command line and environment, in bytes."""
+    return sum(len(a.encode()) + 1 for a in extra_args) + sum(len(f"{k}={v}".encode()) + 1 for k, v in env.items())
 
 
 def check_slug(value: str) -> str:
     if not SLUG.match(value):
         raise ValueError(f"must be a slug ({SLUG_RULE}), got {value!r}")
     return value
+
+
+def expand_home(path: str) -> Path:
+    """``Path(path).expanduser()``, where a ``~user`` this machine does not have is a ValueError that
+    says what to do (pathlib raises a RuntimeError, which would reach the user as a 500)."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError as exc:
+        raise ValueError(
+            "starts with '~' for a home folder this machine does not have (no such user, or no HOME set): "
+            "give the full path instead"
+        ) from exc
 
 
 def utcnow() -> datetime:

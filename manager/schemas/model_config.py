@@ -3,39 +3,62 @@
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 
 from pydantic import field_validator, model_validator
 from sqlalchemy import JSON, Column
 from sqlmodel import Field, SQLModel
 
-from manager.schemas.common import check_numbers, check_slug, utcnow
+from manager.schemas.common import (
+    MAX_ARGS,
+    MAX_COMMAND_BYTES,
+    MAX_ENV,
+    MAX_GPUS,
+    Argument,
+    EnvName,
+    EnvValue,
+    GpuId,
+    Name,
+    PathText,
+    ShortText,
+    check_numbers,
+    check_slug,
+    command_bytes,
+    expand_home,
+    refuse_bools_as_numbers,
+    utcnow,
+)
 
 ENV_NAME_RULE = "letters, digits and '_', not starting with a digit"
 
 
 class ModelConfigFields(SQLModel):
-    model: str = Field(min_length=1, description="Local folder or Hugging Face id")
-    served_model_name: str | None = None
-    dtype: str = "auto"
-    quantization: str | None = None
+    model: PathText = Field(min_length=1, description="Local folder or Hugging Face id")
+    served_model_name: ShortText | None = None
+    dtype: ShortText = "auto"
+    quantization: ShortText | None = None
     tensor_parallel_size: int = Field(default=1, ge=1)
-    gpu_ids: list[int] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    gpu_ids: list[GpuId] = Field(default_factory=list, max_length=MAX_GPUS, sa_column=Column(JSON, nullable=False))
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     max_model_len: int | None = Field(default=None, gt=0)
     max_num_seqs: int | None = Field(default=None, gt=0)
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: ShortText = "auto"
     enforce_eager: bool = False
     enable_prefix_caching: bool | None = None
     enable_lora: bool = False
     max_loras: int | None = Field(default=None, gt=0)
     max_lora_rank: int | None = Field(default=None, gt=0)
     max_cpu_loras: int | None = Field(default=None, gt=0)
-    extra_args: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
-    env: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    extra_args: list[Argument] = Field(
+        default_factory=list, max_length=MAX_ARGS, sa_column=Column(JSON, nullable=False)
+    )
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict, max_length=MAX_ENV, sa_column=Column(JSON, nullable=False)
+    )
     autostart: bool = False
     start_timeout_s: int = Field(default=900, gt=0)
     port: int | None = Field(default=None, ge=1, le=65535)
+
+    _numbers_are_not_bools = field_validator("*", mode="before")(refuse_bools_as_numbers)
 
     @field_validator("model")
     @classmethod
@@ -43,14 +66,12 @@ class ModelConfigFields(SQLModel):
         # Engines run in their own folder, so a relative path would name something else there (or be
         # taken for a Hugging Face id). Hub ids ("org/name") are left as they are.
         if v.startswith(("~", "./", "../", "/")) or v in (".", ".."):
-            return str(Path(v).expanduser().resolve())
+            return str(expand_home(v).resolve())
         return v
 
     @field_validator("gpu_ids")
     @classmethod
     def _gpu_ids(cls, v: list[int]) -> list[int]:
-        if any(i < 0 for i in v):
-            raise ValueError("GPU ids are non-negative integers")
         if len(set(v)) != len(v):
             raise ValueError(f"GPU ids repeat: {v}")
         return v
@@ -63,17 +84,15 @@ class ModelConfigFields(SQLModel):
                 raise ValueError(f"environment variable name {key!r} is invalid ({ENV_NAME_RULE})")
         return v
 
-    @field_validator("extra_args")
-    @classmethod
-    def _extra_args(cls, v: list[str]) -> list[str]:
-        for arg in v:
-            if not isinstance(arg, str) or arg == "":
-                raise ValueError("extra_args is a list of non-empty strings, one argv element each")
-        return v
-
     @model_validator(mode="after")
     def _gpus_match_tp(self):
         check_numbers(self)
+        size = command_bytes(self.extra_args, self.env)
+        if size > MAX_COMMAND_BYTES:
+            raise ValueError(
+                f"extra_args and env together take {size} bytes of the engine's command line; the limit is "
+                f"{MAX_COMMAND_BYTES}: put long values in a file and pass its path"
+            )
         if self.gpu_ids and len(self.gpu_ids) < self.tensor_parallel_size:
             raise ValueError(
                 f"tensor_parallel_size {self.tensor_parallel_size} needs at least that many GPUs, "
@@ -92,11 +111,11 @@ class ModelConfig(ModelConfigFields, table=True):
 
 
 class ModelConfigIn(ModelConfigFields):
-    offload_profile: str | None = Field(default=None, description="Name of an offload profile")
+    offload_profile: Name | None = Field(default=None, description="Name of an offload profile")
 
 
 class ModelConfigCreate(ModelConfigIn):
-    name: str
+    name: Name
 
     @field_validator("name")
     @classmethod

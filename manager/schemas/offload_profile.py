@@ -7,7 +7,15 @@ from datetime import datetime
 from pydantic import field_validator, model_validator
 from sqlmodel import Field, SQLModel
 
-from manager.schemas.common import check_numbers, check_slug, utcnow
+from manager.schemas.common import (
+    Description,
+    Name,
+    ShortText,
+    check_numbers,
+    check_slug,
+    refuse_bools_as_numbers,
+    utcnow,
+)
 
 EVICTION_POLICIES = ("lru", "arc")
 
@@ -17,13 +25,15 @@ class OffloadProfileFields(SQLModel):
     kv_offload_gib: float | None = Field(default=None, gt=0)
     # The same as a count of KV blocks; converted to bytes with the model's real page size at launch.
     kv_offload_num_cpu_blocks: int | None = Field(default=None, gt=0)
-    kv_eviction_policy: str = "lru"
+    kv_eviction_policy: ShortText = "lru"
     lora_cpu_pooling: bool = False
     lora_pool_gib: float | None = Field(default=None, gt=0)
     moe_expert_offload: bool = False
     moe_gpu_cache_gib: float | None = Field(default=None, ge=0)
     pinned_budget_gib: float | None = Field(default=None, gt=0)
-    description: str = ""
+    description: Description = ""
+
+    _numbers_are_not_bools = field_validator("*", mode="before")(refuse_bools_as_numbers)
 
     @field_validator("kv_eviction_policy")
     @classmethod
@@ -55,7 +65,7 @@ class OffloadProfile(OffloadProfileFields, table=True):
 
 
 class OffloadProfileCreate(OffloadProfileFields):
-    name: str
+    name: Name
 
     @field_validator("name")
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlmodel import Session, col, select
 
+from manager.db import commit_or_conflict
 from manager.errors import Conflict, NotFound
 from manager.launch.refusals import check_env, check_extra_args
 from manager.schemas.common import utcnow
@@ -48,7 +49,7 @@ def create_model(db: Session, data: ModelConfigCreate, *, allow_code_flags: bool
         raise Conflict(f"a model config named {data.name!r} already exists")
     config = ModelConfig(name=data.name, **_fields(db, data, allow_code_flags))
     db.add(config)
-    db.commit()
+    commit_or_conflict(db, f"a model config named {data.name!r} already exists")
     db.refresh(config)
     return config
 
@@ -59,7 +60,7 @@ def replace_model(db: Session, name: str, data: ModelConfigIn, *, allow_code_fla
         setattr(config, key, value)
     config.updated_at = utcnow()
     db.add(config)
-    db.commit()
+    commit_or_conflict(db, f"model config {name!r} changed meanwhile (its offload profile was removed?); try again")
     db.refresh(config)
     return config
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlmodel import Session, select
 
+from manager.db import commit_or_conflict
 from manager.errors import Conflict, NotFound
 from manager.schemas.common import utcnow
 from manager.schemas.model_config import ModelConfig
@@ -31,7 +32,7 @@ def create_profile(db: Session, data: OffloadProfileCreate) -> OffloadProfile:
         raise Conflict(f"an offload profile named {data.name!r} already exists")
     profile = OffloadProfile.model_validate(data.model_dump())
     db.add(profile)
-    db.commit()
+    commit_or_conflict(db, f"an offload profile named {data.name!r} already exists")
     db.refresh(profile)
     return profile
 
@@ -62,7 +63,9 @@ def delete_profile(db: Session, name: str) -> None:
             users=users,
         )
     db.delete(profile)
-    db.commit()
+    commit_or_conflict(
+        db, f"offload profile {name!r} was just chosen by a model config; point it at another profile (or none) first"
+    )
 
 
 def to_public(profile: OffloadProfile) -> OffloadProfilePublic:

@@ -6,6 +6,7 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from manager.errors import Conflict, Invalid
@@ -32,16 +33,38 @@ def export_yaml(db: Session) -> str:
     return yaml.safe_dump(export_data(db), sort_keys=False, allow_unicode=True)
 
 
-def parse_yaml(text: str) -> dict[str, Any]:
+def parse_yaml(source: str | bytes) -> dict[str, Any]:
+    """An export file's contents (bytes must be UTF-8), checked to be one; Invalid says what is wrong."""
+    if isinstance(source, bytes):
+        try:
+            source = source.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise Invalid(
+                f"the file is not UTF-8 text (byte 0x{source[exc.start]:02x} at offset {exc.start}): "
+                "save it as UTF-8 and import it again"
+            ) from exc
     try:
-        data = yaml.safe_load(text)
+        data = yaml.safe_load(source)
     except yaml.YAMLError as exc:
         raise Invalid(f"the file is not valid YAML: {exc}") from exc
+    except RecursionError as exc:  # PyYAML composes nested collections recursively
+        raise Invalid(
+            "the file is nested too deeply to read (hundreds of levels; an export has four): "
+            "check that it is a vllm-manager export"
+        ) from exc
     if not isinstance(data, dict) or data.get("format") != "vllm-manager":
         raise Invalid("not a vllm-manager export: the top level needs format: vllm-manager")
     if data.get("version") != FORMAT_VERSION:
         raise Invalid(f"export version {data.get('version')!r} is not supported (expected {FORMAT_VERSION})")
     return data
+
+
+def import_file(
+    db: Session, source: str | bytes, *, overwrite: bool = True, allow_code_flags: bool = False
+) -> dict[str, list[str]]:
+    """Parse, check and store an export file: ``parse_yaml`` then ``import_data``. A large file takes
+    seconds to parse; the web layer calls this in a worker thread."""
+    return import_data(db, parse_yaml(source), overwrite=overwrite, allow_code_flags=allow_code_flags)
 
 
 def _validated(kind: str, schema, items: Any) -> list:
@@ -86,39 +109,74 @@ def import_data(
         if clashes:
             raise Conflict(f"already stored: {', '.join(clashes)} (import with overwrite to replace them)")
 
-    result: dict[str, list[str]] = {"created": [], "replaced": []}
+    # A name another client stores between our reads and our commit breaks a UNIQUE constraint: with
+    # overwrite, write once more (that name is replaced now); without, it is a clash like any other.
     try:
-        for p in new_profiles:
-            stored_profile = db.exec(select(OffloadProfile).where(OffloadProfile.name == p.name)).first()
-            if stored_profile is None:
-                db.add(OffloadProfile.model_validate(p.model_dump()))
-                result["created"].append(f"profile {p.name}")
-            else:
-                for key, value in p.model_dump(exclude={"name"}).items():
-                    setattr(stored_profile, key, value)
-                db.add(stored_profile)
-                result["replaced"].append(f"profile {p.name}")
-        db.flush()
-        for m in new_models:
-            fields = m.model_dump(exclude={"name", "offload_profile"})
-            fields["offload_profile_id"] = (
-                db.exec(select(OffloadProfile.id).where(OffloadProfile.name == m.offload_profile)).first()
-                if m.offload_profile
-                else None
-            )
-            stored_model = db.exec(select(ModelConfig).where(ModelConfig.name == m.name)).first()
-            if stored_model is None:
-                db.add(ModelConfig(name=m.name, **fields))
-                result["created"].append(f"model {m.name}")
-            else:
-                for key, value in fields.items():
-                    setattr(stored_model, key, value)
-                db.add(stored_model)
-                result["replaced"].append(f"model {m.name}")
+        return _commit(db, new_profiles, new_models, overwrite)
+    except IntegrityError as exc:
+        if not overwrite:
+            raise Conflict(_STORED_MEANWHILE) from exc
+    try:
+        return _commit(db, new_profiles, new_models, overwrite)
+    except IntegrityError as exc:
+        raise Conflict(_STORED_MEANWHILE) from exc
+
+
+_STORED_MEANWHILE = (
+    "some of these names were already stored by another client while this import ran; nothing was imported: "
+    "import again (with overwrite to replace them)"
+)
+
+
+def _commit(
+    db: Session, new_profiles: list[OffloadProfileCreate], new_models: list[ModelConfigCreate], overwrite: bool
+) -> dict[str, list[str]]:
+    try:
+        result = _write(db, new_profiles, new_models, overwrite)
         db.commit()
     except Exception:
         db.rollback()
         raise
+    return result
+
+
+def _write(
+    db: Session, new_profiles: list[OffloadProfileCreate], new_models: list[ModelConfigCreate], overwrite: bool
+) -> dict[str, list[str]]:
+    """Add or replace every item in the session; the caller commits. Without overwrite, a name that
+    another client stored since the clash check is a Conflict."""
+    result: dict[str, list[str]] = {"created": [], "replaced": []}
+    for p in new_profiles:
+        stored_profile = db.exec(select(OffloadProfile).where(OffloadProfile.name == p.name)).first()
+        if stored_profile is None:
+            db.add(OffloadProfile.model_validate(p.model_dump()))
+            result["created"].append(f"profile {p.name}")
+        elif not overwrite:
+            raise Conflict(_STORED_MEANWHILE)
+        else:
+            for key, value in p.model_dump(exclude={"name"}).items():
+                setattr(stored_profile, key, value)
+            db.add(stored_profile)
+            result["replaced"].append(f"profile {p.name}")
+    db.flush()
+    for m in new_models:
+        fields = m.model_dump(exclude={"name", "offload_profile"})
+        fields["offload_profile_id"] = (
+            db.exec(select(OffloadProfile.id).where(OffloadProfile.name == m.offload_profile)).first()
+            if m.offload_profile
+            else None
+        )
+        stored_model = db.exec(select(ModelConfig).where(ModelConfig.name == m.name)).first()
+        if stored_model is None:
+            db.add(ModelConfig(name=m.name, **fields))
+            result["created"].append(f"model {m.name}")
+        elif not overwrite:
+            raise Conflict(_STORED_MEANWHILE)
+        else:
+            for key, value in fields.items():
+                setattr(stored_model, key, value)
+            db.add(stored_model)
+            result["replaced"].append(f"model {m.name}")
     return result
 
 

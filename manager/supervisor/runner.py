@@ -25,6 +25,7 @@ from sqlalchemy.engine import Engine as DbEngine
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.launch.command import LaunchCommand
+from manager.launch.validation import cannot_run
 from manager.schemas.worker import Worker
 from manager.settings import Settings
 from manager.supervisor import lifecycle as lc
@@ -296,13 +297,8 @@ class WorkerRunner:
             popen = await asyncio.to_thread(
                 process.spawn, launch.command.argv, launch.command.env, log_path, self.run_dir
             )
-        except OSError as exc:
-            return lc.LaunchRefused(
-                Invalid(
-                    f"cannot run the engine interpreter {launch.command.argv[0]!r}: {exc}; "
-                    "check VLLM_MANAGER_ENGINE_PYTHON"
-                )
-            )
+        except (OSError, ValueError) as exc:
+            return lc.LaunchRefused(Invalid(cannot_run(launch.command.argv[0], exc)))
         self._popen = popen
         found = process.identity(popen.pid)
         engine = lc.Engine(

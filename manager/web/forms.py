@@ -35,9 +35,14 @@ class FormErrors:
         return self.by_field.get(name, [])
 
 
+def _bare(annotation: Any) -> Any:
+    """The type under Annotated[...] (a GPU id is an int with bounds)."""
+    return typing.get_args(annotation)[0] if typing.get_origin(annotation) is typing.Annotated else annotation
+
+
 def _kind(annotation: Any) -> str:
     """'bool', 'list_int', 'list_str', 'dict' or 'scalar' for a field's annotation."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    args = [_bare(a) for a in typing.get_args(annotation) if a is not type(None)]
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType) and len(args) == 1:
         # bool | None is three-state (on, off, the engine's default): a text field, not a checkbox.

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from manager.deps import EngineHttpDep, PinKeeperDep, SessionDep, SupervisorDep
+from manager.deps import EngineHttpDep, PinKeeperDep, SessionDep, SupervisorDep, WorkerId
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.lora import engine_api, registry, workers
 from manager.lora.records import LoraAdapterCreate
@@ -192,7 +192,7 @@ def pool_load_seconds(reader: PoolsReader, run_dir: str | None) -> dict[str, flo
 
 
 @router.get("/ui/workers/{worker_id}/loras", response_class=HTMLResponse)
-def worker_section(worker_id: int, sup: SupervisorDep, db: SessionDep) -> HTMLResponse:
+def worker_section(worker_id: WorkerId, sup: SupervisorDep, db: SessionDep) -> HTMLResponse:
     """The LoRA section of a Worker page; nothing when the worker's config has LoRA off."""
     try:
         config = models.get_model(db, sup.view(worker_id).model)
@@ -204,7 +204,7 @@ def worker_section(worker_id: int, sup: SupervisorDep, db: SessionDep) -> HTMLRe
 
 
 @router.get("/ui/workers/{worker_id}/loras/load-form", response_class=HTMLResponse)
-async def load_form(worker_id: int, sup: SupervisorDep, http: EngineHttpDep, db: SessionDep) -> HTMLResponse:
+async def load_form(worker_id: WorkerId, sup: SupervisorDep, http: EngineHttpDep, db: SessionDep) -> HTMLResponse:
     model_config = sup.view(worker_id).model
     registered = registry.list_adapters(db, model_config)
     loaded: set[str] = set()
@@ -226,7 +226,7 @@ async def load_form(worker_id: int, sup: SupervisorDep, http: EngineHttpDep, db:
 
 @router.post("/ui/workers/{worker_id}/loras/load", response_class=HTMLResponse)
 async def load(
-    worker_id: int, request: Request, sup: SupervisorDep, http: EngineHttpDep, db: SessionDep
+    worker_id: WorkerId, request: Request, sup: SupervisorDep, http: EngineHttpDep, db: SessionDep
 ) -> HTMLResponse:
     name = str((await request.form()).get("name") or "")
     if not name:
@@ -239,7 +239,9 @@ async def load(
 
 
 @router.post("/ui/workers/{worker_id}/loras/{name}/unload", response_class=HTMLResponse)
-async def unload(worker_id: int, name: str, sup: SupervisorDep, http: EngineHttpDep, db: SessionDep) -> HTMLResponse:
+async def unload(
+    worker_id: WorkerId, name: str, sup: SupervisorDep, http: EngineHttpDep, db: SessionDep
+) -> HTMLResponse:
     try:
         done = await workers.unload_from_worker(db, sup, http, worker_id, name)
     except ManagerError as exc:
@@ -248,7 +250,7 @@ async def unload(worker_id: int, name: str, sup: SupervisorDep, http: EngineHttp
 
 
 @router.get("/ui/workers/{worker_id}/loras/live", response_class=HTMLResponse)
-async def live(worker_id: int, sup: SupervisorDep, http: EngineHttpDep, db: SessionDep) -> HTMLResponse:
+async def live(worker_id: WorkerId, sup: SupervisorDep, http: EngineHttpDep, db: SessionDep) -> HTMLResponse:
     """Polled every few seconds: what the worker serves now and its CPU LoRA pool."""
     try:
         result = await workers.worker_loras(db, sup, http, worker_id)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
-from manager.deps import LiveViewsDep, MetricsDep, SessionDep, SupervisorDep
+from manager.deps import MAX_ROW_ID, LiveViewsDep, MetricsDep, SessionDep, SupervisorDep, WorkerId
 from manager.errors import NotFound
 from manager.launch.preflight import worker_kv_check
 from manager.planner import PlanError, PlanRequest, make_plan
@@ -54,13 +54,17 @@ def overview(collector: MetricsDep, views: LiveViewsDep, db: SessionDep) -> HTML
 
 
 @router.get("/ui/events", response_class=HTMLResponse)
-def events_fragment(sup: SupervisorDep, worker: int | None = None, limit: int = 20) -> HTMLResponse:
-    events = sup.events.recent(worker, min(max(limit, 1), 200))
+def events_fragment(
+    sup: SupervisorDep,
+    worker: Annotated[int | None, Query(ge=1, le=MAX_ROW_ID)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 20,
+) -> HTMLResponse:
+    events = sup.events.recent(worker, limit)
     return HTMLResponse(render("fragments/events.html", events=events))
 
 
 @router.get("/ui/workers/{worker_id}/kv-check", response_class=HTMLResponse)
-def kv_check_fragment(worker_id: int, sup: SupervisorDep, db: SessionDep) -> HTMLResponse:
+def kv_check_fragment(worker_id: WorkerId, sup: SupervisorDep, db: SessionDep) -> HTMLResponse:
     view = sup.view(worker_id)
     try:
         check = worker_kv_check(db, view.model, Path(view.log_file) if view.log_file else None)
@@ -71,7 +75,7 @@ def kv_check_fragment(worker_id: int, sup: SupervisorDep, db: SessionDep) -> HTM
 
 @router.get("/workers/{worker_id}", response_class=HTMLResponse)
 def worker_page(
-    worker_id: int, sup: SupervisorDep, collector: MetricsDep, views: LiveViewsDep, db: SessionDep
+    worker_id: WorkerId, sup: SupervisorDep, collector: MetricsDep, views: LiveViewsDep, db: SessionDep
 ) -> HTMLResponse:
     try:
         worker = sup.view(worker_id)

@@ -1,0 +1,73 @@
+"""Many clients creating the same name at once: one wins (201), every other gets a 409, nothing is lost."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import yaml
+
+CLIENTS = 20
+MODEL = {"name": "same", "model": "/models/same", "max_model_len": 4096, "env": {"HF_HUB_OFFLINE": "1"}}
+PROFILE = {"name": "same", "kv_offload_gib": 8, "description": "shared"}
+
+
+def _all_at_once(call, n: int = CLIENTS) -> list:
+    """Run ``call`` from n threads released together; the app serves them concurrently."""
+    start = threading.Barrier(n)
+
+    def one(i: int):
+        start.wait()
+        return call(i)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def _one_created_rest_conflict(responses, created: int = 201) -> None:
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [created] + [409] * (len(responses) - 1), codes
+    for r in responses:
+        if r.status_code == 409:
+            assert "already" in r.json()["detail"]
+
+
+def test_model_configs_created_at_once(client):
+    responses = _all_at_once(lambda i: client.post("/api/models", json={**MODEL, "max_num_seqs": i + 1}))
+    _one_created_rest_conflict(responses)
+    winner = next(r.json() for r in responses if r.status_code == 201)
+    stored = client.get("/api/models/same").json()
+    assert stored == winner and stored["env"] == {"HF_HUB_OFFLINE": "1"}
+    assert [m["name"] for m in client.get("/api/models").json()] == ["same"]
+
+
+def test_offload_profiles_created_at_once(client):
+    responses = _all_at_once(lambda i: client.post("/api/profiles", json={**PROFILE, "kv_offload_gib": i + 1}))
+    _one_created_rest_conflict(responses)
+    winner = next(r.json() for r in responses if r.status_code == 201)
+    assert client.get("/api/profiles/same").json() == winner
+
+
+def test_imports_without_overwrite_at_once(client):
+    doc = {"format": "vllm-manager", "version": 1, "profiles": [PROFILE], "models": [MODEL]}
+    text = yaml.safe_dump(doc)
+    headers = {"content-type": "application/yaml"}
+    responses = _all_at_once(lambda _i: client.post("/api/import?overwrite=false", content=text, headers=headers))
+    _one_created_rest_conflict(responses, created=200)
+    assert client.get("/api/models/same").json()["model"] == "/models/same"
+    assert client.get("/api/profiles/same").json()["description"] == "shared"
+
+
+def test_imports_with_overwrite_at_once_all_succeed(client):
+    doc = {"format": "vllm-manager", "version": 1, "profiles": [PROFILE], "models": [MODEL]}
+    headers = {"content-type": "application/yaml"}
+    responses = _all_at_once(
+        lambda i: client.post(
+            "/api/import",
+            content=yaml.safe_dump({**doc, "models": [{**MODEL, "max_num_seqs": i + 1}]}),
+            headers=headers,
+        ),
+        n=8,
+    )
+    assert [r.status_code for r in responses] == [200] * 8, [r.text for r in responses if r.status_code != 200]
+    assert client.get("/api/models/same").json()["max_num_seqs"] in range(1, 9)
