@@ -13,7 +13,8 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from manager import __version__, web
 from manager.deps import require_token_for_changes
 from manager.errors import ManagerError
-from manager.routes import health, loras, models, plan, profiles, transfer, workers
+from manager.frontdoor.errors import FrontDoorError
+from manager.routes import health, loras, models, plan, profiles, transfer, v1, workers
 from manager.runtime import Runtime
 from manager.settings import Settings
 
@@ -54,7 +55,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _manager_error(_request: Request, exc: ManagerError) -> JSONResponse:
         return JSONResponse(status_code=exc.status, content={"detail": exc.message, **exc.detail})
 
-    for module in (health, models, profiles, transfer, workers, plan, loras):
+    @app.exception_handler(FrontDoorError)
+    async def _front_door_error(_request: Request, exc: FrontDoorError) -> JSONResponse:
+        # /v1 answers in OpenAI's error shape, which the official clients read.
+        return JSONResponse(status_code=exc.status, content=exc.body(), headers=exc.headers)
+
+    for module in (health, models, profiles, transfer, workers, plan, loras, v1):
         app.include_router(module.router)
     web.install(app)
     return app
