@@ -356,14 +356,17 @@ class Scheduler:
                 if self.metrics is not None and target.state != State.READY:
                     self.metrics.swap.labels("cold").observe(self._clock() - started)
                 return view
-            if view.state not in (State.STARTING,):
+            late = self._clock() >= deadline
+            if view.state != State.STARTING and not late:
                 reason = view.last_error or f"its worker is {view.state.value}"
                 raise ModelUnavailable(f"{config} failed to start: {reason}")
-            if self._clock() >= deadline:
+            if late:
+                # The worker's own start deadline counts from its launch, a moment after this one: by
+                # the time this sees it, the worker may already have been failed for the same reason.
+                now = view.detail if view.state == State.STARTING else view.last_error
                 raise StartTimeout(
-                    f"{config} was not ready within its start_timeout_s ({placement.start_timeout_s:g} s); "
-                    f"it is still starting ({view.detail or 'no log line yet'}). Retry later, or raise "
-                    "start_timeout_s in its model config"
+                    f"{config} was not ready within its start_timeout_s ({placement.start_timeout_s:g} s) "
+                    f"({now or 'no log line yet'}). Retry later, or raise start_timeout_s in its model config"
                 )
             await asyncio.sleep(self.options.poll_s)
 

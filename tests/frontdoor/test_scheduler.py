@@ -333,3 +333,15 @@ def test_a_request_during_a_stop_asked_elsewhere_starts_the_model_again_once_sto
         assert workers.commands == [("stop", a), ("start", a)]
 
     run(body)
+
+
+def test_a_start_the_worker_itself_gave_up_on_at_its_timeout_is_still_a_504():
+    async def body():
+        reason = "not ready within the start timeout; last log line: loading weights"
+        workers = FakeWorkers({"a": Behaviour(start_s=0.25, error=reason)})
+        scheduler = make(workers, SchedulerOptions(poll_s=0.3), a={"start_timeout_s": 0.2})
+        with pytest.raises(StartTimeout) as err:
+            await scheduler.acquire("a")
+        assert "loading weights" in err.value.message
+
+    run(body)
