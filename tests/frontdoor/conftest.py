@@ -26,8 +26,13 @@ STAND_IN = Path(__file__).with_name("stand_in_engine.py")
 @pytest.fixture
 def stand_in_python(tmp_path) -> str:
     """An "engine interpreter" that runs the stand-in whatever module it is asked to run."""
+    # A Python script rather than a shell one: its command line stays the same from spawn to exit,
+    # so the manager recognises the process as its own (a shell exec would change it).
     script = tmp_path / "engine-python"
-    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STAND_IN}" "$@"\n')
+    script.write_text(
+        f"#!{sys.executable}\nimport runpy, sys\nsys.argv[0] = {str(STAND_IN)!r}\n"
+        f"runpy.run_path({str(STAND_IN)!r}, run_name='__main__')\n"
+    )
     script.chmod(0o755)
     return str(script)
 
@@ -42,6 +47,8 @@ def door_settings(settings, stand_in_python) -> Iterator[Settings]:
             "health_interval_s": 0.5,
             "idle_check_s": 0.2,
             "proxy_drain_timeout_s": 10.0,
+            # Engines outlive a manager by design; these tests stop theirs with it.
+            "stop_workers_on_exit": True,
         }
     )
     yield quick
