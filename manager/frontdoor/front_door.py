@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import psutil
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 from starlette.requests import Request
@@ -28,7 +29,9 @@ from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.scheduler import Lease, Placement, Scheduler, SchedulerOptions
 from manager.lora import workers as lora_workers
 from manager.lora.records import LoraAdapter
+from manager.planner import model_files
 from manager.planner.gpus import GPU, NoGPU, detect_gpu
+from manager.planner.weights import estimate_weights
 from manager.schemas.model_config import ModelConfig
 from manager.settings import Settings
 from manager.supervisor.supervisor import Supervisor
@@ -41,7 +44,26 @@ class Limits:
     max_body_bytes: int
 
 
-def placement_of(config: ModelConfig, gpu: GPU | NoGPU) -> Placement:
+# vLLM keeps a level-1 sleeper's weights in pinned host memory, which PyTorch's caching host
+# allocator rounds up to a power of two: count up to twice the weights (see the vLLM notes).
+PINNED_ROUNDING = 2.0
+
+
+def sleep_host_bytes(config: ModelConfig) -> int | None:
+    """Host RAM the config's sleep keeps: level 1 its weights (pinned), level 2 nothing; None: unknown."""
+    if config.sleep_level is None:
+        return None
+    if config.sleep_level >= 2:
+        return 0
+    try:
+        found = model_files.read_model(config.model)
+        weights = estimate_weights(found.config, found.weights, config.dtype)
+    except (model_files.ModelNotFound, OSError, ValueError, KeyError):
+        return None
+    return int(weights.total_bytes * PINNED_ROUNDING)
+
+
+def placement_of(config: ModelConfig, gpu: GPU | NoGPU, sleep_bytes: int | None = None) -> Placement:
     """A stored config in the scheduler's terms. Without gpu_ids a worker gets vLLM's default devices
     (0 .. tensor_parallel_size-1); it takes gpu_memory_utilization of each GPU it uses."""
     gpus = tuple(config.gpu_ids) or tuple(range(config.tensor_parallel_size))
@@ -53,6 +75,8 @@ def placement_of(config: ModelConfig, gpu: GPU | NoGPU) -> Placement:
         start_timeout_s=float(config.start_timeout_s),
         idle_timeout_s=float(config.idle_timeout_s) if config.idle_timeout_s else None,
         persistent=config.persistent,
+        sleep_level=config.sleep_level,
+        sleep_host_bytes=sleep_bytes,
     )
 
 
@@ -84,7 +108,10 @@ class FrontDoor:
                 idle_check_s=settings.idle_check_s,
             ),
             metrics,
+            host_available=lambda: psutil.virtual_memory().available,
         )
+        # What each config's sleep keeps in host RAM, by (config, when it was last changed).
+        self._sleep_bytes: dict[tuple[str, object], int | None] = {}
         # Adapters known to be loaded, per engine process (worker id, pid): a restart forgets them.
         self._adapters: dict[tuple[int, int | None], set[str]] = {}
         self._adapter_locks: dict[tuple[int, str], asyncio.Lock] = {}
@@ -110,7 +137,14 @@ class FrontDoor:
     def placements(self) -> dict[str, Placement]:
         gpu = self.gpu()
         with session(self.engine) as db:
-            return {c.name: placement_of(c, gpu) for c in db.exec(select(ModelConfig))}
+            configs = list(db.exec(select(ModelConfig)))
+        return {c.name: placement_of(c, gpu, self._sleep_bytes_of(c)) for c in configs}
+
+    def _sleep_bytes_of(self, config: ModelConfig) -> int | None:
+        key = (config.name, config.updated_at)
+        if key not in self._sleep_bytes:
+            self._sleep_bytes[key] = sleep_host_bytes(config)
+        return self._sleep_bytes[key]
 
     def name_table(self) -> names.NameTable:
         with session(self.engine) as db:

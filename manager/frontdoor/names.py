@@ -109,7 +109,9 @@ def state_of(config: str, views: Iterable[WorkerView]) -> ModelState:
 def _public_state(state: State) -> ModelState:
     if state == State.READY:
         return "ready"
-    if state == State.STARTING:
+    if state == State.SLEEPING:
+        return "sleeping"
+    if state in (State.STARTING, State.WAKING):
         return "starting"
     # Stopping, failed and crashed workers serve nothing: a request would start the model again.
     return "stopped"

@@ -2,10 +2,11 @@
 
 Per model config: a request is served at once when the config's worker is ready; when it is
 starting, the request joins that start (one start per config, however many requests wait for it);
-when it is stopped, eviction (``eviction.choose``) names the workers to stop, the supervisor stops
-them and starts this one, and every waiting request goes on when it is ready. It also counts the
-requests in flight per model and when each last answered, and stops models idle past their
-``idle_timeout_s``.
+when it is stopped or asleep, eviction (``eviction.choose``) names the workers to put to sleep or
+stop, the supervisor does so and starts (or wakes) this one, and every waiting request goes on
+when it is ready. It also counts the requests in flight per model and when each last answered, and
+unloads models idle past their ``idle_timeout_s`` (to sleep when their config allows it and host
+RAM has room for what sleeping keeps there, else stopped).
 
 Worker state is never changed here: every stop and start goes through the supervisor's public
 commands, which hand them to the worker's runner and its state machine.
@@ -31,7 +32,10 @@ from manager.supervisor.view import WorkerView
 log = logging.getLogger("vllm_manager.frontdoor")
 
 # Workers that hold (or are about to hold) their GPUs; a crashed one restarts on its own soon.
-HOLDING = (State.STARTING, State.READY, State.CRASHED)
+# A sleeping worker has given its GPU memory back.
+HOLDING = (State.STARTING, State.READY, State.CRASHED, State.WAKING)
+# The worker a config already has: used as it is, woken, or (crashed) started at once.
+CURRENT = (*HOLDING, State.SLEEPING)
 # A stopped worker of the config is started again rather than a new one created.
 RESTARTABLE = (State.STOPPED, State.FAILED, State.CRASHED)
 
@@ -54,7 +58,9 @@ class Workers(Protocol):
         self, model: str, gpus: list[int] | None = None, port: int | None = None, force: bool = False
     ) -> tuple[WorkerView, bool]: ...
 
-    async def command(self, worker_id: int, kind: str, model: str | None = None, force: bool = False) -> WorkerView: ...
+    async def command(
+        self, worker_id: int, kind: str, model: str | None = None, force: bool = False, level: int | None = None
+    ) -> WorkerView: ...
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,8 @@ class Placement:
     start_timeout_s: float
     idle_timeout_s: float | None = None
     persistent: bool = False
+    sleep_level: int | None = None  # vLLM sleep mode: 1 or 2; None: off
+    sleep_host_bytes: int | None = None  # host RAM its sleep keeps (level 1: the weights); None: unknown
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,7 @@ class Scheduler:
         gpu_capacity: Callable[[], Mapping[int, int] | None] = lambda: None,
         options: SchedulerOptions | None = None,
         metrics: FrontDoorMetrics | None = None,
+        host_available: Callable[[], int | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.workers = workers
@@ -132,6 +141,7 @@ class Scheduler:
         self.metrics = metrics
         self._placements = placements
         self._gpu_capacity = gpu_capacity
+        self._host_available = host_available
         self._clock = clock
         self._slots: dict[str, _Slot] = {}
         self._placing = asyncio.Lock()  # one decision to evict and start at a time
@@ -219,8 +229,8 @@ class Scheduler:
                 await asyncio.sleep(self.options.poll_s)
             while True:
                 async with self._placing:
-                    current = self._holding_worker(config)
-                    if current is not None and current.state != State.CRASHED:
+                    current = self._current_worker(config)
+                    if current is not None and current.state not in (State.CRASHED, State.SLEEPING):
                         target = current  # started meanwhile (by the API, or an earlier start)
                         break
                     decision = eviction.choose(self._running(config), self._need(placement), self._gpu_capacity())
@@ -228,7 +238,10 @@ class Scheduler:
                         raise ModelUnavailable(f"{config} cannot be started: {decision.reason}")
                     if isinstance(decision, eviction.MakeRoom):
                         await self._evict(decision, f"to make room for {config}")
-                        target = await self._start(config, current)
+                        if current is not None and current.state == State.SLEEPING:
+                            target = await self._wake(current, started)
+                        else:
+                            target = await self._start(config, current)
                         break
                     for name in self._configs_of(decision.workers):
                         leaving = self._mark_leaving(name)
@@ -268,7 +281,7 @@ class Scheduler:
                     # Requests waiting for its start count as in flight: evicting it would strand them.
                     in_flight=slot.in_flight + slot.joined,
                     persistent=placement.persistent if placement else False,
-                    may_sleep=False,
+                    may_sleep=self._may_sleep(placement),
                 )
             )
         return running
@@ -289,13 +302,31 @@ class Scheduler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._released.wait(), timeout=min(left, 1.0))
 
+    def _may_sleep(self, placement: Placement | None) -> bool:
+        """Sleep mode is on, and host RAM has room for what the sleep keeps there."""
+        if placement is None or placement.sleep_level is None:
+            return False
+        if placement.sleep_level >= 2:
+            return True  # level 2 keeps nothing in host RAM
+        available = self._host_available()
+        return (
+            placement.sleep_host_bytes is not None
+            and available is not None
+            and (available >= placement.sleep_host_bytes)
+        )
+
     async def _evict(self, decision: eviction.MakeRoom, why: str) -> None:
         views = [self.workers.view(i) for i in decision.sleep + decision.stop]
         # All of them first: none may take a new request while another one is being stopped.
         marks = [(v.model, self._mark_leaving(v.model)) for v in views]
+        placements = self._placements()
         try:
             for view in views:
-                await self._stop(view, f"stopped {view.model} {why}", kind="evicted")
+                placement = placements.get(view.model)
+                if view.id in decision.sleep and placement is not None and placement.sleep_level is not None:
+                    await self._unload(view, placement.sleep_level, f" {why}", kind="evicted")
+                else:
+                    await self._stop(view, f"stopped {view.model} {why}", kind="evicted")
         finally:
             for model, leaving in marks:
                 if leaving is not None:
@@ -307,6 +338,23 @@ class Scheduler:
         try:
             await self.workers.command(view.id, "stop")
             self.workers.events.record(kind, message, view.id, model=view.model, **data)
+        finally:
+            self._slot(view.model).ready_seen = None
+            if leaving is not None:
+                self._end_leaving(view.model, leaving)
+
+    async def _unload(self, view: WorkerView, sleep_level: int | None, why: str, kind: str, **data: object) -> None:
+        """Put the worker to sleep (when ``sleep_level``), or stop it; a sleep the engine refuses is a stop."""
+        if sleep_level is None:
+            await self._stop(view, f"stopped {view.model}{why}", kind=kind, **data)
+            return
+        leaving = self._mark_leaving(view.model)
+        try:
+            await self.workers.command(view.id, "sleep", level=sleep_level)
+            self.workers.events.record(kind, f"put {view.model} to sleep{why}", view.id, model=view.model, **data)
+        except ManagerError as exc:
+            log.warning("%s could not sleep (%s): stopping it instead", view.model, exc.message)
+            await self._stop(view, f"stopped {view.model}{why} (sleep failed: {exc.message})", kind=kind, **data)
         finally:
             self._slot(view.model).ready_seen = None
             if leaving is not None:
@@ -341,6 +389,15 @@ class Scheduler:
         except ManagerError as exc:
             # The planner's refusal, a port that is taken, an engine interpreter that is missing ...
             raise ModelUnavailable(f"{config} could not be started: {exc.message}") from exc
+
+    async def _wake(self, sleeper: WorkerView, started: float) -> WorkerView:
+        try:
+            view = await self.workers.command(sleeper.id, "wake")
+        except ManagerError as exc:
+            raise ModelUnavailable(f"{sleeper.model} could not be woken: {exc.message}") from exc
+        if self.metrics is not None:
+            self.metrics.swap.labels("wake").observe(self._clock() - started)
+        return view
 
     async def _until_ready(self, target: WorkerView, placement: Placement, started: float) -> WorkerView:
         deadline = started + placement.start_timeout_s
@@ -394,7 +451,7 @@ class Scheduler:
                 log.exception("idle unload failed")
 
     async def unload_idle(self) -> list[str]:
-        """Stop every ready model idle longer than its idle_timeout_s; returns the models stopped."""
+        """Put to sleep or stop every ready model idle longer than its idle_timeout_s; returns them."""
         placements = self._placements()
         stopped = []
         for view in self.workers.views():
@@ -414,7 +471,9 @@ class Scheduler:
                 idle = now - (_latest(slot.last_done, slot.ready_seen) or now)
                 if idle < placement.idle_timeout_s:
                     continue
-                await self._stop(view, f"stopped {view.model}: idle {idle:.0f} s", kind="idle_stopped", idle_s=idle)
+                level = placement.sleep_level if self._may_sleep(placement) else None
+                kind = "idle_slept" if level is not None else "idle_stopped"
+                await self._unload(view, level, f": idle {idle:.0f} s", kind=kind, idle_s=round(idle, 1))
                 stopped.append(view.model)
         return stopped
 
@@ -444,9 +503,9 @@ class Scheduler:
                 return view
         return None
 
-    def _holding_worker(self, config: str) -> WorkerView | None:
+    def _current_worker(self, config: str) -> WorkerView | None:
         for view in self.workers.views():
-            if view.model == config and view.state in HOLDING:
+            if view.model == config and view.state in CURRENT:
                 return view
         return None
 

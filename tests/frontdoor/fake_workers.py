@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from manager.errors import Invalid, NotFound
+from manager.errors import Conflict, Invalid, NotFound
 from manager.supervisor.lifecycle import State
 from manager.supervisor.view import WorkerView
 
@@ -22,6 +22,9 @@ class Behaviour:
     error: str | None = None  # the start fails with this (vLLM's reason)
     never_ready: bool = False
     refused: str | None = None  # the start is refused at once (the planner's message)
+    sleep_error: str | None = None  # the engine refuses to sleep
+    wake_error: str | None = None  # the engine cannot wake
+    wake_s: float = 0.01
 
 
 @dataclass
@@ -40,6 +43,7 @@ class FakeWorkers:
         self._views: dict[int, WorkerView] = {}
         self._events = FakeEvents()
         self.commands: list[tuple[str, int | str]] = []
+        self.sleep_levels: list[int] = []
         self._timers: set[asyncio.Task[None]] = set()
 
     @property
@@ -65,9 +69,26 @@ class FakeWorkers:
         self._views[wid] = _view(wid, model, State.STOPPED, port=18000 + wid, gpus=[])
         return await self._start(wid), True
 
-    async def command(self, worker_id: int, kind: str, model: str | None = None, force: bool = False) -> WorkerView:
+    async def command(
+        self, worker_id: int, kind: str, model: str | None = None, force: bool = False, level: int | None = None
+    ) -> WorkerView:
         self.commands.append((kind, worker_id))
         view = self.view(worker_id)
+        behaviour = self.behaviours.get(view.model, Behaviour())
+        if kind == "sleep":
+            assert view.state == State.READY and level in (1, 2), (view.state, level)
+            self.sleep_levels.append(level)
+            if behaviour.sleep_error:
+                raise Conflict(f"{view.model} could not be put to sleep: {behaviour.sleep_error}")
+            return self._set(worker_id, State.SLEEPING)
+        if kind == "wake":
+            assert view.state == State.SLEEPING, view.state
+            self._set(worker_id, State.WAKING)
+            await asyncio.sleep(behaviour.wake_s)
+            if behaviour.wake_error:
+                self._set(worker_id, State.FAILED, last_error=f"waking failed: {behaviour.wake_error}")
+                raise Conflict(f"{view.model}: waking failed: {behaviour.wake_error}")
+            return self._set(worker_id, State.READY)
         if kind == "start":
             return await self._start(worker_id)
         if kind == "stop":

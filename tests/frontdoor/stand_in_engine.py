@@ -4,8 +4,11 @@ It takes vLLM's command line (``-m vllm.entrypoints.openai.api_server --model M 
 --port P ...``, ignoring what it does not need) and answers the endpoints the front door uses the way
 vLLM 0.32 does: /health, /v1/models (adapters with their parent), the OpenAI routes (SSE when
 ``stream`` is true, one chunk per token), the runtime LoRA endpoints, and /metrics with
-``vllm:num_requests_running``. Every answer echoes what the engine received, and every path it was
-asked for is kept (GET /stand-in/seen), so tests can check what the proxy forwarded.
+``vllm:num_requests_running``, and sleep mode (with VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up,
+/is_sleeping, /collective_rpc; /sleep fails without --enable-sleep-mode; after a level-2 sleep the
+weights must be reloaded before the model answers sensibly). Every answer echoes what the engine
+received, and every path it was asked for is kept (GET /stand-in/seen), so tests can check what the
+proxy and the manager sent.
 
 Environment: STAND_IN_START_S (seconds before it listens), STAND_IN_FAIL (print this and exit 1,
 as vLLM does on a bad config), STAND_IN_TOKEN_S (delay between streamed tokens).
@@ -28,9 +31,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 
-def build(served: str, root: str) -> Starlette:
+def build(served: str, root: str, sleep_mode: bool = False) -> Starlette:
     token_s = float(os.environ.get("STAND_IN_TOKEN_S", "0.02"))
-    state: dict = {"running": 0, "seen": [], "adapters": {}}
+    # sleeping: the level, or 0 awake; asleep: the memory (tags) not yet taken back
+    state: dict = {"running": 0, "seen": [], "adapters": {}, "sleeping": 0, "asleep": set(), "weights_ok": True}
 
     async def health(_: Request) -> Response:
         return Response(status_code=200)
@@ -47,11 +51,21 @@ def build(served: str, root: str) -> Starlette:
         body = {"error": {"message": f"The model `{model}` does not exist.", "type": "NotFoundError", "code": 404}}
         return JSONResponse(body, status_code=404)
 
+    def unusable() -> Response | None:
+        if state["asleep"]:
+            return JSONResponse({"error": {"message": "the engine is sleeping"}}, status_code=500)
+        if not state["weights_ok"]:
+            return JSONResponse({"error": {"message": "weights were discarded and not reloaded"}}, status_code=500)
+        return None
+
     async def generate(request: Request) -> Response:
         body = await request.json()
         state["seen"].append({"path": request.url.path, "model": body.get("model")})
         if not known(body.get("model")):
             return missing(body.get("model"))
+        refusal = unusable()
+        if refusal is not None:
+            return refusal
         tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 4)
         chat = request.url.path.endswith("chat/completions")
         if not body.get("stream"):
@@ -95,6 +109,9 @@ def build(served: str, root: str) -> Starlette:
         state["seen"].append({"path": request.url.path, "model": body.get("model")})
         if not known(body.get("model")):
             return missing(body.get("model"))
+        refusal = unusable()
+        if refusal is not None:
+            return refusal
         return JSONResponse({"model": body.get("model"), "path": request.url.path, "received": body})
 
     async def transcribe(request: Request) -> Response:
@@ -125,6 +142,36 @@ def build(served: str, root: str) -> Starlette:
     async def seen(_: Request) -> Response:
         return JSONResponse(state["seen"])
 
+    async def sleep(request: Request) -> Response:
+        level = int(request.query_params.get("level", "1"))
+        state["seen"].append({"path": "/sleep", "model": None, "level": level})
+        if not sleep_mode:
+            return JSONResponse({"error": {"message": "Sleep mode is not enabled"}}, status_code=500)
+        state["sleeping"], state["asleep"] = level, {"weights", "kv_cache"}
+        if level >= 2:
+            state["weights_ok"] = False
+        return JSONResponse({"status": "sleeping", "level": level})
+
+    async def wake_up(request: Request) -> Response:
+        tags = request.query_params.getlist("tags") or ["weights", "kv_cache"]
+        state["seen"].append({"path": "/wake_up", "model": None, "tags": tags})
+        state["asleep"] -= set(tags)
+        if not state["asleep"]:
+            state["sleeping"] = 0
+        return JSONResponse({"status": "sleeping" if state["asleep"] else "awake", "tags": tags})
+
+    async def is_sleeping(_: Request) -> Response:
+        return JSONResponse({"is_sleeping": bool(state["asleep"])})
+
+    async def collective_rpc(request: Request) -> Response:
+        body = await request.json()
+        state["seen"].append({"path": "/collective_rpc", "model": None, "method": body.get("method")})
+        if body.get("method") == "reload_weights":
+            if "weights" in state["asleep"]:
+                return JSONResponse({"error": {"message": "weights memory is not allocated"}}, status_code=500)
+            state["weights_ok"] = True
+        return JSONResponse({"results": [None]})
+
     routes = [
         Route("/health", health),
         Route("/v1/models", models),
@@ -135,6 +182,13 @@ def build(served: str, root: str) -> Starlette:
         Route("/metrics", metrics),
         Route("/stand-in/seen", seen),
     ]
+    if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+        routes += [
+            Route("/sleep", sleep, methods=["POST"]),
+            Route("/wake_up", wake_up, methods=["POST"]),
+            Route("/is_sleeping", is_sleeping),
+            Route("/collective_rpc", collective_rpc, methods=["POST"]),
+        ]
     for path in ("/v1/embeddings", "/v1/responses", "/v1/score", "/v1/rerank", "/tokenize", "/detokenize"):
         routes.append(Route(path, echo, methods=["POST"]))
     return Starlette(routes=routes)
@@ -147,6 +201,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--served-model-name")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--enable-sleep-mode", action="store_true")
     args, _ = parser.parse_known_args(argv)
     print(f"stand-in engine for {args.model} starting", flush=True)
     failure = os.environ.get("STAND_IN_FAIL")
@@ -154,7 +209,7 @@ def main(argv: list[str]) -> None:
         print(failure, flush=True)
         sys.exit(1)
     time.sleep(float(os.environ.get("STAND_IN_START_S", "0")))
-    app = build(args.served_model_name or args.model, args.model)
+    app = build(args.served_model_name or args.model, args.model, args.enable_sleep_mode)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

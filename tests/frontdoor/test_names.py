@@ -59,6 +59,9 @@ def test_state_is_the_best_of_the_configs_workers():
     assert state_of("qwen", views) == "stopped"
     assert state_of("qwen", [view(5, "qwen", State.CRASHED), view(6, "qwen", State.STOPPING)]) == "stopped"
     assert state_of("never-started", views) == "stopped"
+    assert state_of("qwen", [view(7, "qwen", State.SLEEPING)]) == "sleeping"
+    assert state_of("qwen", [view(7, "qwen", State.WAKING)]) == "starting"
+    assert state_of("qwen", [view(7, "qwen", State.SLEEPING), view(8, "qwen", State.READY)]) == "ready"
 
 
 def test_the_listing_shows_every_name_with_its_models_state():

@@ -345,3 +345,126 @@ def test_a_start_the_worker_itself_gave_up_on_at_its_timeout_is_still_a_504():
         assert "loading weights" in err.value.message
 
     run(body)
+
+
+# ---- sleep mode -----------------------------------------------------------------------------------
+
+G = 1 << 30
+
+
+def with_sleep(workers: FakeWorkers, host_gib: float | None = 64, **extra: dict) -> Scheduler:
+    table = placements(**extra)
+    host = None if host_gib is None else int(host_gib * G)
+    return Scheduler(workers, lambda: table, options=FAST, metrics=FrontDoorMetrics(), host_available=lambda: host)
+
+
+def test_a_model_with_sleep_mode_is_put_to_sleep_to_make_room_and_woken_for_its_next_request():
+    async def body():
+        workers = FakeWorkers()
+        a = workers.add_ready("a")
+        scheduler = with_sleep(workers, a={"sleep_level": 1, "sleep_host_bytes": 16 * G})
+        (await scheduler.acquire("b")).release()
+        assert workers.state(a) == State.SLEEPING and workers.sleep_levels == [1]
+        assert ("evicted", "put a to sleep to make room for b", a) in workers.events.recorded
+        lease = await scheduler.acquire("a")
+        # Woken, not started: the same engine, and b (no sleep mode) stopped for it.
+        assert lease.worker_id == a and workers.state(a) == State.READY
+        assert ("wake", a) in workers.commands and workers.starts("a") == 0
+        assert workers.stops() == ["b"]
+        assert scheduler.metrics is not None
+        text = generate_latest(scheduler.metrics.registry).decode()
+        assert 'vllm_manager_proxy_swap_seconds_count{kind="wake"} 1.0' in text
+
+    run(body)
+
+
+def test_level_one_sleep_needs_host_ram_for_the_weights_else_the_model_is_stopped():
+    async def body():
+        workers = FakeWorkers()
+        a = workers.add_ready("a")
+        scheduler = with_sleep(workers, host_gib=8, a={"sleep_level": 1, "sleep_host_bytes": 16 * G})
+        (await scheduler.acquire("b")).release()
+        assert workers.state(a) == State.STOPPED and workers.sleep_levels == []
+        # Unknown weights (or unknown RAM) are no room either.
+        workers2 = FakeWorkers()
+        a2 = workers2.add_ready("a")
+        (await with_sleep(workers2, a={"sleep_level": 1}).acquire("b")).release()
+        assert workers2.state(a2) == State.STOPPED
+
+    run(body)
+
+
+def test_level_two_sleep_keeps_nothing_in_host_ram():
+    async def body():
+        workers = FakeWorkers()
+        a = workers.add_ready("a")
+        (await with_sleep(workers, host_gib=None, a={"sleep_level": 2}).acquire("b")).release()
+        assert workers.state(a) == State.SLEEPING and workers.sleep_levels == [2]
+
+    run(body)
+
+
+def test_a_sleep_the_engine_refuses_becomes_a_stop():
+    async def body():
+        workers = FakeWorkers({"a": Behaviour(sleep_error="POST /sleep answered 404")})
+        a = workers.add_ready("a")
+        scheduler = with_sleep(workers, a={"sleep_level": 2})
+        (await scheduler.acquire("b")).release()
+        assert workers.state(a) == State.STOPPED
+        kinds = [(k, m) for k, m, _ in workers.events.recorded]
+        assert ("evicted", "stopped a to make room for b (sleep failed: a could not be put to sleep: "
+                "POST /sleep answered 404)") in kinds  # fmt: skip
+
+    run(body)
+
+
+def test_a_model_that_cannot_wake_is_a_503_and_the_next_request_starts_it_afresh():
+    async def body():
+        workers = FakeWorkers({"a": Behaviour(wake_error="CUDA out of memory")})
+        a = workers.add_ready("a")
+        scheduler = with_sleep(workers, a={"sleep_level": 2})
+        (await scheduler.acquire("b")).release()
+        with pytest.raises(ModelUnavailable, match="a could not be woken: a: waking failed: CUDA out of memory"):
+            await scheduler.acquire("a")
+        assert workers.state(a) == State.FAILED
+        workers.behaviours["a"] = Behaviour()
+        lease = await scheduler.acquire("a")
+        assert lease.worker_id == a and workers.commands[-1] == ("start", a)
+
+    run(body)
+
+
+def test_an_idle_model_with_sleep_mode_is_put_to_sleep():
+    async def body():
+        clock = Clock()
+        workers = FakeWorkers()
+        a = workers.add_ready("a")
+        scheduler = Scheduler(
+            workers,
+            lambda: placements(a={"sleep_level": 1, "sleep_host_bytes": G, "idle_timeout_s": 60}),
+            options=FAST,
+            host_available=lambda: 4 * G,
+            clock=clock,
+        )
+        await scheduler.unload_idle()
+        clock.now += 61
+        assert await scheduler.unload_idle() == ["a"]
+        assert workers.state(a) == State.SLEEPING
+        assert ("idle_slept", "put a to sleep: idle 61 s", a) in workers.events.recorded
+        clock.now += 1000
+        assert await scheduler.unload_idle() == []  # asleep is unloaded enough
+
+    run(body)
+
+
+def test_a_sleeping_model_does_not_block_another_on_its_gpu():
+    async def body():
+        workers = FakeWorkers()
+        a = workers.add_ready("a")
+        scheduler = with_sleep(workers, a={"sleep_level": 2})
+        (await scheduler.acquire("b")).release()
+        await workers.command(2, "stop")
+        (await scheduler.acquire("b")).release()
+        assert workers.state(a) == State.SLEEPING and workers.sleep_levels == [2]
+
+    run(body)
