@@ -410,11 +410,16 @@ class Scheduler:
             if view.model != config:
                 raise ModelUnavailable(f"the worker starting {config} was switched to {view.model}")
             if view.state == State.READY:
-                if self.metrics is not None and target.state != State.READY:
-                    self.metrics.swap.labels("cold").observe(self._clock() - started)
+                if target.state != State.READY:  # it was started for these requests: a cold swap
+                    seconds = self._clock() - started
+                    if self.metrics is not None:
+                        self.metrics.swap.labels("cold").observe(seconds)
+                    self.workers.events.record(
+                        "swapped_in", f"started {config} in {seconds:.1f} s", view.id, model=config, seconds=seconds
+                    )
                 return view
             late = self._clock() >= deadline
-            if view.state != State.STARTING and not late:
+            if view.state not in (State.STARTING, State.WAKING) and not late:
                 reason = view.last_error or f"its worker is {view.state.value}"
                 raise ModelUnavailable(f"{config} failed to start: {reason}")
             if late:

@@ -100,6 +100,8 @@ def test_a_model_on_a_taken_gpu_swaps_the_other_out():
         assert workers.state(a) == State.STOPPED and workers.state(c) == State.READY
         assert workers.views()[lease.worker_id - 1].model == "b"
         assert ("evicted", "stopped a to make room for b", a) in workers.events.recorded
+        swapped = [m for k, m, w in workers.events.recorded if k == "swapped_in" and w == lease.worker_id]
+        assert len(swapped) == 1 and swapped[0].startswith("started b in ")
 
     run(body)
 
@@ -466,5 +468,20 @@ def test_a_sleeping_model_does_not_block_another_on_its_gpu():
         await workers.command(2, "stop")
         (await scheduler.acquire("b")).release()
         assert workers.state(a) == State.SLEEPING and workers.sleep_levels == [2]
+
+    run(body)
+
+
+def test_a_request_while_the_model_is_woken_elsewhere_waits_for_that_wake():
+    async def body():
+        workers = FakeWorkers({"a": Behaviour(wake_s=0.2)})
+        a = workers.add_ready("a")
+        scheduler = with_sleep(workers, a={"sleep_level": 2})
+        await workers.command(a, "sleep", level=2)
+        waking = asyncio.create_task(workers.command(a, "wake"))  # as the API would
+        await asyncio.sleep(0.01)
+        lease = await scheduler.acquire("a")
+        await waking
+        assert lease.worker_id == a and workers.commands.count(("wake", a)) == 1
 
     run(body)
