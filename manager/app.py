@@ -13,8 +13,9 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from manager import __version__, web
 from manager.deps import require_token_for_changes
 from manager.errors import ManagerError
+from manager.frontdoor.errors import FrontDoorError
 from manager.middleware import BodyLimit, FramingForbidden, HeadAsGet
-from manager.routes import health, loras, models, plan, profiles, transfer, workers
+from manager.routes import health, loras, models, plan, profiles, transfer, v1, workers
 from manager.runtime import Runtime
 from manager.settings import Settings
 
@@ -44,7 +45,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         BodyLimit,
         default=settings.max_body_bytes,
-        by_path={"/api/import": (settings.max_import_bytes, "VLLM_MANAGER_MAX_IMPORT_BYTES")},
+        by_path={
+            "/api/import": (settings.max_import_bytes, "VLLM_MANAGER_MAX_IMPORT_BYTES"),
+            # Inference bodies (audio uploads above all): the front door enforces its own limit.
+            **dict.fromkeys((*v1.JSON_ENDPOINTS, *v1.MULTIPART_ENDPOINTS)),
+        },
     )
     app.add_middleware(HeadAsGet)
     app.add_middleware(FramingForbidden)  # the outermost: every answer carries it, refusals included
@@ -62,7 +67,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _manager_error(_request: Request, exc: ManagerError) -> JSONResponse:
         return JSONResponse(status_code=exc.status, content={"detail": exc.message, **exc.detail})
 
-    for module in (health, models, profiles, transfer, workers, plan, loras):
+    @app.exception_handler(FrontDoorError)
+    async def _front_door_error(_request: Request, exc: FrontDoorError) -> JSONResponse:
+        # /v1 answers in OpenAI's error shape, which the official clients read.
+        return JSONResponse(status_code=exc.status, content=exc.body(), headers=exc.headers)
+
+    for module in (health, models, profiles, transfer, workers, plan, loras, v1):
         app.include_router(module.router)
     web.install(app)
     return app

@@ -8,15 +8,18 @@ from urllib.parse import urlsplit
 
 import httpx
 from fastapi import Depends, Path, Query, Request
+from fastapi.routing import APIRoute
 from sqlmodel import Session
 
 from manager.db import session as open_session
-from manager.errors import Forbidden, Unauthorized
+from manager.errors import Forbidden, ManagerError, Unauthorized
+from manager.frontdoor.errors import NoCredentials, NotAllowed
+from manager.frontdoor.front_door import FrontDoor
 from manager.lora.pin_keeper import PinKeeper
 from manager.metrics import MetricsCollector
 from manager.runtime import Runtime
 from manager.services import tokens
-from manager.settings import Settings
+from manager.settings import Settings, is_loopback
 from manager.supervisor.supervisor import Supervisor
 from manager.web.live import LiveViews
 
@@ -71,6 +74,10 @@ def get_engine_http(runtime: RuntimeDep) -> httpx.AsyncClient:
     return runtime.http
 
 
+def get_front_door(runtime: RuntimeDep) -> FrontDoor:
+    return runtime.front_door
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_db)]
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
@@ -78,6 +85,7 @@ MetricsDep = Annotated[MetricsCollector, Depends(get_metrics)]
 LiveViewsDep = Annotated[LiveViews, Depends(get_live_views)]
 PinKeeperDep = Annotated[PinKeeper, Depends(get_pin_keeper)]
 EngineHttpDep = Annotated[httpx.AsyncClient, Depends(get_engine_http)]
+FrontDoorDep = Annotated[FrontDoor, Depends(get_front_door)]
 
 
 def _bearer(request: Request) -> str | None:
@@ -109,8 +117,15 @@ def refuse_cross_site(request: Request) -> None:
         raise Forbidden("request from an opaque origin refused")
 
 
+class InferenceRoute(APIRoute):
+    """A route that answers inference clients (the front door, /v1). The admin token rule below does
+    not apply to it: ``require_inference_access`` does, as a dependency of its router."""
+
+
 def require_token_for_changes(request: Request, db: SessionDep, settings: SettingsDep) -> None:
     """Once any token exists, every call that changes something must carry one."""
+    if isinstance(request.scope.get("route"), InferenceRoute):
+        return
     refuse_cross_site(request)
     if request.method in SAFE_METHODS:
         return
@@ -121,3 +136,26 @@ def require_token_for_changes(request: Request, db: SessionDep, settings: Settin
         raise Unauthorized("this call changes state and needs 'Authorization: Bearer <token>'")
     if not tokens.token_is_valid(db, token, settings.env_token):
         raise Unauthorized("the bearer token is not valid")
+
+
+def require_inference_access(request: Request, db: SessionDep, settings: SettingsDep) -> None:
+    """Who may send requests to /v1.
+
+    On a loopback bind (the default) anyone on this machine may. On a public bind the admin token is
+    needed, unless the operator opened /v1 explicitly (VLLM_MANAGER_OPEN_INFERENCE). Inference API keys,
+    separate from the admin token, will be checked here. Browsers on other sites are refused as for
+    every other call: they must not make a visitor's machine run models.
+    """
+    try:
+        refuse_cross_site(request)
+    except ManagerError as exc:
+        raise NotAllowed(exc.message) from None
+    if is_loopback(settings.host) or settings.open_inference:
+        return
+    token = _bearer(request)
+    if token is not None and tokens.token_is_valid(db, token, settings.env_token):
+        return
+    raise NoCredentials(
+        f"the manager listens on {settings.host}, so /v1 needs 'Authorization: Bearer <admin token>'; "
+        "to open /v1 to anyone who reaches this address, set VLLM_MANAGER_OPEN_INFERENCE=1"
+    )

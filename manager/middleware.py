@@ -14,21 +14,26 @@ def _size(n: int) -> str:
 
 class BodyLimit:
     """A request body over its limit is a 413, decided from Content-Length before anything is read, or
-    while a body without one streams in. ``by_path`` gives some paths (the import) a limit of their own."""
+    while a body without one streams in. ``by_path`` gives some paths (the import) a limit of their own,
+    or None where the route enforces its own (the /v1 front door, which answers in OpenAI's shape)."""
 
-    def __init__(self, app: ASGIApp, default: int, by_path: dict[str, tuple[int, str]] | None = None) -> None:
+    def __init__(self, app: ASGIApp, default: int, by_path: dict[str, tuple[int, str] | None] | None = None) -> None:
         self.app = app
         self.default = default
         self.by_path = by_path or {}
 
-    def _limit(self, path: str) -> tuple[int, str]:
+    def _limit(self, path: str) -> tuple[int, str] | None:
         return self.by_path.get(path, (self.default, "VLLM_MANAGER_MAX_BODY_BYTES"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit, setting = self._limit(scope["path"])
+        found = self._limit(scope["path"])
+        if found is None:  # the route keeps a limit of its own, and answers in its own error shape
+            await self.app(scope, receive, send)
+            return
+        limit, setting = found
         too_large = HTTPException(
             413, f"the request body is larger than {_size(limit)}, the most this manager takes here ({setting})"
         )

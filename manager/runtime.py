@@ -1,12 +1,14 @@
 """The running manager's parts, built and closed in one place.
 
 The store, the HTTP client to the engines, the supervisor (with the planner's pre-start check), the
-metrics collector and the views of it that the pages stream, and the keeper of pinned LoRA adapters.
+metrics collector and the views of it that the pages stream, the keeper of pinned LoRA adapters, and
+the front door (/v1: the scheduler and the proxy).
 The app's lifespan opens one ``Runtime``; routes reach its parts through ``manager.deps``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,35 +18,41 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 
 from manager.db import make_engine, migrate, session
+from manager.frontdoor.front_door import FrontDoor
+from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.launch.preflight import refuse_if_it_cannot_fit
 from manager.lora.pin_keeper import PinKeeper
 from manager.metrics import HistoryStore, ManagerExposition, MetricsCollector, WorkerInfo
 from manager.schemas.common import expand_home
 from manager.schemas.model_config import ModelConfig
 from manager.services import models
-from manager.settings import Settings
+from manager.settings import Settings, is_loopback
 from manager.supervisor.supervisor import Supervisor
 from manager.supervisor.view import WorkerView
 from manager.web.live import LiveViews
+
+log = logging.getLogger("vllm_manager")
 
 
 @dataclass
 class Runtime:
     settings: Settings
     engine: Engine
-    http: httpx.AsyncClient  # to the engines: probes, LoRA endpoints
+    http: httpx.AsyncClient  # to the engines: probes, LoRA endpoints, the requests /v1 forwards
     supervisor: Supervisor
     metrics: MetricsCollector
     exposition: ManagerExposition
     live_views: LiveViews
     pin_keeper: PinKeeper
+    front_door: FrontDoor
 
     @classmethod
     async def open(cls, settings: Settings) -> Runtime:
         settings.ensure_dirs()
         engine = make_engine(settings.db_path)
         migrate(engine)
-        http = httpx.AsyncClient()
+        # Many streams at once go through /v1: more connections than httpx's default 100.
+        http = httpx.AsyncClient(limits=httpx.Limits(max_connections=2048, max_keepalive_connections=256))
         supervisor = Supervisor(settings, engine, http, preflight=refuse_if_it_cannot_fit)
         await supervisor.start_up()
         collector = MetricsCollector(
@@ -57,21 +65,27 @@ class Runtime:
             with session(engine) as db:
                 return [m.name for m in models.list_models(db)]
 
+        exposition = ManagerExposition(lambda: collector.latest)
         runtime = cls(
             settings=settings,
             engine=engine,
             http=http,
             supervisor=supervisor,
             metrics=collector,
-            exposition=ManagerExposition(lambda: collector.latest),
+            exposition=exposition,
             live_views=LiveViews(model_names),
             pin_keeper=PinKeeper(engine, supervisor, http),
+            front_door=FrontDoor(settings, engine, supervisor, http, FrontDoorMetrics(exposition.registry)),
         )
         collector.start()
         runtime.pin_keeper.start()
+        runtime.front_door.start()
+        if settings.open_inference and not is_loopback(settings.host):
+            log.warning("/v1 is open to anyone who reaches %s (VLLM_MANAGER_OPEN_INFERENCE is set)", settings.host)
         return runtime
 
     async def close(self) -> None:
+        await self.front_door.stop()
         await self.pin_keeper.stop()
         await self.metrics.stop()
         await self.supervisor.shut_down()

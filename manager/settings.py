@@ -51,6 +51,18 @@ class Settings(BaseSettings):
     # than the import limit; a config alone is at most a few hundred KiB.
     max_body_bytes: int = Field(default=2 * 1024**2, ge=1024)
     max_import_bytes: int = Field(default=16 * 1024**2, ge=1024)
+    # The front door (/v1). Bodies over this size get 413 (audio uploads are the big ones).
+    proxy_max_body_bytes: int = Field(default=64 << 20, gt=0)
+    # Requests that may wait for one model (its start, a swap, a drain) before 429 with Retry-After.
+    proxy_max_queue: int = Field(default=64, ge=0)
+    proxy_retry_after_s: int = Field(default=5, ge=1)
+    # How long a swap waits for the busy models it must evict to finish their requests, then 503.
+    proxy_drain_timeout_s: float = Field(default=60.0, gt=0)
+    # How often models are checked against their idle_timeout_s.
+    idle_check_s: float = Field(default=5.0, gt=0)
+    # /v1 is open on a loopback bind. On a public bind it needs the admin token, unless this is set
+    # (logged at start): until inference API keys exist, this is the explicit opt-out.
+    open_inference: bool = False
     # Host names this manager answers to (DNS-rebinding guard). Default: loopback names when bound to
     # loopback, any name when bound to a public address (where the API token guards changes).
     allowed_hosts: list[str] | None = None

@@ -116,6 +116,7 @@ def build_command(
         "enforce_eager": config.enforce_eager or moe_offload,
         "kv_offloading_size": kv_size,
         "kv_offloading_backend": "native" if kv_size is not None else None,
+        "enable_sleep_mode": config.sleep_level is not None,
     }
     argv = [engine_python, "-m", ENTRY_MODULE, *managed_argv(values)]
     if kv_connector is not None:
@@ -131,6 +132,15 @@ def build_command(
     env.update(patch_settings(profile, config, run_dir).to_env())
     if config.enable_lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+    if config.sleep_level is not None:
+        # vLLM serves /sleep, /wake_up and /is_sleeping only in its dev mode. Those endpoints (and the
+        # other dev ones) must stay on loopback: the front door never forwards them.
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            notes.append(
+                f"sleep mode needs vLLM's dev endpoints (/sleep, /wake_up, /collective_rpc, ...); this engine "
+                f"binds {host}, so anyone who reaches its port can call them"
+            )
     return LaunchCommand(argv=argv, env=env, notes=notes)
 
 

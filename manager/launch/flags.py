@@ -21,7 +21,7 @@ class EngineFlag:
 
     flag: str
     # The key of the value in the launch values: a model config field, or one the launch itself
-    # decides (host, the KV offload size and backend from the offload profile).
+    # decides (host, sleep mode from sleep_level, the KV offload size and backend from the profile).
     field: str
     aliases: tuple[str, ...] = ()  # other spellings vLLM accepts, refused in extra_args as well
     when: Callable[[Any], bool] = _given  # written only for a value this accepts
@@ -67,6 +67,7 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("--max-loras", "max_loras", needs="enable_lora"),
     EngineFlag("--max-lora-rank", "max_lora_rank", needs="enable_lora"),
     EngineFlag("--max-cpu-loras", "max_cpu_loras", needs="enable_lora"),
+    EngineFlag("--enable-sleep-mode", "enable_sleep_mode", when=bool, text=None, instead="sleep_level"),
     EngineFlag("--kv-offloading-size", "kv_offloading_size", instead="the offload profile's kv_offload_gib"),
     EngineFlag("--kv-offloading-backend", "kv_offloading_backend", instead="the offload profile"),
 )

@@ -36,6 +36,10 @@ def add_adapter(db: Session, data: LoraAdapterCreate) -> tuple[LoraAdapter, Adap
             f"{data.name!r} is the base model's own name; requests could not tell "
             f"the adapter from the model: choose another name"
         )
+    for other in models.list_models(db):
+        for name, kind in models.routing_names(other.name, other.served_model_name, other.aliases):
+            if name == data.name:
+                raise Conflict(f"{name!r} is the {kind} of model config {other.name!r}; {models.NAMES_RULE}")
     check = check_adapter(data.path, config)
     # Engines run in their own folder: keep the absolute path the manager checked.
     adapter = LoraAdapter(

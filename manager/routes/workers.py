@@ -99,6 +99,17 @@ async def switch(worker_id: WorkerId, body: WorkerSwitch, sup: SupervisorDep) ->
     return await sup.command(worker_id, "switch", body.model, body.force)
 
 
+@router.post("/workers/{worker_id}/sleep")
+async def sleep(worker_id: int, sup: SupervisorDep, level: int = 1) -> WorkerView:
+    """vLLM sleep mode (the config needs sleep_level): level 1 keeps the weights in host RAM, 2 drops them."""
+    return await sup.command(worker_id, "sleep", level=level)
+
+
+@router.post("/workers/{worker_id}/wake")
+async def wake(worker_id: int, sup: SupervisorDep) -> WorkerView:
+    return await sup.command(worker_id, "wake")
+
+
 @router.delete("/workers/{worker_id}", status_code=204)
 async def delete(worker_id: WorkerId, sup: SupervisorDep) -> Response:
     await sup.command(worker_id, "delete")

@@ -57,6 +57,23 @@ class ModelConfigFields(SQLModel):
     autostart: bool = False
     start_timeout_s: int = Field(default=900, gt=0)
     port: int | None = Field(default=None, ge=1, le=65535)
+    # The front door (/v1): other names a request's "model" may use, when to unload an idle worker,
+    # which workers are never evicted for another, and whether eviction puts the worker to sleep.
+    aliases: list[str] = Field(
+        default_factory=list,
+        sa_column=Column(JSON, nullable=False),
+        description="Other names /v1 requests may use for this model (slugs, unique across all models)",
+    )
+    idle_timeout_s: int | None = Field(
+        default=None, gt=0, description="Stop (or put to sleep) the worker after this long without a /v1 request"
+    )
+    persistent: bool = Field(default=False, description="Never stopped or put to sleep to make room for another")
+    sleep_level: int | None = Field(
+        default=None,
+        ge=1,
+        le=2,
+        description="vLLM sleep mode: 1 keeps the weights in host RAM, 2 drops them; empty: off",
+    )
 
     _numbers_are_not_bools = field_validator("*", mode="before")(refuse_bools_as_numbers)
 
@@ -84,6 +101,19 @@ class ModelConfigFields(SQLModel):
                 raise ValueError(f"environment variable name {key!r} is invalid ({ENV_NAME_RULE})")
         return v
 
+    @field_validator("aliases")
+    @classmethod
+    def _aliases(cls, v: list[str]) -> list[str]:
+        for alias in v:
+            try:
+                check_slug(alias)
+            except ValueError as exc:
+                raise ValueError(f"each alias {exc}") from None
+        repeated = sorted({a for a in v if v.count(a) > 1})
+        if repeated:
+            raise ValueError(f"aliases repeat: {', '.join(repeated)}")
+        return v
+
     @model_validator(mode="after")
     def _gpus_match_tp(self):
         check_numbers(self)
@@ -98,6 +128,8 @@ class ModelConfigFields(SQLModel):
                 f"tensor_parallel_size {self.tensor_parallel_size} needs at least that many GPUs, "
                 f"but gpu_ids lists {len(self.gpu_ids)}"
             )
+        if self.served_model_name and self.served_model_name in self.aliases:
+            raise ValueError(f"alias {self.served_model_name!r} is already the served model name")
         return self
 
 

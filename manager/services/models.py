@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 from sqlmodel import Session, col, select
 
 from manager.db import commit_or_conflict
 from manager.errors import Conflict, NotFound
 from manager.launch.refusals import check_env, check_extra_args
+from manager.lora.records import LoraAdapter
 from manager.schemas.common import utcnow
 from manager.schemas.model_config import (
     ModelConfig,
@@ -17,6 +20,55 @@ from manager.schemas.model_config import (
 from manager.schemas.offload_profile import OffloadProfile
 from manager.services import profiles
 from manager.supervisor.lifecycle import ACTIVE
+
+NAMES_RULE = (
+    "the names /v1 requests use (config names, served model names, aliases, LoRA adapter names) must each "
+    "lead to one model"
+)
+
+
+def routing_names(name: str, served_model_name: str | None, aliases: Sequence[str]) -> list[tuple[str, str]]:
+    """The names a request's "model" can use for one config, each with what it is."""
+    names = [(name, "name")]
+    if served_model_name and served_model_name != name:
+        names.append((served_model_name, "served model name"))
+    return names + [(alias, "alias") for alias in aliases]
+
+
+def name_clash(
+    configs: Iterable[tuple[str, str | None, Sequence[str]]], adapters: Iterable[tuple[str, str]] = ()
+) -> str | None:
+    """The first name that two things would answer to, said as a refusal; None when all are unique.
+
+    ``configs``: (name, served_model_name, aliases); ``adapters``: (adapter name, its base config).
+    """
+    owner: dict[str, str] = {}
+
+    def claim(name: str, what: str) -> str | None:
+        if name in owner:
+            return f"{name!r} is both the {owner[name]} and the {what}; {NAMES_RULE}"
+        owner[name] = what
+        return None
+
+    for config_name, served, aliases in configs:
+        for name, kind in routing_names(config_name, served, aliases):
+            clash = claim(name, f"{kind} of model config {config_name!r}")
+            if clash:
+                return clash
+    for adapter, base in adapters:
+        clash = claim(adapter, f"LoRA adapter of {base!r}")
+        if clash:
+            return clash
+    return None
+
+
+def check_names(db: Session, name: str, data: ModelConfigIn) -> None:
+    """Refuse (409) a config whose name, served name or an alias already routes to something else."""
+    others = [(m.name, m.served_model_name, m.aliases) for m in list_models(db) if m.name != name]
+    adapters = [(a.name, a.base_config) for a in db.exec(select(LoraAdapter))]
+    clash = name_clash([(name, data.served_model_name, data.aliases), *others], adapters)
+    if clash:
+        raise Conflict(clash, field="aliases")
 
 
 def list_models(db: Session) -> list[ModelConfig]:
@@ -47,6 +99,7 @@ def _fields(db: Session, data: ModelConfigIn, allow_code_flags: bool) -> dict:
 def create_model(db: Session, data: ModelConfigCreate, *, allow_code_flags: bool = False) -> ModelConfig:
     if db.exec(select(ModelConfig).where(ModelConfig.name == data.name)).first():
         raise Conflict(f"a model config named {data.name!r} already exists")
+    check_names(db, data.name, data)
     config = ModelConfig(name=data.name, **_fields(db, data, allow_code_flags))
     db.add(config)
     commit_or_conflict(db, f"a model config named {data.name!r} already exists")
@@ -56,6 +109,7 @@ def create_model(db: Session, data: ModelConfigCreate, *, allow_code_flags: bool
 
 def replace_model(db: Session, name: str, data: ModelConfigIn, *, allow_code_flags: bool = False) -> ModelConfig:
     config = get_model(db, name)
+    check_names(db, name, data)
     for key, value in _fields(db, data, allow_code_flags).items():
         setattr(config, key, value)
     config.updated_at = utcnow()

@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from manager.errors import Conflict, Invalid
+from manager.lora.records import LoraAdapter
 from manager.schemas.model_config import ModelConfig, ModelConfigCreate
 from manager.schemas.offload_profile import OffloadProfile, OffloadProfileCreate
 from manager.services import models, profiles
@@ -108,6 +109,7 @@ def import_data(
         clashes += [m.name for m in new_models if _exists(db, ModelConfig, m.name)]
         if clashes:
             raise Conflict(f"already stored: {', '.join(clashes)} (import with overwrite to replace them)")
+    _check_names(db, new_models)
 
     # A name another client stores between our reads and our commit breaks a UNIQUE constraint: with
     # overwrite, write once more (that name is replaced now); without, it is a clash like any other.
@@ -178,6 +180,16 @@ def _write(
             db.add(stored_model)
             result["replaced"].append(f"model {m.name}")
     return result
+
+
+def _check_names(db: Session, new_models: list[ModelConfigCreate]) -> None:
+    """The names requests route by stay unique once the file's configs replace the stored ones."""
+    incoming = {m.name for m in new_models}
+    kept = [(m.name, m.served_model_name, m.aliases) for m in models.list_models(db) if m.name not in incoming]
+    adapters = [(a.name, a.base_config) for a in db.exec(select(LoraAdapter))]
+    clash = models.name_clash([*((m.name, m.served_model_name, m.aliases) for m in new_models), *kept], adapters)
+    if clash:
+        raise Conflict(f"import refused: {clash}")
 
 
 def _exists(db: Session, table, name: str) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 
-from manager.errors import ManagerError
+from manager.errors import Conflict, ManagerError
 
 
 class State(StrEnum):
@@ -22,10 +22,16 @@ class State(StrEnum):
     STOPPING = "stopping"
     FAILED = "failed"  # did not become ready, or crashed past the restart ceiling
     CRASHED = "crashed"  # died while ready; a restart is scheduled (backing off)
+    # vLLM sleep mode: the engine process lives on with its GPU memory released (level 1 keeps the
+    # weights in host RAM, level 2 drops them); waking takes seconds instead of a cold start.
+    SLEEPING = "sleeping"
+    WAKING = "waking"
 
 
 # A worker in these states holds (or is about to hold) its engine, its GPUs and its config.
-ACTIVE = frozenset({State.STARTING, State.READY, State.STOPPING, State.CRASHED})
+ACTIVE = frozenset({State.STARTING, State.READY, State.STOPPING, State.CRASHED, State.SLEEPING, State.WAKING})
+# States in which the engine serves its endpoints and is watched for health.
+SERVING = frozenset({State.READY, State.SLEEPING})
 
 
 def backoff_delay(restart_number: int, base_s: float = 10.0, cap_s: float = 300.0) -> float:
@@ -86,6 +92,7 @@ class Life:
     ready_since: float | None = None
     next_restart_at: float | None = None
     health_failures: int = 0
+    sleep_level: int | None = None  # the level it sleeps at, while sleeping or waking
 
     @property
     def active(self) -> bool:
@@ -135,6 +142,7 @@ class Adopted:
     start_timeout_s: float
     elapsed_s: float  # since the engine was started
     now: float
+    sleeping_level: int | None = None  # the worker was asleep at this level when the manager stopped
 
 
 @dataclass(frozen=True)
@@ -200,6 +208,35 @@ class Tick:
     now: float
 
 
+@dataclass(frozen=True)
+class SleepRequested:
+    level: int
+
+
+@dataclass(frozen=True)
+class WakeRequested:
+    pass
+
+
+@dataclass(frozen=True)
+class Slept:
+    """What the engine answered to POST /sleep (and GET /is_sleeping after it)."""
+
+    ok: bool
+    seconds: float
+    detail: str  # why not, when not ok
+
+
+@dataclass(frozen=True)
+class Woke:
+    """What the engine answered to POST /wake_up (and GET /is_sleeping after it)."""
+
+    ok: bool
+    seconds: float
+    detail: str
+    now: float
+
+
 Event = (
     StartRequested
     | StopRequested
@@ -215,6 +252,10 @@ Event = (
     | Exited
     | Killed
     | Tick
+    | SleepRequested
+    | WakeRequested
+    | Slept
+    | Woke
 )
 
 
@@ -246,6 +287,20 @@ class KillGroup:
 
 
 @dataclass(frozen=True)
+class PutToSleep:
+    """POST /sleep?level=N to the engine, then confirm with GET /is_sleeping; answers Slept."""
+
+    level: int
+
+
+@dataclass(frozen=True)
+class WakeUp:
+    """POST /wake_up (level 2: reload the weights first), confirm with /is_sleeping; answers Woke."""
+
+    level: int
+
+
+@dataclass(frozen=True)
 class Record:
     kind: str
     message: str
@@ -264,7 +319,7 @@ class Forget:
     """Delete the worker; its owner task ends."""
 
 
-Effect = Launch | StopGroup | KillGroup | Record | Reject | Forget
+Effect = Launch | StopGroup | KillGroup | PutToSleep | WakeUp | Record | Reject | Forget
 Step = tuple[Life, list[Effect]]
 
 
@@ -282,8 +337,10 @@ def _moved(old: Life, new: Life, kind: str, message: str, **data: object) -> Rec
 def step(life: Life, event: Event, policy: Policy) -> Step:
     match event:
         case StartRequested(force=force):
-            if life.state in (State.STARTING, State.READY):
+            if life.state in (State.STARTING, State.READY, State.WAKING):
                 return life, []  # already running: two starts make one process
+            if life.state == State.SLEEPING:
+                return _wake(life)  # its engine is there: waking it is the start
             return _launch(replace(life, restart_count=0), StartKind.START, life.model, "start", force)
         case StopRequested(reason=reason, alive=alive):
             return _stop(life, reason, alive)
@@ -312,22 +369,34 @@ def step(life: Life, event: Event, policy: Policy) -> Step:
         case Probed():
             if life.state == State.STARTING:
                 return _probed_starting(life, event)
-            if life.state == State.READY:
+            if life.state in SERVING:
                 return _probed_ready(life, event, policy)
             return life, []
         case Exited(exit_text=exit_text, log_reason=reason, now=now):
             if life.state == State.STARTING:
                 return _start_failed(life, f"{exit_text} before it was ready: {reason or 'no output'}", policy, now)
-            if life.state == State.READY:
-                return _crashed(life, f"{exit_text} while serving" + (f": {reason}" if reason else ""), policy, now)
+            if life.state in SERVING or life.state == State.WAKING:
+                doing = "while serving" if life.state == State.READY else f"while {life.state.value}"
+                return _crashed(life, f"{exit_text} {doing}" + (f": {reason}" if reason else ""), policy, now)
             return life, []
         case Killed(reason=reason, now=now):
             # Published only now, once the group is gone: "crashed" or "failed" never names a live engine.
             if life.state == State.STARTING:
                 return _start_failed(life, reason, policy, now)
-            if life.state == State.READY:
+            if life.state in SERVING:
                 return _crashed(life, reason, policy, now)
+            if life.state == State.WAKING:
+                failed, effects = _failed(replace(life, sleep_level=None), reason)
+                return failed, [*effects, Reject(Conflict(f"{life.model}: {reason}"))]
             return life, []
+        case SleepRequested(level=level):
+            return _sleep(life, level)
+        case WakeRequested():
+            return _wake(life)
+        case Slept():
+            return _slept(life, event)
+        case Woke():
+            return _woke(life, event)
         case Tick(now=now):
             if life.state == State.CRASHED and life.next_restart_at is not None and now >= life.next_restart_at:
                 waiting = replace(life, next_restart_at=None)
@@ -340,7 +409,7 @@ def tick_interval(life: Life, now: float, policy: Policy) -> float | None:
     """How long the runner may wait for a command before it must look at the engine again."""
     if life.state == State.STARTING:
         return 0.5
-    if life.state == State.READY:
+    if life.state in SERVING:
         return policy.health_interval_s
     if life.state == State.CRASHED and life.next_restart_at is not None:
         return max(0.05, min(1.0, life.next_restart_at - now))
@@ -352,7 +421,7 @@ def _launch(life: Life, kind: StartKind, model: str, reason: str, force: bool) -
 
 
 def _stop(life: Life, reason: str, alive: bool) -> Step:
-    calm = replace(life, next_restart_at=None, switch_from=None, start_kind=None)
+    calm = replace(life, next_restart_at=None, switch_from=None, start_kind=None, sleep_level=None)
     if alive and life.engine is not None:
         new = replace(calm, state=State.STOPPING)
         return new, [_moved(life, new, "stopping", reason, pid=life.engine.pid), StopGroup(life.engine.pid)]
@@ -423,6 +492,17 @@ def _launch_refused(life: Life, error: ManagerError) -> Step:
 
 
 def _adopted(life: Life, event: Adopted) -> Step:
+    if event.sleeping_level is not None:
+        # It was put to sleep before the manager stopped; asleep it stays until a request wakes it.
+        new = replace(
+            life,
+            state=State.SLEEPING,
+            served_name=event.served_name,
+            desired="running",
+            start_kind=None,
+            sleep_level=event.sleeping_level,
+        )
+        return new, [record("adopted", event.message)]
     # A big model may still be loading: give it what is left of its own start timeout (at least a minute).
     left = max(60.0, event.start_timeout_s - event.elapsed_s)
     new = replace(
@@ -503,3 +583,45 @@ def _crashed(life: Life, reason: str, policy: Policy, now: float) -> Step:
 def _failed(life: Life, reason: str) -> Step:
     new = replace(life, state=State.FAILED, engine=None, last_error=reason, start_kind=None, switch_from=None)
     return new, [_moved(life, new, "failed", reason)]
+
+
+def _sleep(life: Life, level: int) -> Step:
+    if life.state == State.SLEEPING:
+        return life, []
+    if life.state != State.READY or life.engine is None:
+        return life, [Reject(Conflict(f"the worker is {life.state.value}: only a ready worker can be put to sleep"))]
+    # Marked asleep before the engine is asked: no request may be sent to it from now on.
+    return replace(life, state=State.SLEEPING, sleep_level=level), [PutToSleep(level)]
+
+
+def _slept(life: Life, event: Slept) -> Step:
+    if life.state != State.SLEEPING:
+        return life, []
+    level = life.sleep_level
+    if event.ok:
+        message = f"{life.model} asleep (level {level}) in {event.seconds:.1f} s"
+        return life, [record("slept", message, model=life.model, level=level, seconds=round(event.seconds, 3))]
+    awake = replace(life, state=State.READY, sleep_level=None)
+    reason = f"{life.model} could not be put to sleep: {event.detail}"
+    return awake, [record("sleep_failed", reason, model=life.model), Reject(Conflict(reason))]
+
+
+def _wake(life: Life) -> Step:
+    if life.state in (State.READY, State.WAKING):
+        return life, []
+    if life.state != State.SLEEPING:
+        return life, [Reject(Conflict(f"the worker is {life.state.value}, not asleep: nothing to wake"))]
+    return replace(life, state=State.WAKING), [WakeUp(life.sleep_level or 1)]
+
+
+def _woke(life: Life, event: Woke) -> Step:
+    if life.state != State.WAKING:
+        return life, []
+    if event.ok:
+        new = replace(life, state=State.READY, sleep_level=None, ready_since=event.now, health_failures=0)
+        message = f"woke {life.model} in {event.seconds:.1f} s"
+        return new, [_moved(life, new, "woke", message, model=life.model, seconds=round(event.seconds, 3))]
+    # An engine that cannot wake is of no use asleep either: end it, so a start can take its place
+    # (failed once the group is gone: see Killed).
+    assert life.engine is not None
+    return life, [KillGroup(life.engine.pid, f"waking failed: {event.detail}")]

@@ -29,7 +29,7 @@ from manager.launch.validation import cannot_run
 from manager.schemas.worker import Worker
 from manager.settings import Settings
 from manager.supervisor import lifecycle as lc
-from manager.supervisor import process
+from manager.supervisor import process, sleep_mode
 from manager.supervisor.events import EventLog
 from manager.supervisor.logs import LogTail, meaningful_error, new_log_file
 from manager.supervisor.probe import probe
@@ -54,9 +54,10 @@ Prepare = Callable[[int, str, int, list[int], Path, bool], Prepared]
 
 @dataclass
 class Command:
-    kind: str  # start | stop | restart | switch | delete
+    kind: str  # start | stop | restart | switch | delete | sleep | wake
     model: str | None = None
     force: bool = False
+    level: int | None = None  # sleep: vLLM's sleep level
     future: asyncio.Future[WorkerView] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -140,10 +141,12 @@ class WorkerRunner:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
 
-    async def send(self, kind: str, model: str | None = None, force: bool = False) -> WorkerView:
+    async def send(
+        self, kind: str, model: str | None = None, force: bool = False, level: int | None = None
+    ) -> WorkerView:
         if self._task is None or self._task.done():
             raise NotFound(f"worker {self.id} is gone (deleted)")
-        cmd = Command(kind, model, force)
+        cmd = Command(kind, model, force, level)
         await self._queue.put(cmd)
         return await cmd.future
 
@@ -158,7 +161,13 @@ class WorkerRunner:
         next_restart = None
         if life.state == lc.State.CRASHED and life.next_restart_at is not None:
             next_restart = max(0.0, life.next_restart_at - now)
-        has_process = life.state in (lc.State.STARTING, lc.State.READY, lc.State.STOPPING)
+        has_process = life.state in (
+            lc.State.STARTING,
+            lc.State.READY,
+            lc.State.STOPPING,
+            lc.State.SLEEPING,
+            lc.State.WAKING,
+        )
         return WorkerView(
             id=self.id,
             model=life.model,
@@ -224,13 +233,19 @@ class WorkerRunner:
             await self._feed(lc.SwitchRequested(cmd.model, alive, cmd.force))
         elif cmd.kind == "delete":
             await self._feed(lc.DeleteRequested(alive))
+        elif cmd.kind == "sleep":
+            if cmd.level not in (1, 2):
+                raise Invalid(f"sleep level must be 1 or 2, got {cmd.level!r}")
+            await self._feed(lc.SleepRequested(cmd.level))
+        elif cmd.kind == "wake":
+            await self._feed(lc.WakeRequested())
         else:
             raise Conflict(f"unknown command {cmd.kind!r}")
 
     async def _look(self) -> None:
         """Observe the engine as its state asks, and tell the machine what was seen."""
         state = self.life.state
-        if state in (lc.State.STARTING, lc.State.READY):
+        if state == lc.State.STARTING or state in lc.SERVING:
             if not self._alive():
                 await self._end_group(quick=True)
                 reason = meaningful_error(self.logs.tail(300))
@@ -275,6 +290,12 @@ class WorkerRunner:
             case lc.KillGroup(pid=pid, reason=reason):
                 await self._end_group(quick=False, pid=pid)
                 return lc.Killed(reason, time.monotonic())
+            case lc.PutToSleep(level=level):
+                ok, seconds, detail = await sleep_mode.put_to_sleep(self.deps.http, self._port(), level)
+                return lc.Slept(ok, seconds, detail)
+            case lc.WakeUp(level=level):
+                ok, seconds, detail = await sleep_mode.wake_up(self.deps.http, self._port(), level)
+                return lc.Woke(ok, seconds, detail, time.monotonic())
             case lc.Reject(error=error):
                 raise error
             case lc.Forget():

@@ -143,7 +143,10 @@ class Supervisor:
             self._runners[runner.id] = runner
         return view, True
 
-    async def command(self, worker_id: int, kind: str, model: str | None = None, force: bool = False) -> WorkerView:
+    async def command(
+        self, worker_id: int, kind: str, model: str | None = None, force: bool = False, level: int | None = None
+    ) -> WorkerView:
+        """start, stop, restart, switch (to ``model``), delete, sleep (at ``level``) or wake."""
         runner = self._runner(worker_id)
         if kind == "switch" and model:
             async with self._lock:  # one config runs at most once
@@ -151,7 +154,7 @@ class Supervisor:
                 if other is not None and other is not runner:
                     raise Conflict(f"model config {model!r} already runs in worker {other.id}")
                 return await runner.send(kind, model, force)
-        result = await runner.send(kind, model, force)
+        result = await runner.send(kind, model, force, level)
         if kind == "delete":
             self._runners.pop(worker_id, None)
         return result
@@ -166,15 +169,17 @@ class Supervisor:
         return runner
 
     def _adopted(self, row: Worker, message: str) -> Adopted:
-        timeout, served = 900.0, None
+        timeout, served, level = 900.0, None, None
         with session(self.engine) as db, contextlib.suppress(NotFound):
             config = models.get_model(db, row.model_name)
-            timeout, served = float(config.start_timeout_s), served_name(config)
+            timeout, served, level = float(config.start_timeout_s), served_name(config), config.sleep_level
+        # A worker stored as asleep (or waking) is asleep: the engine stays so until told otherwise.
+        sleeping = (level or 1) if row.state in (State.SLEEPING.value, State.WAKING.value) else None
         elapsed = 0.0
         if row.started_at is not None:
             started = row.started_at if row.started_at.tzinfo else row.started_at.replace(tzinfo=UTC)
             elapsed = (datetime.now(UTC) - started).total_seconds()
-        return Adopted(message, served, timeout, elapsed, time.monotonic())
+        return Adopted(message, served, timeout, elapsed, time.monotonic(), sleeping)
 
     def _prepare(
         self, worker_id: int, model_name: str, port: int, gpus: list[int], run_dir: Path, force: bool

@@ -44,6 +44,10 @@ HELP = {
     "lora_pool_gib": "pinned host memory kept for LoRA adapters",
     "moe_gpu_cache_gib": "GPU memory for the hottest experts when experts live in host RAM",
     "pinned_budget_gib": "cap on pinned host buffers of the engine_patches plugin",
+    "aliases": "other names requests to /v1 may use, separated by spaces",
+    "idle_timeout_s": "stop (or put to sleep) after this many seconds without a /v1 request; empty: never",
+    "persistent": "never stopped or put to sleep to make room for another model",
+    "sleep_level": "1: sleep keeps the weights in host RAM, 2: drops them; empty: sleep mode off",
 }
 TEXTAREAS = {"extra_args", "env", "description"}
 

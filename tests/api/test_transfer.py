@@ -38,6 +38,10 @@ MODELS = [
         "max_lora_rank": 16,
         "autostart": True,
         "start_timeout_s": 1800,
+        "aliases": ["qwen", "qwen-moe"],
+        "idle_timeout_s": 600,
+        "persistent": True,
+        "sleep_level": 1,
     },
     {
         "name": "llama",
@@ -66,6 +70,8 @@ def test_round_trip_without_loss(client, settings, tmp_path):
         assert len(result.json()["created"]) == 4
         assert c2.get("/api/export").text == text
         assert c2.get("/api/models/qwen3-30b").json()["env"] == {"A": "1"}
+        assert c2.get("/api/models/qwen3-30b").json()["aliases"] == ["qwen", "qwen-moe"]
+        assert "sleep_level: 1" in text and "idle_timeout_s: 600" in text
 
 
 def test_bad_import_changes_nothing(client):

@@ -146,3 +146,26 @@ def test_extra_args_come_last_and_the_configs_plugins_stay_allowed():
     ]  # fmt: skip
     assert cmd.env["VLLM_PLUGINS"] == "lora_resolver,offload_patches"
     assert cmd.env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_sleep_mode_adds_the_flag_and_the_dev_endpoint_switch():
+    for level in (1, 2):
+        cmd = _build(ModelConfig(name="s", model="/models/m", sleep_level=level))
+        assert cmd.engine_argv.count("--enable-sleep-mode") == 1
+        assert cmd.env["VLLM_SERVER_DEV_MODE"] == "1"
+        assert cmd.notes == []
+    off = _build(ModelConfig(name="s", model="/models/m"))
+    assert "--enable-sleep-mode" not in off.argv and "VLLM_SERVER_DEV_MODE" not in off.env
+    # On a public bind the dev endpoints would be reachable by anyone: the preview says so.
+    public = _build(ModelConfig(name="s", model="/models/m", sleep_level=1), host="0.0.0.0")
+    assert "dev endpoints" in public.notes[0] and "0.0.0.0" in public.notes[0]
+
+
+def test_sleep_mode_is_the_configs_field_not_an_extra_arg():
+    import pytest
+
+    from manager.errors import Invalid
+    from manager.launch.refusals import check_extra_args
+
+    with pytest.raises(Invalid, match="use the config field sleep_level instead"):
+        check_extra_args(["--enable-sleep-mode"], allow_code_flags=False)

@@ -17,7 +17,7 @@ from manager.schemas.offload_profile import OffloadProfile
 
 TABLE_SPELLINGS = {name for row in ENGINE_FLAGS for name in row.names}
 # Launch values that are not model config fields: the launch decides them.
-LAUNCH_VALUES = {"host", "kv_offloading_size", "kv_offloading_backend"}
+LAUNCH_VALUES = {"host", "kv_offloading_size", "kv_offloading_backend", "enable_sleep_mode"}
 
 
 def _refused(flag: str) -> bool:
@@ -65,6 +65,7 @@ def test_every_flag_build_command_writes_comes_from_the_table():
         max_loras=2,
         max_lora_rank=8,
         max_cpu_loras=4,
+        sleep_level=1,
     )
     lru = build_command(everything, OffloadProfile(name="p", kv_offload_gib=2), engine_python="py", port=1)
     arc = OffloadProfile(name="a", kv_offload_gib=2, kv_eviction_policy="arc")

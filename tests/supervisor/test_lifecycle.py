@@ -339,10 +339,100 @@ def test_every_state_answers_every_event_without_error(state: State) -> None:
         lc.Killed("hung", 1.0),
         lc.Tick(1.0),
         lc.GroupStopped(True, 1.0, (), ()),
+        lc.SleepRequested(1),
+        lc.WakeRequested(),
+        lc.Slept(True, 1.0, ""),
+        lc.Woke(False, 1.0, "no", 1.0),
     ]
+    effect_types = (
+        lc.Launch | lc.StopGroup | lc.KillGroup | lc.PutToSleep | lc.WakeUp | lc.Record | lc.Reject | lc.Forget
+    )
     for event in events:
         new, effects = step(life, event)
         assert isinstance(new.state, State)
-        assert all(
-            isinstance(e, lc.Launch | lc.StopGroup | lc.KillGroup | lc.Record | lc.Reject | lc.Forget) for e in effects
-        )
+        assert all(isinstance(e, effect_types) for e in effects)
+
+
+# ---- sleep mode ---------------------------------------------------------------------------------
+
+
+def asleep(level: int = 1) -> lc.Life:
+    life, effects = step(running(), lc.SleepRequested(level))
+    assert effects == [lc.PutToSleep(level)]
+    life, effects = step(life, lc.Slept(True, 31.1, ""))
+    assert life.state == State.SLEEPING
+    return life
+
+
+def test_a_ready_worker_is_put_to_sleep_and_marked_asleep_before_the_engine_is_asked():
+    life, effects = step(running(), lc.SleepRequested(1))
+    # No request may reach the engine while it moves its weights out: asleep from the moment it is asked.
+    assert life.state == State.SLEEPING and life.sleep_level == 1 and effects == [lc.PutToSleep(1)]
+    life, effects = step(life, lc.Slept(True, 31.1, ""))
+    assert life.state == State.SLEEPING and life.engine is not None
+    assert records(effects) == [("slept", "a asleep (level 1) in 31.1 s")]
+    assert step(life, lc.SleepRequested(1)) == (life, [])  # asleep already
+    assert lc.tick_interval(life, 0.0, POLICY) == POLICY.health_interval_s  # still watched
+
+
+def test_a_sleep_the_engine_refuses_leaves_it_ready_and_answers_the_caller():
+    life, _ = step(running(), lc.SleepRequested(1))
+    life, effects = step(life, lc.Slept(False, 0.1, "POST /sleep answered 404: ..."))
+    assert life.state == State.READY and life.sleep_level is None
+    assert records(effects) == [("sleep_failed", "a could not be put to sleep: POST /sleep answered 404: ...")]
+    assert isinstance(effects[-1], lc.Reject)
+
+
+def test_only_a_ready_worker_can_sleep():
+    starting, effects = step(stopped(), lc.StartRequested())
+    starting, _ = step(starting, launched(effects[0]))
+    for life in (starting, stopped()):
+        new, effects = step(life, lc.SleepRequested(1))
+        assert new == life and isinstance(effects[0], lc.Reject) and "only a ready worker" in effects[0].error.message
+
+
+def test_waking_a_sleeper_says_how_long_it_took():
+    life, effects = step(asleep(level=2), lc.WakeRequested())
+    assert life.state == State.WAKING and effects == [lc.WakeUp(2)]
+    assert step(life, lc.WakeRequested()) == (life, [])  # waking already
+    life, effects = step(life, lc.Woke(True, 1.65, "", now=500.0))
+    assert life.state == State.READY and life.ready_since == 500.0 and life.sleep_level is None
+    assert records(effects) == [("woke", "woke a in 1.6 s")]
+    assert step(life, lc.WakeRequested()) == (life, [])  # awake already
+
+
+def test_an_engine_that_cannot_wake_is_ended_and_failed():
+    life, _ = step(asleep(), lc.WakeRequested())
+    life, effects = step(life, lc.Woke(False, 2.0, "POST /wake_up answered 500: CUDA out of memory", now=9.0))
+    reason = "waking failed: POST /wake_up answered 500: CUDA out of memory"
+    assert effects == [lc.KillGroup(100, reason)]
+    assert life.state == State.WAKING  # failed only once the group is gone
+    life, effects = step(life, lc.Killed(reason, 20.0))
+    assert life.state == State.FAILED and life.engine is None
+    assert life.last_error == reason
+    assert isinstance(effects[-1], lc.Reject)
+
+
+def test_a_start_of_a_sleeping_worker_wakes_it_rather_than_starting_a_second_engine():
+    life, effects = step(asleep(), lc.StartRequested())
+    assert life.state == State.WAKING and effects == [lc.WakeUp(1)]
+
+
+def test_a_sleeping_worker_is_stopped_crashes_and_fails_health_like_a_ready_one():
+    life, effects = step(asleep(), lc.StopRequested("stop requested", alive=True))
+    assert life.state == State.STOPPING and life.sleep_level is None and lc.StopGroup(100) in effects
+    crashed, effects = step(asleep(), lc.Exited("exited with code 1", None, 10.0))
+    assert crashed.state == State.CRASHED and crashed.last_error == "exited with code 1 while sleeping"
+    life = asleep()
+    for t in (1.0, 2.0, 3.0):
+        life, effects = step(life, probed(t, healthy=False, serves=False))
+    assert effects == [lc.KillGroup(100, "/health failed 3 times in a row (/health: ConnectError)")]
+    life, effects = step(life, lc.Killed("/health failed 3 times in a row (/health: ConnectError)", 20.0))
+    assert life.state == State.CRASHED
+
+
+def test_a_worker_asleep_when_the_manager_stopped_is_adopted_asleep():
+    stored = lc.Life(state=State.SLEEPING, model="a", port=18000, engine=lc.Engine(4, 1.0, ("python",)))
+    life, effects = step(stored, lc.Adopted("re-adopted pid 4", "a", 900.0, 100.0, 50.0, sleeping_level=2))
+    assert life.state == State.SLEEPING and life.sleep_level == 2
+    assert records(effects) == [("adopted", "re-adopted pid 4")]

@@ -62,3 +62,16 @@ def test_stored_values_show_as_the_text_that_parses_back_to_them():
     assert not errors
     assert config.gpu_ids == [0, 2] and config.extra_args == ["--chat-template", "a b"]
     assert config.env == {"A": "1"} and config.enable_prefix_caching is False
+
+
+def test_front_door_fields_in_the_form():
+    config, errors = _submit({"name": "q", "model": "m", "aliases": "qwen  q-small", "idle_timeout_s": "600",
+                              "persistent": "on", "sleep_level": "1"})  # fmt: skip
+    assert not errors
+    assert config.aliases == ["qwen", "q-small"] and config.idle_timeout_s == 600
+    assert config.persistent is True and config.sleep_level == 1
+    off, errors = _submit({"name": "q", "model": "m", "aliases": "", "sleep_level": ""})
+    assert not errors and off.aliases == [] and off.sleep_level is None and off.persistent is False
+    bad, errors = _submit({"name": "q", "model": "m", "sleep_level": "3"})
+    assert bad is None and "less than or equal to 2" in errors.get("sleep_level")[0]
+    assert to_text(["qwen", "q-small"], ModelConfigCreate.model_fields["aliases"].annotation) == "qwen q-small"

@@ -1,0 +1,85 @@
+"""Errors the front door answers with, in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+
+Every refusal says what was wrong and what to do; the route layer turns one into a JSON response
+with its status and headers (Retry-After for a full queue).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FrontDoorError(Exception):
+    status = 400
+    type = "invalid_request_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class BadRequest(FrontDoorError):
+    code = "invalid_request"
+
+
+class ModelNotFound(FrontDoorError):
+    status = 404
+    code = "model_not_found"
+
+
+class EndpointNotFound(FrontDoorError):
+    status = 404
+    code = "unknown_url"
+
+
+class NoCredentials(FrontDoorError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotAllowed(FrontDoorError):
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
+class TooLarge(FrontDoorError):
+    status = 413
+    code = "request_too_large"
+
+
+class QueueFull(FrontDoorError):
+    status = 429
+    type = "rate_limit_error"
+    code = "queue_full"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(max(1, retry_after_s))})
+        self.retry_after_s = retry_after_s
+
+
+class ModelUnavailable(FrontDoorError):
+    """The model cannot be served now: it does not fit, its start failed, or busy workers did not drain."""
+
+    status = 503
+    type = "server_error"
+    code = "model_unavailable"
+
+
+class StartTimeout(FrontDoorError):
+    status = 504
+    type = "server_error"
+    code = "model_start_timeout"
+
+
+class EngineUnreachable(FrontDoorError):
+    status = 502
+    type = "server_error"
+    code = "engine_unreachable"

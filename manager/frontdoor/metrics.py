@@ -1,0 +1,44 @@
+"""The front door's Prometheus metrics, on the manager's own registry (served at GET /metrics).
+
+``model`` is the model config a request reached (``-`` when its name matched none), so what a client
+writes in its requests cannot grow the number of series.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+P = "vllm_manager_proxy_"
+UNKNOWN_MODEL = "-"
+# From a request served at once (sub-millisecond) to a cold start of a big model (minutes).
+WAIT_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+class FrontDoorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter(
+            P + "requests",
+            "Requests through /v1 by model config and HTTP status.",
+            ["model", "code"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            P + "in_flight", "Requests being answered by the model's worker now.", ["model"], registry=self.registry
+        )
+        self.queue_wait = Histogram(
+            P + "queue_wait_seconds",
+            "Time a request waited for its model's worker (a start, a swap, a drain) before it was forwarded.",
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.swap = Histogram(
+            P + "swap_seconds",
+            "Time from deciding to serve a model to its worker being ready, by kind (cold: a process start).",
+            ["kind"],
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+
+    def answered(self, model: str | None, code: int) -> None:
+        self.requests.labels(model or UNKNOWN_MODEL, str(code)).inc()

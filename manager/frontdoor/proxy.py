@@ -1,0 +1,182 @@
+"""Forwarding one request to its engine: the body read within a limit, the model named, the answer
+passed back as it arrives.
+
+Responses stream through chunk by chunk (``aiter_raw``), never buffered, so Server-Sent Events
+reach the client as vLLM writes them. When the client goes away, the upstream response is closed,
+which makes vLLM abort the request; either way the request's lease on the worker ends with its
+response. Only the endpoints the routes name are forwarded: the engine's own control endpoints
+(/sleep, /wake_up, /collective_rpc, the LoRA loaders, ...) are never reachable from here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import httpx
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Message, Receive, Scope, Send
+
+from manager.frontdoor.errors import BadRequest, EngineUnreachable, TooLarge
+
+# Client headers the engine may see: the body's type, what the client accepts, its request id. Never
+# the client's Authorization (the manager's token is not the engine's business).
+FORWARD_HEADERS = ("content-type", "accept", "x-request-id")
+# Engine headers the client sees; length and framing are the manager's own (it streams).
+RETURN_HEADERS = ("content-type", "content-encoding", "x-request-id", "cache-control")
+# Connecting to an engine on loopback is instant; generating may take as long as it takes.
+UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to be over ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(_too_large(int(declared), limit))
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(_too_large(size, limit, at_least=True))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int, at_least: bool = False) -> str:
+    more = "at least " if at_least else ""
+    return f"the request body is {more}{size} bytes; the limit is {limit} bytes (VLLM_MANAGER_PROXY_MAX_BODY_BYTES)"
+
+
+def json_model(body: bytes) -> tuple[dict[str, Any], str]:
+    """The JSON object of a request and the model it names (400 when either is missing)."""
+    try:
+        payload = json.loads(body)
+    except ValueError as exc:
+        raise BadRequest(f"the request body is not valid JSON ({exc})") from None
+    if not isinstance(payload, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return payload, _model_field(payload.get("model"))
+
+
+def _model_field(model: Any) -> str:
+    if model is None or model == "":
+        raise BadRequest(
+            'the request names no model: set "model" to one of the names GET /v1/models lists', param="model"
+        )
+    if not isinstance(model, str):
+        raise BadRequest('"model" must be a string (a name GET /v1/models lists)', param="model")
+    return model
+
+
+def with_model(payload: dict[str, Any], body: bytes, requested: str, upstream_model: str) -> bytes:
+    """The body to forward: as sent, unless the engine knows the model under another name."""
+    if upstream_model == requested:
+        return body
+    return json.dumps({**payload, "model": upstream_model}, ensure_ascii=False).encode()
+
+
+async def multipart_model(request: Request, body: bytes) -> tuple[str, Callable[[str], tuple[bytes, str]]]:
+    """The model a multipart request names (a form field), and how to re-encode it for another name.
+
+    Returns (model, rewrite) where ``rewrite(upstream_model)`` gives the body and content type to
+    forward; the original bytes when the name is the same.
+    """
+    content_type = request.headers.get("content-type", "")
+    if not content_type.startswith("multipart/form-data"):
+        raise BadRequest(
+            "this endpoint takes multipart/form-data: the audio as a file field and the model as a form field"
+        )
+    replay = Request(request.scope, receive=_replay(body))
+    try:
+        form = await replay.form()
+    except Exception as exc:  # python-multipart's errors are of several kinds
+        raise BadRequest(f"the multipart body could not be read ({exc})") from None
+    try:
+        model = _model_field(form.get("model"))
+        fields: list[tuple[str, str]] = []
+        files: list[tuple[str, tuple[str | None, bytes, str | None]]] = []
+        for key, value in form.multi_items():
+            if isinstance(value, str):
+                fields.append((key, value))
+            else:
+                files.append((key, (value.filename, await value.read(), value.content_type)))
+    finally:
+        await form.close()
+
+    def rewrite(upstream_model: str) -> tuple[bytes, str]:
+        if upstream_model == model:
+            return body, content_type
+        data = [(k, upstream_model if k == "model" else v) for k, v in fields]
+        encoded = httpx.Request("POST", "http://engine", data=dict(_grouped(data)), files=files)
+        return encoded.read(), encoded.headers["content-type"]
+
+    return model, rewrite
+
+
+def _grouped(pairs: list[tuple[str, str]]) -> dict[str, str | list[str]]:
+    out: dict[str, str | list[str]] = {}
+    for key, value in pairs:
+        if key in out:
+            existing = out[key]
+            out[key] = [*existing, value] if isinstance(existing, list) else [existing, value]
+        else:
+            out[key] = value
+    return out
+
+
+def _replay(body: bytes) -> Receive:
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def send_upstream(
+    http: httpx.AsyncClient, port: int, method: str, path: str, body: bytes, request: Request, content_type: str
+) -> httpx.Response:
+    """Send to the engine on loopback and return as soon as its status and headers are in."""
+    headers = {name: request.headers[name] for name in FORWARD_HEADERS if name in request.headers}
+    headers["content-type"] = content_type
+    upstream = http.build_request(
+        method, f"http://127.0.0.1:{port}{path}", content=body, headers=headers, timeout=UPSTREAM_TIMEOUT
+    )
+    try:
+        return await http.send(upstream, stream=True)
+    except httpx.TransportError as exc:
+        raise EngineUnreachable(
+            f"the model's engine on port {port} did not answer ({type(exc).__name__}: {exc}); "
+            "its worker may have just stopped or crashed: retry"
+        ) from exc
+
+
+class UpstreamResponse(StreamingResponse):
+    """The engine's answer, passed on chunk by chunk; ``on_close`` runs once it has ended or the client left."""
+
+    def __init__(self, upstream: httpx.Response, on_close: Callable[[], Awaitable[None] | None]) -> None:
+        headers = {name: upstream.headers[name] for name in RETURN_HEADERS if name in upstream.headers}
+        super().__init__(upstream.aiter_raw(), status_code=upstream.status_code, headers=headers)
+        self._upstream = upstream
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            # Starlette watches for the client's disconnect while it streams and cancels the stream.
+            await super().__call__(scope, receive, send)
+        finally:
+            # Shielded: after a disconnect this runs inside a cancelled scope, and an unclosed upstream
+            # response would leave vLLM generating for nobody.
+            with anyio.CancelScope(shield=True):
+                await self._upstream.aclose()
+                done = self._on_close()
+                if done is not None:
+                    await done

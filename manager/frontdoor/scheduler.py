@@ -1,0 +1,526 @@
+"""The scheduler: serve a model now, join the start already under way, or make room and start it.
+
+Per model config: a request is served at once when the config's worker is ready; when it is
+starting, the request joins that start (one start per config, however many requests wait for it);
+when it is stopped or asleep, eviction (``eviction.choose``) names the workers to put to sleep or
+stop, the supervisor does so and starts (or wakes) this one, and every waiting request goes on
+when it is ready. It also counts the requests in flight per model and when each last answered, and
+unloads models idle past their ``idle_timeout_s`` (to sleep when their config allows it and host
+RAM has room for what sleeping keeps there, else stopped).
+
+Worker state is never changed here: every stop and start goes through the supervisor's public
+commands, which hand them to the worker's runner and its state machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from manager.errors import ManagerError
+from manager.frontdoor import eviction
+from manager.frontdoor.errors import ModelUnavailable, QueueFull, StartTimeout
+from manager.frontdoor.metrics import FrontDoorMetrics
+from manager.supervisor.lifecycle import State
+from manager.supervisor.view import WorkerView
+
+log = logging.getLogger("vllm_manager.frontdoor")
+
+# Workers that hold (or are about to hold) their GPUs; a crashed one restarts on its own soon.
+# A sleeping worker has given its GPU memory back.
+HOLDING = (State.STARTING, State.READY, State.CRASHED, State.WAKING)
+# The worker a config already has: used as it is, woken, or (crashed) started at once.
+CURRENT = (*HOLDING, State.SLEEPING)
+# A stopped worker of the config is started again rather than a new one created.
+RESTARTABLE = (State.STOPPED, State.FAILED, State.CRASHED)
+
+
+class EventRecorder(Protocol):
+    def record(self, kind: str, message: str, worker_id: int | None = None, **data: object) -> dict: ...
+
+
+class Workers(Protocol):
+    """The supervisor's public side that the scheduler uses."""
+
+    @property
+    def events(self) -> EventRecorder: ...
+
+    def views(self) -> list[WorkerView]: ...
+
+    def view(self, worker_id: int) -> WorkerView: ...
+
+    async def create_worker(
+        self, model: str, gpus: list[int] | None = None, port: int | None = None, force: bool = False
+    ) -> tuple[WorkerView, bool]: ...
+
+    async def command(
+        self, worker_id: int, kind: str, model: str | None = None, force: bool = False, level: int | None = None
+    ) -> WorkerView: ...
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What the scheduler needs to know of one model config."""
+
+    config: str
+    gpus: tuple[int, ...]  # the GPU ids its worker uses
+    gpu_bytes: int | None  # what it takes on each (vLLM's gpu_memory_utilization share); None: unknown
+    start_timeout_s: float
+    idle_timeout_s: float | None = None
+    persistent: bool = False
+    sleep_level: int | None = None  # vLLM sleep mode: 1 or 2; None: off
+    sleep_host_bytes: int | None = None  # host RAM its sleep keeps (level 1: the weights); None: unknown
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    max_queue: int = 64  # requests waiting for one model (its start, a swap, a drain) before 429
+    retry_after_s: int = 5
+    drain_timeout_s: float = 60.0  # how long a swap waits for busy workers to finish, then 503
+    poll_s: float = 0.2  # how often a start is checked for readiness
+    idle_check_s: float = 5.0
+
+
+@dataclass
+class Lease:
+    """One request's hold on a ready worker; ``release()`` when its response has ended."""
+
+    config: str
+    worker_id: int
+    pid: int | None  # the engine process: a restarted worker is another engine
+    port: int
+    served_name: str
+    waited_s: float
+    _on_release: Callable[[Lease], None]
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._on_release(self)
+
+
+@dataclass
+class _Leaving:
+    """A model being stopped (or drained before a stop): its new requests wait until this is done."""
+
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _Slot:
+    """The scheduler's bookkeeping for one model config."""
+
+    in_flight: int = 0  # requests forwarded to its worker, not yet answered in full
+    queued: int = 0  # requests waiting for it (a start, a swap, a drain)
+    joined: int = 0  # of those, the ones waiting for its start: they count as in flight
+    last_done: float | None = None  # when its last response ended
+    ready_seen: float | None = None  # when the scheduler first saw its current worker ready
+    start: asyncio.Task[WorkerView] | None = None  # the one start under way, joined by every waiter
+    leaving: _Leaving | None = None
+
+
+class Scheduler:
+    def __init__(
+        self,
+        workers: Workers,
+        placements: Callable[[], Mapping[str, Placement]],
+        gpu_capacity: Callable[[], Mapping[int, int] | None] = lambda: None,
+        options: SchedulerOptions | None = None,
+        metrics: FrontDoorMetrics | None = None,
+        host_available: Callable[[], int | None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.workers = workers
+        self.options = options or SchedulerOptions()
+        self.metrics = metrics
+        self._placements = placements
+        self._gpu_capacity = gpu_capacity
+        self._host_available = host_available
+        self._clock = clock
+        self._slots: dict[str, _Slot] = {}
+        self._placing = asyncio.Lock()  # one decision to evict and start at a time
+        self._released = asyncio.Event()  # set (and replaced) whenever a request ends
+        self._idle_task: asyncio.Task[None] | None = None
+
+    # ---- requests ---------------------------------------------------------------------------
+    async def acquire(self, config: str) -> Lease:
+        """A lease on a ready worker of ``config``, starting it (and making room) when needed."""
+        started = self._clock()
+        slot = self._slot(config)
+        if slot.leaving is None:
+            ready = self._ready_worker(config)
+            if ready is not None:
+                return self._lease(config, slot, ready, started)
+        if slot.queued >= self.options.max_queue:
+            raise QueueFull(
+                f"{slot.queued} requests are already waiting for {config!r} (the limit is "
+                f"{self.options.max_queue}); retry in a few seconds",
+                self.options.retry_after_s,
+            )
+        slot.queued += 1
+        joined = False
+        try:
+            while True:
+                ready = self._ready_worker(config)
+                # A request that waited for this very start is served even if another model already
+                # waits for this one to drain (it counts as in flight until it is served).
+                if ready is not None and (slot.leaving is None or joined):
+                    return self._lease(config, slot, ready, started)
+                if slot.leaving is not None:
+                    await slot.leaving.done.wait()
+                    continue
+                if slot.start is None or slot.start.done():
+                    slot.start = asyncio.create_task(self._bring_up(config), name=f"start {config}")
+                    slot.start.add_done_callback(_retrieve)
+                if not joined:
+                    joined = True
+                    slot.joined += 1
+                # Shielded: a waiter that gives up (its client left) must not cancel the start for the others.
+                await asyncio.shield(slot.start)
+        finally:
+            slot.queued -= 1
+            if joined:
+                slot.joined -= 1
+
+    def _lease(self, config: str, slot: _Slot, view: WorkerView, started: float) -> Lease:
+        assert view.port is not None
+        slot.in_flight += 1
+        if slot.ready_seen is None:
+            slot.ready_seen = self._clock()
+        waited = self._clock() - started
+        if self.metrics is not None:
+            self.metrics.in_flight.labels(config).inc()
+            self.metrics.queue_wait.observe(waited)
+        return Lease(config, view.id, view.pid, view.port, view.served_model_name or config, waited, self._release)
+
+    def _release(self, lease: Lease) -> None:
+        slot = self._slot(lease.config)
+        slot.in_flight -= 1
+        slot.last_done = self._clock()
+        if self.metrics is not None:
+            self.metrics.in_flight.labels(lease.config).dec()
+        self._released.set()
+        self._released = asyncio.Event()
+
+    def queue_state(self) -> dict[str, dict[str, int]]:
+        """Per model config: requests in flight and requests waiting (for pages and tests)."""
+        return {name: {"in_flight": s.in_flight, "queued": s.queued} for name, s in self._slots.items()}
+
+    # ---- bringing a model up ----------------------------------------------------------------------
+    async def _bring_up(self, config: str) -> WorkerView:
+        """Make room for ``config`` and start it; the one start every waiting request joins."""
+        started = self._clock()
+        placement = self._placements().get(config)
+        if placement is None:
+            raise ModelUnavailable(f"model config {config!r} no longer exists")
+        drain_deadline = started + self.options.drain_timeout_s
+        draining: dict[str, _Leaving] = {}  # models this start asked to drain: their new requests wait
+        try:
+            # A stop asked for elsewhere (the API) is let finish: its worker is then started again.
+            while any(v.model == config and v.state == State.STOPPING for v in self.workers.views()):
+                if self._clock() - started > placement.start_timeout_s:
+                    raise StartTimeout(f"{config} is still stopping after {placement.start_timeout_s:g} s")
+                await asyncio.sleep(self.options.poll_s)
+            while True:
+                async with self._placing:
+                    current = self._current_worker(config)
+                    if current is not None and current.state not in (State.CRASHED, State.SLEEPING):
+                        target = current  # started meanwhile (by the API, or an earlier start)
+                        break
+                    decision = eviction.choose(self._running(config), self._need(placement), self._gpu_capacity())
+                    if isinstance(decision, eviction.CannotFit):
+                        raise ModelUnavailable(f"{config} cannot be started: {decision.reason}")
+                    if isinstance(decision, eviction.MakeRoom):
+                        await self._evict(decision, f"to make room for {config}")
+                        if current is not None and current.state == State.SLEEPING:
+                            target = await self._wake(current, started)
+                        else:
+                            target = await self._start(config, current)
+                        break
+                    for name in self._configs_of(decision.workers):
+                        leaving = self._mark_leaving(name)
+                        if leaving is not None:
+                            draining[name] = leaving
+                    waiting_for = decision
+                if not await self._drained(waiting_for.workers, drain_deadline):
+                    raise ModelUnavailable(
+                        f"{waiting_for.reason}; they did not finish within {self.options.drain_timeout_s:g} s. "
+                        "Retry later, or give the models different GPUs"
+                    )
+        except ManagerError as exc:  # a worker deleted meanwhile, a stop that failed
+            raise ModelUnavailable(f"{config} could not be started: {exc.message}") from exc
+        finally:
+            for name, leaving in draining.items():
+                self._end_leaving(name, leaving)
+        return await self._until_ready(target, placement, started)
+
+    def _need(self, placement: Placement) -> eviction.Need:
+        return eviction.Need(placement.config, placement.gpus, placement.gpu_bytes)
+
+    def _running(self, config: str) -> list[eviction.RunningWorker]:
+        placements = self._placements()
+        running = []
+        for view in self.workers.views():
+            if view.state not in HOLDING or view.model == config:
+                continue
+            placement = placements.get(view.model)
+            slot = self._slot(view.model)
+            running.append(
+                eviction.RunningWorker(
+                    id=view.id,
+                    config=view.model,
+                    gpus=tuple(view.gpus) or (placement.gpus if placement else (0,)),
+                    gpu_bytes=placement.gpu_bytes if placement else None,
+                    last_request_at=_latest(slot.last_done, slot.ready_seen),
+                    # Requests waiting for its start count as in flight: evicting it would strand them.
+                    in_flight=slot.in_flight + slot.joined,
+                    persistent=placement.persistent if placement else False,
+                    may_sleep=self._may_sleep(placement),
+                )
+            )
+        return running
+
+    def _configs_of(self, worker_ids: tuple[int, ...]) -> list[str]:
+        by_id = {v.id: v.model for v in self.workers.views()}
+        return [by_id[i] for i in worker_ids if i in by_id]
+
+    async def _drained(self, worker_ids: tuple[int, ...], deadline: float) -> bool:
+        """Wait until these workers have no request in flight; False when the deadline passes first."""
+        while True:
+            running = {w.id: w for w in self._running(config="")}
+            if all(running[i].in_flight == 0 for i in worker_ids if i in running):
+                return True
+            left = deadline - self._clock()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._released.wait(), timeout=min(left, 1.0))
+
+    def _may_sleep(self, placement: Placement | None) -> bool:
+        """Sleep mode is on, and host RAM has room for what the sleep keeps there."""
+        if placement is None or placement.sleep_level is None:
+            return False
+        if placement.sleep_level >= 2:
+            return True  # level 2 keeps nothing in host RAM
+        available = self._host_available()
+        return (
+            placement.sleep_host_bytes is not None
+            and available is not None
+            and (available >= placement.sleep_host_bytes)
+        )
+
+    async def _evict(self, decision: eviction.MakeRoom, why: str) -> None:
+        views = [self.workers.view(i) for i in decision.sleep + decision.stop]
+        # All of them first: none may take a new request while another one is being stopped.
+        marks = [(v.model, self._mark_leaving(v.model)) for v in views]
+        placements = self._placements()
+        try:
+            for view in views:
+                placement = placements.get(view.model)
+                if view.id in decision.sleep and placement is not None and placement.sleep_level is not None:
+                    await self._unload(view, placement.sleep_level, f" {why}", kind="evicted")
+                else:
+                    await self._stop(view, f"stopped {view.model} {why}", kind="evicted")
+        finally:
+            for model, leaving in marks:
+                if leaving is not None:
+                    self._end_leaving(model, leaving)
+
+    async def _stop(self, view: WorkerView, message: str, kind: str, **data: object) -> None:
+        """Stop one worker through the supervisor; its model's new requests wait until it is down."""
+        leaving = self._mark_leaving(view.model)
+        try:
+            await self.workers.command(view.id, "stop")
+            self.workers.events.record(kind, message, view.id, model=view.model, **data)
+        finally:
+            self._slot(view.model).ready_seen = None
+            if leaving is not None:
+                self._end_leaving(view.model, leaving)
+
+    async def _unload(self, view: WorkerView, sleep_level: int | None, why: str, kind: str, **data: object) -> None:
+        """Put the worker to sleep (when ``sleep_level``), or stop it; a sleep the engine refuses is a stop."""
+        if sleep_level is None:
+            await self._stop(view, f"stopped {view.model}{why}", kind=kind, **data)
+            return
+        leaving = self._mark_leaving(view.model)
+        try:
+            await self.workers.command(view.id, "sleep", level=sleep_level)
+            self.workers.events.record(kind, f"put {view.model} to sleep{why}", view.id, model=view.model, **data)
+        except ManagerError as exc:
+            log.warning("%s could not sleep (%s): stopping it instead", view.model, exc.message)
+            await self._stop(view, f"stopped {view.model}{why} (sleep failed: {exc.message})", kind=kind, **data)
+        finally:
+            self._slot(view.model).ready_seen = None
+            if leaving is not None:
+                self._end_leaving(view.model, leaving)
+
+    def _mark_leaving(self, config: str) -> _Leaving | None:
+        """Make new requests for ``config`` wait; None when someone else already did (they end it)."""
+        slot = self._slot(config)
+        if slot.leaving is not None:
+            return None
+        slot.leaving = _Leaving()
+        return slot.leaving
+
+    def _end_leaving(self, config: str, leaving: _Leaving) -> None:
+        slot = self._slot(config)
+        if slot.leaving is leaving:
+            slot.leaving = None
+        leaving.done.set()
+
+    async def _start(self, config: str, crashed: WorkerView | None) -> WorkerView:
+        """Start the config's stopped worker again (the newest), or create one."""
+        earlier = crashed or max(
+            (v for v in self.workers.views() if v.model == config and v.state in RESTARTABLE),
+            key=lambda v: v.id,
+            default=None,
+        )
+        try:
+            if earlier is not None:
+                return await self.workers.command(earlier.id, "start")
+            view, _ = await self.workers.create_worker(config)
+            return view
+        except ManagerError as exc:
+            # The planner's refusal, a port that is taken, an engine interpreter that is missing ...
+            raise ModelUnavailable(f"{config} could not be started: {exc.message}") from exc
+
+    async def _wake(self, sleeper: WorkerView, started: float) -> WorkerView:
+        try:
+            view = await self.workers.command(sleeper.id, "wake")
+        except ManagerError as exc:
+            raise ModelUnavailable(f"{sleeper.model} could not be woken: {exc.message}") from exc
+        if self.metrics is not None:
+            self.metrics.swap.labels("wake").observe(self._clock() - started)
+        return view
+
+    async def _until_ready(self, target: WorkerView, placement: Placement, started: float) -> WorkerView:
+        deadline = started + placement.start_timeout_s
+        config = placement.config
+        while True:
+            try:
+                view = self.workers.view(target.id)
+            except ManagerError as exc:
+                raise ModelUnavailable(f"{config} could not be started: {exc.message}") from exc
+            if view.model != config:
+                raise ModelUnavailable(f"the worker starting {config} was switched to {view.model}")
+            if view.state == State.READY:
+                if target.state != State.READY:  # it was started for these requests: a cold swap
+                    seconds = self._clock() - started
+                    if self.metrics is not None:
+                        self.metrics.swap.labels("cold").observe(seconds)
+                    self.workers.events.record(
+                        "swapped_in", f"started {config} in {seconds:.1f} s", view.id, model=config, seconds=seconds
+                    )
+                return view
+            late = self._clock() >= deadline
+            if view.state not in (State.STARTING, State.WAKING) and not late:
+                reason = view.last_error or f"its worker is {view.state.value}"
+                raise ModelUnavailable(f"{config} failed to start: {reason}")
+            if late:
+                # The worker's own start deadline counts from its launch, a moment after this one: by
+                # the time this sees it, the worker may already have been failed for the same reason.
+                now = view.detail if view.state == State.STARTING else view.last_error
+                raise StartTimeout(
+                    f"{config} was not ready within its start_timeout_s ({placement.start_timeout_s:g} s) "
+                    f"({now or 'no log line yet'}). Retry later, or raise start_timeout_s in its model config"
+                )
+            await asyncio.sleep(self.options.poll_s)
+
+    # ---- idle unload ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._idle_task is None:
+            self._idle_task = asyncio.create_task(self._idle_loop(), name="front door idle unload")
+
+    async def stop(self) -> None:
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._idle_task
+            self._idle_task = None
+        for slot in self._slots.values():
+            if slot.start is not None and not slot.start.done():
+                slot.start.cancel()
+
+    async def _idle_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.idle_check_s)
+            try:
+                await self.unload_idle()
+            except Exception:  # one bad round must not end idle unloading for good
+                log.exception("idle unload failed")
+
+    async def unload_idle(self) -> list[str]:
+        """Put to sleep or stop every ready model idle longer than its idle_timeout_s; returns them."""
+        placements = self._placements()
+        stopped = []
+        for view in self.workers.views():
+            slot = self._slot(view.model)
+            if view.state != State.READY:
+                slot.ready_seen = None
+                continue
+            now = self._clock()
+            if slot.ready_seen is None:
+                slot.ready_seen = now  # the idle time of a worker counts from when it was seen ready
+            placement = placements.get(view.model)
+            if placement is None or placement.idle_timeout_s is None:
+                continue
+            async with self._placing:
+                if not self._is_idle(view, slot):
+                    continue
+                idle = now - (_latest(slot.last_done, slot.ready_seen) or now)
+                if idle < placement.idle_timeout_s:
+                    continue
+                level = placement.sleep_level if self._may_sleep(placement) else None
+                kind = "idle_slept" if level is not None else "idle_stopped"
+                await self._unload(view, level, f": idle {idle:.0f} s", kind=kind, idle_s=round(idle, 1))
+                stopped.append(view.model)
+        return stopped
+
+    def _is_idle(self, view: WorkerView, slot: _Slot) -> bool:
+        try:
+            current = self.workers.view(view.id)
+        except ManagerError:
+            return False
+        return (
+            current.state == State.READY
+            and current.model == view.model
+            and slot.in_flight == 0
+            and slot.queued == 0
+            and slot.leaving is None
+        )
+
+    # ---- reading the workers ------------------------------------------------------------------------
+    def _slot(self, config: str) -> _Slot:
+        slot = self._slots.get(config)
+        if slot is None:
+            slot = self._slots[config] = _Slot()
+        return slot
+
+    def _ready_worker(self, config: str) -> WorkerView | None:
+        for view in self.workers.views():
+            if view.model == config and view.state == State.READY and view.port is not None:
+                return view
+        return None
+
+    def _current_worker(self, config: str) -> WorkerView | None:
+        for view in self.workers.views():
+            if view.model == config and view.state in CURRENT:
+                return view
+        return None
+
+
+def _latest(*times: float | None) -> float | None:
+    known = [t for t in times if t is not None]
+    return max(known) if known else None
+
+
+def _retrieve(task: asyncio.Task[WorkerView]) -> None:
+    # Every waiter may have gone (their clients left): the start's outcome must still be read.
+    if not task.cancelled():
+        task.exception()

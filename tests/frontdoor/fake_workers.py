@@ -1,0 +1,153 @@
+"""A stand-in for the supervisor's public side, for scheduler tests without processes.
+
+Workers move through the same states as real ones (starting, ready, stopped, failed) on a timer;
+every command is logged, so a test can check that five requests made one start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from manager.errors import Conflict, Invalid, NotFound
+from manager.supervisor.lifecycle import State
+from manager.supervisor.view import WorkerView
+
+
+@dataclass
+class Behaviour:
+    """How a config's starts go."""
+
+    start_s: float = 0.05  # seconds from start to ready
+    error: str | None = None  # the start fails with this (vLLM's reason)
+    never_ready: bool = False
+    refused: str | None = None  # the start is refused at once (the planner's message)
+    sleep_error: str | None = None  # the engine refuses to sleep
+    wake_error: str | None = None  # the engine cannot wake
+    wake_s: float = 0.01
+
+
+@dataclass
+class FakeEvents:
+    recorded: list[tuple[str, str, int | None]] = field(default_factory=list)
+
+    def record(self, kind: str, message: str, worker_id: int | None = None, **data: object) -> dict:
+        self.recorded.append((kind, message, worker_id))
+        return {"kind": kind, "message": message}
+
+
+class FakeWorkers:
+    def __init__(self, behaviours: dict[str, Behaviour] | None = None, stop_s: float = 0.01) -> None:
+        self.behaviours = behaviours or {}
+        self.stop_s = stop_s
+        self._views: dict[int, WorkerView] = {}
+        self._events = FakeEvents()
+        self.commands: list[tuple[str, int | str]] = []
+        self.sleep_levels: list[int] = []
+        self._timers: set[asyncio.Task[None]] = set()
+
+    @property
+    def events(self) -> FakeEvents:
+        return self._events
+
+    # ---- the Workers protocol -------------------------------------------------------------------
+    def views(self) -> list[WorkerView]:
+        return [self._views[i] for i in sorted(self._views)]
+
+    def view(self, worker_id: int) -> WorkerView:
+        try:
+            return self._views[worker_id]
+        except KeyError:
+            raise NotFound(f"no worker with id {worker_id}") from None
+
+    async def create_worker(
+        self, model: str, gpus: list[int] | None = None, port: int | None = None, force: bool = False
+    ) -> tuple[WorkerView, bool]:
+        self.commands.append(("create", model))
+        wid = max(self._views, default=0) + 1
+        # No GPU ids of its own, as for a config without gpu_ids: the scheduler uses its placement's.
+        self._views[wid] = _view(wid, model, State.STOPPED, port=18000 + wid, gpus=[])
+        return await self._start(wid), True
+
+    async def command(
+        self, worker_id: int, kind: str, model: str | None = None, force: bool = False, level: int | None = None
+    ) -> WorkerView:
+        self.commands.append((kind, worker_id))
+        view = self.view(worker_id)
+        behaviour = self.behaviours.get(view.model, Behaviour())
+        if kind == "sleep":
+            assert view.state == State.READY and level in (1, 2), (view.state, level)
+            self.sleep_levels.append(level)
+            if behaviour.sleep_error:
+                raise Conflict(f"{view.model} could not be put to sleep: {behaviour.sleep_error}")
+            return self._set(worker_id, State.SLEEPING)
+        if kind == "wake":
+            assert view.state == State.SLEEPING, view.state
+            self._set(worker_id, State.WAKING)
+            await asyncio.sleep(behaviour.wake_s)
+            if behaviour.wake_error:
+                self._set(worker_id, State.FAILED, last_error=f"waking failed: {behaviour.wake_error}")
+                raise Conflict(f"{view.model}: waking failed: {behaviour.wake_error}")
+            return self._set(worker_id, State.READY)
+        if kind == "start":
+            return await self._start(worker_id)
+        if kind == "stop":
+            self._set(worker_id, State.STOPPING)
+            await asyncio.sleep(self.stop_s)
+            return self._set(worker_id, State.STOPPED)
+        raise AssertionError(f"unexpected command {kind} for {view.model}")
+
+    # ---- for tests ----------------------------------------------------------------------------------
+    def add_ready(self, model: str, gpus: tuple[int, ...] = (0,)) -> int:
+        """A worker that is already serving (started before the scheduler saw it)."""
+        wid = max(self._views, default=0) + 1
+        self._views[wid] = _view(wid, model, State.READY, port=18000 + wid, gpus=list(gpus))
+        return wid
+
+    def state(self, worker_id: int) -> State:
+        return self._views[worker_id].state
+
+    def starts(self, model: str | None = None) -> int:
+        """Creates and start commands (of ``model``'s workers, if given)."""
+        count = 0
+        for kind, what in self.commands:
+            if kind == "create" and (model is None or what == model):
+                count += 1
+            if kind == "start" and isinstance(what, int) and (model is None or self._views[what].model == model):
+                count += 1
+        return count
+
+    def stops(self) -> list[str]:
+        return [self._views[w].model for kind, w in self.commands if kind == "stop" and isinstance(w, int)]
+
+    # ---- machinery ------------------------------------------------------------------------------------
+    async def _start(self, wid: int) -> WorkerView:
+        behaviour = self.behaviours.get(self._views[wid].model, Behaviour())
+        if behaviour.refused:
+            raise Invalid(behaviour.refused)
+        view = self._set(wid, State.STARTING, last_error=None)
+        timer = asyncio.create_task(self._finish_start(wid, behaviour))
+        self._timers.add(timer)
+        timer.add_done_callback(self._timers.discard)
+        return view
+
+    async def _finish_start(self, wid: int, behaviour: Behaviour) -> None:
+        await asyncio.sleep(behaviour.start_s)
+        if behaviour.never_ready or self._views[wid].state != State.STARTING:
+            return
+        if behaviour.error:
+            self._set(wid, State.FAILED, last_error=behaviour.error)
+        else:
+            self._set(wid, State.READY)
+
+    def _set(self, wid: int, state: State, **changes: object) -> WorkerView:
+        self._views[wid] = self._views[wid].model_copy(update={"state": state, **changes})
+        return self._views[wid]
+
+
+def _view(wid: int, model: str, state: State, port: int, gpus: list[int] | None = None) -> WorkerView:
+    return WorkerView(
+        id=wid, model=model, served_model_name=model, state=state, detail=None, pid=None, port=port,
+        gpus=gpus if gpus is not None else [0], uptime_s=None, restart_count=0, next_restart_in_s=None,
+        last_error=None, started_at=None, run_dir="/tmp/run", log_file=None,
+    )  # fmt: skip
