@@ -42,7 +42,6 @@ log = logging.getLogger("vllm_manager.runner")
 class Prepared:
     """What the supervisor prepared for one start: the command and the limits that go with it."""
 
-    model_name: str
     served_name: str
     command: LaunchCommand
     start_timeout_s: float
@@ -93,7 +92,10 @@ def life_of(row: Worker) -> lc.Life:
         model=row.model_name,
         port=row.port,
         engine=engine,
-        started_at=row.started_at,
+        # SQLite gives the stored time back without its zone; it was written in UTC.
+        started_at=row.started_at.replace(tzinfo=UTC)
+        if row.started_at and not row.started_at.tzinfo
+        else row.started_at,
         desired=row.desired,
         restart_count=row.restart_count,
         last_error=row.last_error,
@@ -153,8 +155,6 @@ class WorkerRunner:
     def view(self) -> WorkerView:
         life, now = self.life, time.monotonic()
         started = life.started_at
-        if started is not None and started.tzinfo is None:
-            started = started.replace(tzinfo=UTC)
         uptime = None
         if life.state == lc.State.READY and started is not None:
             uptime = max(0.0, (datetime.now(UTC) - started).total_seconds())

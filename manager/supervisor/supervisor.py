@@ -59,7 +59,7 @@ class Supervisor:
             runner = self._make_runner(row)
             first: Adopted | FoundGone | None = None
             if row.pid and process.matches(row.pid, row.pid_create_time, row.cmdline):
-                first = self._adopted(row, f"re-adopted pid {row.pid} after a manager restart")
+                first = self._adopted(runner, f"re-adopted pid {row.pid} after a manager restart")
             elif row.state != State.STOPPED.value:
                 first = FoundGone()
             await runner.begin(first)
@@ -168,17 +168,17 @@ class Supervisor:
             self._runners[runner.id] = runner
         return runner
 
-    def _adopted(self, row: Worker, message: str) -> Adopted:
+    def _adopted(self, runner: WorkerRunner, message: str) -> Adopted:
+        life = runner.life
         timeout, served, level = 900.0, None, None
         with session(self.engine) as db, contextlib.suppress(NotFound):
-            config = models.get_model(db, row.model_name)
+            config = models.get_model(db, life.model)
             timeout, served, level = float(config.start_timeout_s), served_name(config), config.sleep_level
         # A worker stored as asleep (or waking) is asleep: the engine stays so until told otherwise.
-        sleeping = (level or 1) if row.state in (State.SLEEPING.value, State.WAKING.value) else None
+        sleeping = (level or 1) if life.state in (State.SLEEPING, State.WAKING) else None
         elapsed = 0.0
-        if row.started_at is not None:
-            started = row.started_at if row.started_at.tzinfo else row.started_at.replace(tzinfo=UTC)
-            elapsed = (datetime.now(UTC) - started).total_seconds()
+        if life.started_at is not None:
+            elapsed = (datetime.now(UTC) - life.started_at).total_seconds()
         return Adopted(message, served, timeout, elapsed, time.monotonic(), sleeping)
 
     def _prepare(
@@ -199,7 +199,7 @@ class Supervisor:
             run_dir=run_dir,
             host=self.settings.worker_host,
         )
-        return Prepared(config.name, served_name(config), cmd, float(config.start_timeout_s))
+        return Prepared(served_name(config), cmd, float(config.start_timeout_s))
 
     def _host_reserved(self, db: Session, worker_id: int) -> int:
         """Host bytes the other running workers' offload profiles claim (KV offload, LoRA pool, pins)."""
@@ -276,7 +276,7 @@ class Supervisor:
                 db.commit()
                 db.refresh(row)
             runner = self._make_runner(row)
-            await runner.begin(self._adopted(row, f"adopted hand-started vLLM server pid {pid} as {model}"))
+            await runner.begin(self._adopted(runner, f"adopted hand-started vLLM server pid {pid} as {model}"))
         return runner.view()
 
     def _find_unmanaged(self, pid: int) -> process.Unmanaged:
