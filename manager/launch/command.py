@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,3 +173,9 @@ def preview_command(config: ModelConfig, profile: OffloadProfile | None, setting
         run_dir=settings.run_dir / "preview",
         host=settings.worker_host,
     )
+
+
+def inherited_env() -> dict[str, str]:
+    """The manager's environment as an engine gets it: without the manager's own settings, which hold
+    its API token and mean nothing to vLLM (which warns about every unknown VLLM_* name it sees)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("VLLM_MANAGER_")}

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import subprocess
 from dataclasses import dataclass
+
+from manager.launch.command import inherited_env
 
 # Runs inside the engine interpreter. Reads the argv as JSON on stdin (a long argv would not fit in one
 # argument of its own command line) and prints one JSON line on its last line of stdout.
@@ -88,7 +89,7 @@ def _run_check(engine_python: str, engine_argv: list[str], env: dict[str, str], 
     if any("\0" in part for part in [*engine_argv, *env, *env.values()]):
         # json.dumps would carry it to vLLM's parser, which accepts it; starting the engine would not.
         return Validation("rejected", cannot_run(engine_python, ValueError("embedded null byte")))
-    child_env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", **env}
+    child_env = {**inherited_env(), "VLLM_LOGGING_LEVEL": "ERROR", **env}
     try:
         proc = subprocess.run(
             [engine_python, "-c", _CHECK],

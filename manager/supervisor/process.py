@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 
+from manager.launch.command import inherited_env
 from manager.launch.flags import flag_value
 
 ENGINE_MARKERS = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
@@ -39,7 +40,7 @@ def spawn(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path | None
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+            env={**inherited_env(), "PYTHONUNBUFFERED": "1", **env},
             cwd=cwd,
             start_new_session=True,
             close_fds=True,

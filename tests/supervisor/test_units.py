@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -155,3 +156,17 @@ def test_log_file_is_rotated_past_its_size_limit(tmp_path):
     assert path.read_bytes() == b"after rotation\n"
     assert tail.poll() == ["after rotation"]
     assert not tail.cap_size(limit=1000)
+
+
+def test_engines_do_not_inherit_the_managers_token_or_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_MANAGER_API_TOKEN", "t" * 40)
+    monkeypatch.setenv("VLLM_MANAGER_PORT", "7999")
+    monkeypatch.setenv("HF_HOME", "/tmp/hf-home")
+    log = tmp_path / "engine.log"
+    script = "import json, os; print(json.dumps({k: v for k, v in os.environ.items()}))"
+    proc = process.spawn([sys.executable, "-c", script], {"VLLM_MANAGER_PATCHES": "{}"}, log)
+    proc.wait(30)
+    seen = json.loads(log.read_text().strip().splitlines()[-1])
+    assert "VLLM_MANAGER_API_TOKEN" not in seen and "VLLM_MANAGER_PORT" not in seen
+    assert seen["HF_HOME"] == "/tmp/hf-home"  # the rest of the environment still reaches the engine
+    assert seen["VLLM_MANAGER_PATCHES"] == "{}"  # what the command itself sets is kept
