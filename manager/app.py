@@ -11,11 +11,11 @@ from fastapi.responses import JSONResponse
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from manager import __version__, web
-from manager.deps import require_token_for_changes
+from manager.deps import require_admin_access
 from manager.errors import ManagerError
 from manager.frontdoor.errors import FrontDoorError
 from manager.middleware import BodyLimit, FramingForbidden, HeadAsGet
-from manager.routes import health, loras, models, plan, profiles, transfer, v1, workers
+from manager.routes import docs, health, loras, models, plan, profiles, transfer, v1, workers
 from manager.runtime import Runtime
 from manager.settings import Settings
 
@@ -38,7 +38,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description="Supervise vLLM servers, plan their memory honestly, and watch them live.",
         lifespan=lifespan,
-        dependencies=[Depends(require_token_for_changes)],
+        dependencies=[Depends(require_admin_access)],
+        # Served by manager.routes.docs instead, under the same rule as every other read.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
 
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts())
@@ -65,14 +69,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(ManagerError)
     async def _manager_error(_request: Request, exc: ManagerError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status, content={"detail": exc.message, **exc.detail})
+        return JSONResponse(status_code=exc.status, content={"detail": exc.message, **exc.detail}, headers=exc.headers)
 
     @app.exception_handler(FrontDoorError)
     async def _front_door_error(_request: Request, exc: FrontDoorError) -> JSONResponse:
         # /v1 answers in OpenAI's error shape, which the official clients read.
         return JSONResponse(status_code=exc.status, content=exc.body(), headers=exc.headers)
 
-    for module in (health, models, profiles, transfer, workers, plan, loras, v1):
+    for module in (health, docs, models, profiles, transfer, workers, plan, loras, v1):
         app.include_router(module.router)
     web.install(app)
     return app

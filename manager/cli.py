@@ -93,6 +93,14 @@ def serve(
         int | None, typer.Option(help=f"Port to listen on (default {DEFAULT_PORT}, or VLLM_MANAGER_PORT).")
     ] = None,
     data_dir: DataDir = None,
+    open_reads: Annotated[
+        bool,
+        typer.Option(
+            "--open-reads",
+            help="Keep pages and reads open to anyone who reaches the manager; changes still need the token "
+            "(or VLLM_MANAGER_OPEN_READS=1). Without it, once a token exists, reading needs it too.",
+        ),
+    ] = False,
 ) -> None:
     """Run the manager's web server and API."""
     import uvicorn
@@ -100,7 +108,9 @@ def serve(
     from manager.app import create_app
     from manager.services import tokens
 
-    overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    overrides: dict = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    if open_reads:
+        overrides["open_reads"] = True
     try:
         settings = _settings(data_dir, **overrides)
         _ = settings.env_token
@@ -131,7 +141,11 @@ def token_create(
     with _open_db(_settings(data_dir)) as db:
         token = tokens.create_token(db, name)
     typer.echo(token)
-    typer.secho("Store it now: it is not shown again. Send it as 'Authorization: Bearer <token>'.", err=True)
+    typer.secho(
+        "Store it now: it is not shown again. Send it as 'Authorization: Bearer <token>', "
+        "or enter it on the dashboard's login page (/login).",
+        err=True,
+    )
 
 
 def _run(fn, *args, **kwargs):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -11,8 +12,10 @@ from fastapi import Depends, Path, Query, Request
 from fastapi.routing import APIRoute
 from sqlmodel import Session
 
+from manager.auth.sessions import BrowserSessions
+from manager.auth.throttle import WrongTokenThrottle
 from manager.db import session as open_session
-from manager.errors import Forbidden, ManagerError, Unauthorized
+from manager.errors import Forbidden, ManagerError, TooManyAttempts, Unauthorized
 from manager.frontdoor.errors import NoCredentials, NotAllowed
 from manager.frontdoor.front_door import FrontDoor
 from manager.lora.pin_keeper import PinKeeper
@@ -78,6 +81,14 @@ def get_front_door(runtime: RuntimeDep) -> FrontDoor:
     return runtime.front_door
 
 
+def get_browser_sessions(runtime: RuntimeDep) -> BrowserSessions:
+    return runtime.browser_sessions
+
+
+def get_wrong_tokens(runtime: RuntimeDep) -> WrongTokenThrottle:
+    return runtime.wrong_tokens
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_db)]
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
@@ -86,6 +97,8 @@ LiveViewsDep = Annotated[LiveViews, Depends(get_live_views)]
 PinKeeperDep = Annotated[PinKeeper, Depends(get_pin_keeper)]
 EngineHttpDep = Annotated[httpx.AsyncClient, Depends(get_engine_http)]
 FrontDoorDep = Annotated[FrontDoor, Depends(get_front_door)]
+BrowserSessionsDep = Annotated[BrowserSessions, Depends(get_browser_sessions)]
+WrongTokensDep = Annotated[WrongTokenThrottle, Depends(get_wrong_tokens)]
 
 
 def _bearer(request: Request) -> str | None:
@@ -93,12 +106,43 @@ def _bearer(request: Request) -> str | None:
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
+SESSION_COOKIE = "vllm_manager_session"
+
+
+def client_address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def has_valid_session(request: Request, db: Session, settings: Settings) -> bool:
+    """True when the request carries a session cookie from the login page that is still good."""
+    value = request.cookies.get(SESSION_COOKIE)
+    if not value:
+        return False
+    sessions = get_runtime(request).browser_sessions
+    return sessions.is_valid(value, tokens.valid_digests(db, settings.env_token), time.time())
+
+
 def is_authorized(request: Request, db: Session, settings: Settings) -> bool:
-    """True when no token is configured, or the request carries a valid one."""
+    """True when no token is configured, or the request carries a valid one (or a session from the login page)."""
     if not tokens.auth_required(db, settings.env_token):
         return True
     token = _bearer(request)
-    return token is not None and tokens.token_is_valid(db, token, settings.env_token)
+    if token is not None:
+        return tokens.token_is_valid(db, token, settings.env_token)
+    return has_valid_session(request, db, settings)
+
+
+def refuse_while_throttled(request: Request) -> None:
+    """TooManyAttempts when this request's address sent too many wrong tokens lately."""
+    wait_s = get_runtime(request).wrong_tokens.retry_after(client_address(request))
+    if wait_s is not None:
+        raise TooManyAttempts(
+            f"too many wrong tokens from {client_address(request)}: try again in {wait_s} s", retry_after_s=wait_s
+        )
+
+
+def record_wrong_token(request: Request) -> None:
+    get_runtime(request).wrong_tokens.record_failure(client_address(request))
 
 
 def refuse_cross_site(request: Request) -> None:
@@ -122,20 +166,67 @@ class InferenceRoute(APIRoute):
     not apply to it: ``require_inference_access`` does, as a dependency of its router."""
 
 
-def require_token_for_changes(request: Request, db: SessionDep, settings: SettingsDep) -> None:
-    """Once any token exists, every call that changes something must carry one."""
-    if isinstance(request.scope.get("route"), InferenceRoute):
-        return
-    refuse_cross_site(request)
-    if request.method in SAFE_METHODS:
-        return
-    if not tokens.auth_required(db, settings.env_token):
-        return
+class OpenRoute(APIRoute):
+    """A route anyone may call, token or not: the health probe and the login page. Writes to it are
+    still refused from other sites."""
+
+
+class LoginNeeded(Exception):
+    """A browser asked for a page without logging in: it is sent to the login page, and back to
+    ``next_path`` afterwards."""
+
+    def __init__(self, next_path: str) -> None:
+        super().__init__(next_path)
+        self.next_path = next_path
+
+
+def wants_page(request: Request) -> bool:
+    """A browser navigating to a page (not htmx swapping a fragment in, not a script or a stream)."""
+    return (
+        request.method == "GET"
+        and "hx-request" not in request.headers
+        and "text/html" in request.headers.get("accept", "")
+    )
+
+
+def has_credentials(request: Request, db: Session, settings: Settings) -> bool:
+    """Whether the request carries a valid bearer token or a good session cookie.
+
+    A bearer token is always checked: a wrong one is a 401 and counts against the request's address,
+    and an address with too many wrong ones gets 429 until its window ends, right token or not."""
     token = _bearer(request)
     if token is None:
-        raise Unauthorized("this call changes state and needs 'Authorization: Bearer <token>'")
-    if not tokens.token_is_valid(db, token, settings.env_token):
-        raise Unauthorized("the bearer token is not valid")
+        return has_valid_session(request, db, settings)
+    refuse_while_throttled(request)
+    if tokens.token_is_valid(db, token, settings.env_token):
+        return True
+    record_wrong_token(request)
+    raise Unauthorized("the bearer token is not valid")
+
+
+def require_admin_access(request: Request, db: SessionDep, settings: SettingsDep) -> None:
+    """Once any token exists, every call needs it (a bearer token, or a session from the login page),
+    except the open routes. With VLLM_MANAGER_OPEN_READS reads stay open and only changes need it."""
+    route = request.scope.get("route")
+    if isinstance(route, InferenceRoute):
+        return
+    refuse_cross_site(request)
+    if isinstance(route, OpenRoute) or not tokens.auth_required(db, settings.env_token):
+        return
+    if has_credentials(request, db, settings):
+        return
+    if request.method not in SAFE_METHODS:
+        raise Unauthorized(
+            "this call changes state and needs 'Authorization: Bearer <token>' (or a session from /login)"
+        )
+    if settings.open_reads:
+        return
+    if wants_page(request):
+        raise LoginNeeded(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
+    raise Unauthorized(
+        "this manager has an API token, so reading needs it too: send 'Authorization: Bearer <token>' "
+        "or log in at /login (VLLM_MANAGER_OPEN_READS=1 opens reads)"
+    )
 
 
 def require_inference_access(request: Request, db: SessionDep, settings: SettingsDep) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 class ManagerError(Exception):
     status = 400
+    headers: dict[str, str] | None = None  # HTTP headers the answer carries
 
     def __init__(self, message: str, **detail):
         super().__init__(message)
@@ -28,10 +29,21 @@ class Invalid(ManagerError):
 
 class Unauthorized(ManagerError):
     status = 401
+    headers = {"WWW-Authenticate": "Bearer"}
 
 
 class Forbidden(ManagerError):
     status = 403
+
+
+class TooManyAttempts(ManagerError):
+    """Too many wrong tokens from one address: it waits ``retry_after_s`` seconds before the next."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.headers = {"Retry-After": str(retry_after_s)}
 
 
 class UnsupportedMediaType(ManagerError):

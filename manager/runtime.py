@@ -1,8 +1,9 @@
 """The running manager's parts, built and closed in one place.
 
 The store, the HTTP client to the engines, the supervisor (with the planner's pre-start check), the
-metrics collector and the views of it that the pages stream, the keeper of pinned LoRA adapters, and
-the front door (/v1: the scheduler and the proxy).
+metrics collector and the views of it that the pages stream, the keeper of pinned LoRA adapters, the
+front door (/v1: the scheduler and the proxy), and login: browser sessions and the limit on wrong
+tokens.
 The app's lifespan opens one ``Runtime``; routes reach its parts through ``manager.deps``.
 """
 
@@ -17,6 +18,8 @@ import httpx
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
+from manager.auth.sessions import BrowserSessions
+from manager.auth.throttle import WrongTokenThrottle
 from manager.db import make_engine, migrate, session
 from manager.frontdoor.front_door import FrontDoor
 from manager.frontdoor.metrics import FrontDoorMetrics
@@ -26,7 +29,7 @@ from manager.metrics import HistoryStore, ManagerExposition, MetricsCollector, W
 from manager.schemas.common import expand_home
 from manager.schemas.model_config import ModelConfig
 from manager.services import models
-from manager.settings import Settings, is_loopback
+from manager.settings import DataDirUnusable, Settings, is_loopback
 from manager.supervisor.supervisor import Supervisor
 from manager.supervisor.view import WorkerView
 from manager.web.live import LiveViews
@@ -45,10 +48,13 @@ class Runtime:
     live_views: LiveViews
     pin_keeper: PinKeeper
     front_door: FrontDoor
+    browser_sessions: BrowserSessions
+    wrong_tokens: WrongTokenThrottle
 
     @classmethod
     async def open(cls, settings: Settings) -> Runtime:
         settings.ensure_dirs()
+        browser_sessions = open_browser_sessions(settings)
         engine = make_engine(settings.db_path)
         migrate(engine)
         # Many streams at once go through /v1: more connections than httpx's default 100.
@@ -76,12 +82,16 @@ class Runtime:
             live_views=LiveViews(model_names),
             pin_keeper=PinKeeper(engine, supervisor, http),
             front_door=FrontDoor(settings, engine, supervisor, http, FrontDoorMetrics(exposition.registry)),
+            browser_sessions=browser_sessions,
+            wrong_tokens=WrongTokenThrottle(),
         )
         collector.start()
         runtime.pin_keeper.start()
         runtime.front_door.start()
         if settings.open_inference and not is_loopback(settings.host):
             log.warning("/v1 is open to anyone who reaches %s (VLLM_MANAGER_OPEN_INFERENCE is set)", settings.host)
+        if settings.open_reads and not is_loopback(settings.host):
+            log.warning("pages and reads are open to anyone who reaches %s (VLLM_MANAGER_OPEN_READS)", settings.host)
         return runtime
 
     async def close(self) -> None:
@@ -91,6 +101,13 @@ class Runtime:
         await self.supervisor.shut_down()
         await self.http.aclose()
         self.engine.dispose()
+
+
+def open_browser_sessions(settings: Settings) -> BrowserSessions:
+    try:
+        return BrowserSessions.from_key_file(settings.session_key_path)
+    except (OSError, ValueError) as exc:
+        raise DataDirUnusable(f"the login page's session key cannot be used: {exc}") from exc
 
 
 def worker_info(view: WorkerView) -> WorkerInfo:

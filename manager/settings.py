@@ -13,6 +13,10 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_PORT = 7999
+# A token from the environment or a file must be at least this long: it opens the whole manager.
+# Stored tokens are generated (vmt_ and 43 random characters).
+MIN_TOKEN_LENGTH = 32
+MAKE_A_TOKEN = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
 def default_data_dir() -> Path:
@@ -28,6 +32,10 @@ class Settings(BaseSettings):
     # A token from the environment (or a file, for Docker secrets) works beside stored tokens.
     api_token: str | None = None
     api_token_file: Path | None = None
+    # Once a token exists, reading (pages, GET endpoints, live streams) needs it too, or a session
+    # from the login page. This keeps reads open to anyone who reaches the manager; changes still
+    # need the token.
+    open_reads: bool = False
     # The interpreter that runs vLLM; validation of a command uses exactly this one.
     engine_python: str = Field(default_factory=lambda: sys.executable)
     worker_ports: str = "8100-8199"
@@ -108,15 +116,23 @@ class Settings(BaseSettings):
     def run_dir(self) -> Path:
         return self.data_dir / "run"
 
+    @property
+    def session_key_path(self) -> Path:
+        """The key that signs the login page's browser sessions (0600; deleting it ends every session)."""
+        return self.data_dir / "session.key"
+
     @cached_property
     def env_token(self) -> str | None:
-        if self.api_token:
-            return self.api_token.strip()
+        """The token from VLLM_MANAGER_API_TOKEN or VLLM_MANAGER_API_TOKEN_FILE; ValueError, saying
+        what to do, when the file cannot be read or the token is too short to be safe."""
+        if self.api_token and self.api_token.strip():
+            return _long_enough(self.api_token.strip(), "VLLM_MANAGER_API_TOKEN")
         if self.api_token_file:
             try:
-                return self.api_token_file.read_text().strip() or None
+                token = self.api_token_file.read_text().strip()
             except OSError as exc:
                 raise ValueError(f"VLLM_MANAGER_API_TOKEN_FILE {self.api_token_file} cannot be read: {exc}") from exc
+            return _long_enough(token, f"the token in VLLM_MANAGER_API_TOKEN_FILE ({self.api_token_file})") or None
         return None
 
     def ensure_dirs(self) -> None:
@@ -135,6 +151,15 @@ class Settings(BaseSettings):
                 "database and the engine logs there. Make it writable for this user, or choose another "
                 "folder with --data-dir or VLLM_MANAGER_DATA_DIR."
             ) from exc
+
+
+def _long_enough(token: str, source: str) -> str:
+    if token and len(token) < MIN_TOKEN_LENGTH:
+        raise ValueError(
+            f"{source} is too short ({len(token)} of at least {MIN_TOKEN_LENGTH} characters): the token opens "
+            f"the whole manager, so it must not be guessable. Make one with: {MAKE_A_TOKEN}"
+        )
+    return token
 
 
 def is_loopback(host: str) -> bool:

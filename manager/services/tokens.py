@@ -35,3 +35,14 @@ def token_is_valid(db: Session, token: str, env_token: str | None) -> bool:
         return True
     digest = _digest(token)
     return any(hmac.compare_digest(digest, row) for row in db.exec(select(ApiToken.sha256)))
+
+
+def digest_if_valid(db: Session, token: str, env_token: str | None) -> str | None:
+    """The digest that stands for this token in a browser session, or None when it is not valid."""
+    return _digest(token) if token_is_valid(db, token, env_token) else None
+
+
+def valid_digests(db: Session, env_token: str | None) -> list[str]:
+    """The digests of every token that is valid now: the environment's and the stored ones."""
+    digests = list(db.exec(select(ApiToken.sha256)))
+    return [_digest(env_token), *digests] if env_token else digests

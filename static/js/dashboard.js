@@ -1,15 +1,16 @@
-// The dashboard's own glue: the API token on every request, JSON bodies for the REST API,
-// messages for what a button did or why it was refused, and the "data is stale" state.
+// The dashboard's own glue: JSON bodies for the REST API, messages for what a button did or why
+// it was refused, the way back to the login page when the session has ended, and the "data is
+// stale" state. The session is an HttpOnly cookie from /login: no script here sees the token.
 (function () {
   "use strict";
-  const TOKEN_KEY = "vllm-manager-token";
   const STALE_AFTER_MS = 3500; // the stream sends every second; three missed updates is stale
 
-  // --- API token: stored in this browser, sent as a Bearer header on every htmx request -------
-  document.addEventListener("htmx:configRequest", (evt) => {
-    const token = localStorage.getItem(TOKEN_KEY);
-    if (token) evt.detail.headers["Authorization"] = "Bearer " + token;
-  });
+  // Earlier versions kept the API token in localStorage; the login page's cookie replaced it.
+  localStorage.removeItem("vllm-manager-token");
+
+  function toLogin() {
+    window.location.assign("/login?next=" + encodeURIComponent(location.pathname + location.search));
+  }
 
   // --- json-body: the REST API takes JSON; forms with hx-ext="json-body" send their fields so -----
   htmx.defineExtension("json-body", {
@@ -37,9 +38,6 @@
   window.dashboardFlash = flash;
 
   function errorText(xhr) {
-    if (xhr.status === 401) {
-      return "This manager needs an API token for changes: enter it under \"API token\" (top right).";
-    }
     try {
       const body = JSON.parse(xhr.responseText);
       if (typeof body.detail === "string") return body.detail;
@@ -50,7 +48,10 @@
     return "The request failed (HTTP " + xhr.status + ")";
   }
 
-  document.addEventListener("htmx:responseError", (evt) => flash(errorText(evt.detail.xhr), "error"));
+  document.addEventListener("htmx:responseError", (evt) => {
+    if (evt.detail.xhr.status === 401) toLogin(); // not logged in, or the session has ended
+    else flash(errorText(evt.detail.xhr), "error");
+  });
   document.addEventListener("htmx:sendError", () =>
     flash("The manager cannot be reached; is it running?", "error"));
   document.addEventListener("htmx:afterRequest", (evt) => {
@@ -83,6 +84,10 @@
   document.addEventListener("htmx:sseError", () => {
     connected = false;
     setLive("stale", "Connection to the manager lost: the figures below are stale. Reconnecting…");
+    // A stream refused because the session ended looks like a lost connection: ask once.
+    fetch(location.pathname + location.search, { method: "HEAD" })
+      .then((resp) => { if (resp.status === 401) toLogin(); })
+      .catch(() => { /* the manager is down: the banner says so */ });
   });
 
   setInterval(() => {
@@ -93,23 +98,4 @@
       setLive("stale", `Data is stale: ${why} for ${Math.round(age / 1000)} s. Reconnecting…`);
     }
   }, 1000);
-
-  // --- the token form -------------------------------------------------------------------------
-  document.addEventListener("DOMContentLoaded", () => {
-    const form = document.getElementById("token-form");
-    const input = document.getElementById("api-token");
-    if (!form || !input) return;
-    input.value = localStorage.getItem(TOKEN_KEY) || "";
-    form.addEventListener("submit", (evt) => {
-      evt.preventDefault();
-      const value = input.value.trim();
-      if (value) localStorage.setItem(TOKEN_KEY, value); else localStorage.removeItem(TOKEN_KEY);
-      flash(value ? "Token saved in this browser" : "Token removed", "ok");
-    });
-    document.getElementById("token-clear").addEventListener("click", () => {
-      localStorage.removeItem(TOKEN_KEY);
-      input.value = "";
-      flash("Token removed", "ok");
-    });
-  });
 })();

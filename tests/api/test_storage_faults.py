@@ -93,11 +93,11 @@ def test_a_full_disk_is_507_and_nothing_is_lost(tiny_disk, settings):
     filler = tiny_disk / "filler"
     with TestClient(create_app(settings.model_copy(update={"data_dir": tiny_disk / "data"}))) as client:
         assert client.post("/api/models", json=KEEP).status_code == 201
-        with filler.open("wb") as f:
+        # Unbuffered: a buffered file would keep the bytes that did not fit, and fail again on close.
+        with filler.open("wb", buffering=0) as f:
             try:
                 while True:
                     f.write(b"\0" * 65536)
-                    f.flush()
             except OSError:
                 pass
         _assert_full_then_recovers(client, make_room=filler.unlink)

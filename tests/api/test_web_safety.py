@@ -33,9 +33,10 @@ def test_default_trusted_hosts_follow_the_bind_address():
     assert Settings(host="0.0.0.0", allowed_hosts=None).trusted_hosts() == ["*"]
 
 
-def test_with_a_token_secrets_are_hidden_from_readers_without_it(settings):
-    guarded = settings.model_copy(update={"api_token": "tok"})
-    auth = {"Authorization": "Bearer tok"}
+def test_with_a_token_and_open_reads_secrets_are_hidden_from_readers_without_it(settings):
+    token = "t" * 32
+    guarded = settings.model_copy(update={"api_token": token, "open_reads": True})
+    auth = {"Authorization": f"Bearer {token}"}
     with TestClient(create_app(guarded)) as c:
         assert c.post("/api/models", json=MODEL, headers=auth).status_code == 201
         for path in ("/api/models/m", "/api/models"):

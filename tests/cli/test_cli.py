@@ -69,11 +69,35 @@ def test_token_create_prints_once_and_guards_the_api(tmp_path):
     proc = _serve(tmp_path, port)
     try:
         url = f"http://127.0.0.1:{port}/api/profiles"
+        auth = {"Authorization": f"Bearer {token}"}
         assert httpx.post(url, json={"name": "p"}).status_code == 401
-        assert httpx.post(url, json={"name": "p"}, headers={"Authorization": f"Bearer {token}"}).status_code == 201
+        assert httpx.post(url, json={"name": "p"}, headers=auth).status_code == 201
+        assert httpx.get(url).status_code == 401  # reading needs it too
+        assert httpx.get(url, headers=auth).json()[0]["name"] == "p"
+        page = httpx.get(f"http://127.0.0.1:{port}/models", headers={"Accept": "text/html"})
+        assert page.status_code == 303 and page.headers["location"] == "/login?next=/models"
     finally:
         proc.terminate()
         proc.wait(10)
+    proc = _serve(tmp_path, port, "--open-reads")
+    try:
+        assert httpx.get(url).status_code == 200
+        assert httpx.post(url, json={"name": "q"}).status_code == 401
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_short_token_from_the_environment_stops_serve_with_what_to_do(tmp_path):
+    public = ["serve", "--host", "0.0.0.0", "--port", str(_free_port())]
+    result = _run(public, tmp_path, VLLM_MANAGER_API_TOKEN="x")
+    assert result.returncode == 2
+    assert "VLLM_MANAGER_API_TOKEN is too short (1 of at least 32 characters)" in result.stderr
+    assert "secrets.token_urlsafe(32)" in result.stderr
+    token_file = tmp_path / "api_token"
+    token_file.write_text("only-twenty-characte\n")
+    from_file = _run(["serve", "--port", str(_free_port())], tmp_path, VLLM_MANAGER_API_TOKEN_FILE=str(token_file))
+    assert from_file.returncode == 2 and "(20 of at least 32 characters)" in from_file.stderr
 
 
 def test_models_profiles_export_import(tmp_path):

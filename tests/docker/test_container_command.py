@@ -36,7 +36,7 @@ def free_port() -> int:
 def container_env(tmp_path) -> dict[str, str]:
     secret = tmp_path / "secrets" / "api_token"
     secret.parent.mkdir()
-    secret.write_text("a-token-from-a-docker-secret\n")
+    secret.write_text("a-token-from-a-docker-secret-of-43-characters\n")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_MANAGER_")}
     return {
         **clean,

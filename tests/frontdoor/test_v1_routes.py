@@ -16,6 +16,7 @@ from manager.app import create_app
 from tests.frontdoor.conftest import two_models
 from tests.lora.peft_adapters import make_llama_adapter
 
+ADMIN_TOKEN = "admin-secret-" + "s" * 20
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
@@ -195,8 +196,8 @@ def test_proxy_metrics_are_on_the_managers_metrics_endpoint(door):
 
 
 def test_v1_is_open_on_loopback_even_when_admin_tokens_exist(door_settings):
-    with TestClient(create_app(door_settings.model_copy(update={"api_token": "admin-secret"}))) as client:
-        auth = {"authorization": "Bearer admin-secret"}
+    with TestClient(create_app(door_settings.model_copy(update={"api_token": ADMIN_TOKEN}))) as client:
+        auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
         assert client.post("/api/models", json={"name": "a", "model": "/models/a"}, headers=auth).status_code == 201
         assert client.post("/api/models", json={"name": "x", "model": "/m"}).status_code == 401
         assert chat(client, "a").status_code == 200
@@ -208,15 +209,15 @@ def test_v1_is_open_on_loopback_even_when_admin_tokens_exist(door_settings):
 
 
 def test_v1_on_a_public_bind_needs_the_admin_token_unless_opened(door_settings):
-    public = door_settings.model_copy(update={"host": "0.0.0.0", "api_token": "admin-secret"})
+    public = door_settings.model_copy(update={"host": "0.0.0.0", "api_token": ADMIN_TOKEN})
     with TestClient(create_app(public)) as client:
         client.post(
-            "/api/models", json={"name": "a", "model": "/models/a"}, headers={"authorization": "Bearer admin-secret"}
+            "/api/models", json={"name": "a", "model": "/models/a"}, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}
         )
         refused = assert_openai_error(chat(client, "a"), 401, "invalid_api_key")
         assert "VLLM_MANAGER_OPEN_INFERENCE" in refused["message"]
         ok = client.post(
-            "/v1/chat/completions", json={"model": "a", **CHAT}, headers={"authorization": "Bearer admin-secret"}
+            "/v1/chat/completions", json={"model": "a", **CHAT}, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}
         )
         assert ok.status_code == 200
     with TestClient(create_app(public.model_copy(update={"open_inference": True}))) as client:

@@ -302,23 +302,27 @@ def test_register_an_adapter_in_the_browser(live_manager, page, shot, tiny_llama
     assert "tiny" in row and "8" in row and str(adapter) in row
     shot(page, "registered")
 
-    # Once a token exists, Pin needs it; the page sends the one saved under "API token".
+    # Once a token exists, Pin needs it: the page goes to the login page, and back once logged in.
     engine = make_engine(live_manager.data_dir / "manager.db")
     with session(engine) as db:
         token = tokens.create_token(db)
     engine.dispose()
     page.click("tr[data-adapter=sql-helper] button:has-text('Pin')")
-    page.locator(".flash-item.error").wait_for()
-    assert "needs an API token" in page.inner_text(".flash-item.error")
-    readable = "(e => getComputedStyle(e).color !== getComputedStyle(e).backgroundColor)"
-    assert page.eval_on_selector(".flash-item.error", readable)
-    page.click(".token summary")
-    page.fill("#api-token", token)
-    page.click("#token-form button[type=submit]")
+    page.wait_for_url("**/login?next=%2Fmodels")
+    page.fill("#token", "not-the-token")
+    page.click("form.login-form button[type=submit]")
+    assert "not a valid API token" in page.inner_text("[data-testid=login-error]")
+    page.fill("#token", token)
+    page.click("form.login-form button[type=submit]")
+    page.wait_for_url(live_manager.url + "/models")
     page.click("tr[data-adapter=sql-helper] button:has-text('Pin')")
     page.locator("[data-testid=lora-list-message]").wait_for()
     assert "Pinned sql-helper" in page.inner_text("[data-testid=lora-list-message]")
-    assert api.get("/api/loras/sql-helper").json()["pinned"] is True
+    auth = {"Authorization": f"Bearer {token}"}
+    assert api.get("/api/loras/sql-helper", headers=auth).json()["pinned"] is True
+    page.evaluate("window.dashboardFlash('something was refused', 'error')")
+    readable = "(e => getComputedStyle(e).color !== getComputedStyle(e).backgroundColor)"
+    assert page.eval_on_selector(".flash-item.error", readable)
     shot(page, "pinned")
     assert page.js_errors == []
 

@@ -115,9 +115,11 @@ def test_form_posts_need_the_token_once_one_exists(settings):
     with TestClient(create_app(settings)) as c:
         form = {"name": "p", "kv_offload_gib": "8"}
         assert c.post("/ui/profiles/new", data=form).status_code == 401
-        ok = c.post("/ui/profiles/new", data=form, headers={"Authorization": f"Bearer {token}"})
+        auth = {"Authorization": f"Bearer {token}"}
+        ok = c.post("/ui/profiles/new", data=form, headers=auth)
         assert ok.headers["HX-Redirect"] == "/models"
-        assert c.get("/models").status_code == 200  # pages stay readable
+        assert c.get("/models").status_code == 401  # reading needs it too
+        assert c.get("/models", headers=auth).status_code == 200
 
 
 def test_plan_form_explains_each_line_and_offload_as_prefix_cache(client, tiny_llama):

@@ -1,0 +1,120 @@
+"""The login page: the API token in, a session cookie out, so that a browser need not keep the token.
+
+The cookie is HttpOnly (scripts cannot read it), SameSite=Strict (other sites' pages cannot send it)
+and Secure when the page came over https. Its value is a signed session (manager.auth.sessions),
+never the token. Wrong tokens count against the address, as wrong bearer tokens do.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from manager.auth.sessions import SESSION_LIFETIME_S, BrowserSessions
+from manager.deps import (
+    SESSION_COOKIE,
+    BrowserSessionsDep,
+    LoginNeeded,
+    OpenRoute,
+    SessionDep,
+    SettingsDep,
+    WrongTokensDep,
+    client_address,
+    has_valid_session,
+)
+from manager.services import tokens
+from manager.web.render import render
+
+router = APIRouter(include_in_schema=False, route_class=OpenRoute)
+
+MAX_NEXT_LENGTH = 2000
+
+
+def safe_next(value: str | None) -> str:
+    """Where to go after logging in: a path on this manager, never another site (no open redirect)."""
+    if not value or len(value) > MAX_NEXT_LENGTH or not value.startswith("/") or value.startswith("//"):
+        return "/"
+    if "\\" in value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return "/"  # browsers read /\host as //host; control characters would split the header
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or parts.path in ("/login", "/logout"):
+        return "/"
+    return value
+
+
+def _page(status: int = 200, headers: dict[str, str] | None = None, **context: Any) -> HTMLResponse:
+    days = SESSION_LIFETIME_S // 86400
+    return HTMLResponse(render("login.html", page="login", days=days, **context), status, headers=headers)
+
+
+def _until(cookie: str) -> str | None:
+    expires = BrowserSessions.expires_at(cookie)
+    return None if expires is None else datetime.fromtimestamp(expires, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, db: SessionDep, settings: SettingsDep, next: str | None = None) -> HTMLResponse:
+    """The form; or, for a browser already logged in, until when and a way to log out."""
+    if not tokens.auth_required(db, settings.env_token):
+        return _page(state="open", next=safe_next(next))
+    if has_valid_session(request, db, settings):
+        return _page(state="signed-in", next=safe_next(next), until=_until(request.cookies.get(SESSION_COOKIE, "")))
+    return _page(state="form", next=safe_next(next))
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def log_in(
+    request: Request, db: SessionDep, settings: SettingsDep, sessions: BrowserSessionsDep, throttle: WrongTokensDep
+) -> Response:
+    form = await request.form()
+    token = str(form.get("token") or "").strip()
+    next_path = safe_next(str(form.get("next") or ""))
+    if not await run_in_threadpool(tokens.auth_required, db, settings.env_token):
+        return RedirectResponse(next_path, 303)  # nothing to log in to: every page is open
+    address = client_address(request)
+    wait_s = throttle.retry_after(address)
+    if wait_s is not None:
+        message = f"Too many wrong tokens from {address}: try again in {wait_s} s."
+        return _page(429, {"Retry-After": str(wait_s)}, state="form", next=next_path, error=message)
+    if not token:
+        return _page(401, state="form", next=next_path, error="Enter the API token.")
+    digest = await run_in_threadpool(tokens.digest_if_valid, db, token, settings.env_token)
+    if digest is None:
+        throttle.record_failure(address)
+        return _page(401, state="form", next=next_path, error="That is not a valid API token.")
+    response = RedirectResponse(next_path, 303)
+    response.set_cookie(
+        SESSION_COOKIE,
+        sessions.issue(digest, time.time()),
+        max_age=sessions.lifetime_s,
+        path="/",
+        secure=request.url.scheme == "https",
+        httponly=True,
+        samesite="strict",
+    )
+    return response
+
+
+@router.post("/logout")
+def log_out(request: Request) -> Response:
+    response = RedirectResponse("/login", 303)
+    response.delete_cookie(
+        SESSION_COOKIE, path="/", secure=request.url.scheme == "https", httponly=True, samesite="strict"
+    )
+    return response
+
+
+def to_login_page(_request: Request, exc: LoginNeeded) -> Response:
+    """A page asked for without logging in: the login page, and back to it afterwards."""
+    return RedirectResponse(f"/login?next={quote(exc.next_path, safe='/')}", 303)
+
+
+def install(app: FastAPI) -> None:
+    app.include_router(router)
+    app.exception_handler(LoginNeeded)(to_login_page)
