@@ -4,6 +4,7 @@ from fastapi.concurrency import run_in_threadpool
 from manager.deps import SessionDep, SettingsDep, is_authorized
 from manager.errors import Invalid
 from manager.launch.command import preview_command
+from manager.launch.secrets import Redactor, without_secrets
 from manager.launch.validation import validate_engine_argv
 from manager.schemas.model_config import ModelConfigCreate, ModelConfigPublic, ModelConfigUpdate
 from manager.services import models
@@ -11,14 +12,10 @@ from manager.services import models
 router = APIRouter(prefix="/api/models", tags=["model configs"])
 
 
-HIDDEN = "<hidden: send the API token to see it>"
-
-
 def _shown(request: Request, db, settings, public: ModelConfigPublic) -> ModelConfigPublic:
-    """Environment values often hold secrets (HF_TOKEN): once a token exists, only its holders see them."""
-    if public.env and not is_authorized(request, db, settings):
-        return public.model_copy(update={"env": {k: HIDDEN for k in public.env}})
-    return public
+    """Environment values and credential flags (HF_TOKEN, --api-key): once a token exists, only its
+    holders see them; the others see a marker, which a PUT may send back to keep the stored value."""
+    return public if is_authorized(request, db, settings) else without_secrets(public)
 
 
 @router.get("", response_model=list[ModelConfigPublic])
@@ -54,21 +51,20 @@ async def command(name: str, request: Request, db: SessionDep, settings: Setting
     """The argv and environment this config launches, checked by the engine's own vLLM parser."""
     config = models.get_model(db, name)
     cmd = preview_command(config, models.profile_of(db, config), settings)
-    shown_env = (
-        cmd.env
-        if is_authorized(request, db, settings)
-        else {k: (HIDDEN if k in config.env else v) for k, v in cmd.env.items()}
-    )
-    body = {"argv": cmd.argv, "env": shown_env, "notes": cmd.notes}
+    secrets = Redactor.of_config(config)
+    authorized = is_authorized(request, db, settings)
+    shown = cmd if authorized else secrets.command(cmd)
+    body = {"argv": shown.argv, "env": shown.env, "notes": shown.notes}
     if not validate:
         return {**body, "validation": {"status": "skipped", "message": "not asked for"}}
     result = await run_in_threadpool(
         validate_engine_argv, settings.engine_python, cmd.engine_argv, cmd.env, settings.validation_timeout_s
     )
+    message = result.message if authorized else secrets.text(result.message)
     if result.status == "rejected":
         raise Invalid(
-            f"vLLM {result.vllm_version or ''} rejects this command: {result.message}".replace("  ", " "),
-            argv=cmd.argv,
-            vllm_message=result.message,
+            f"vLLM {result.vllm_version or ''} rejects this command: {message}".replace("  ", " "),
+            argv=shown.argv,
+            vllm_message=message,
         )
-    return {**body, "validation": result.__dict__}
+    return {**body, "validation": {**result.__dict__, "message": message}}

@@ -12,6 +12,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from manager.deps import MAX_EVENTS, MAX_ROW_ID, LogTail, Pid, SessionDep, SupervisorDep, WorkerId
 from manager.launch.preflight import worker_kv_check
+from manager.launch.secrets import hide_flag_values
 from manager.schemas.common import MAX_GPUS, GpuId, Name, refuse_bools_as_numbers
 from manager.supervisor.view import WorkerView
 
@@ -60,8 +61,8 @@ async def start_worker(body: WorkerStart, sup: SupervisorDep, response: Response
 
 @router.get("/workers/unmanaged")
 def unmanaged(sup: SupervisorDep) -> list[dict]:
-    """vLLM servers on this machine that the manager did not start."""
-    return [asdict(u) for u in sup.unmanaged()]
+    """vLLM servers on this machine that the manager did not start (their --api-key and the like hidden)."""
+    return [{**asdict(u), "cmdline": hide_flag_values(u.cmdline)} for u in sup.unmanaged()]
 
 
 @router.post("/workers/unmanaged/{pid}/adopt", status_code=201)

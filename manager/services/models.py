@@ -9,6 +9,7 @@ from sqlmodel import Session, col, select
 from manager.db import commit_or_conflict
 from manager.errors import Conflict, NotFound
 from manager.launch.refusals import check_env, check_extra_args
+from manager.launch.secrets import keep_stored
 from manager.lora.records import LoraAdapter
 from manager.schemas.common import utcnow
 from manager.schemas.model_config import (
@@ -88,10 +89,14 @@ def profile_of(db: Session, config: ModelConfig) -> OffloadProfile | None:
     return db.get(OffloadProfile, config.offload_profile_id)
 
 
-def _fields(db: Session, data: ModelConfigIn, allow_code_flags: bool) -> dict:
-    check_extra_args(data.extra_args, allow_code_flags)
-    check_env(data.env, allow_code_flags)
-    fields = data.model_dump(exclude={"offload_profile", "name"})
+def _fields(db: Session, data: ModelConfigIn, allow_code_flags: bool, stored: ModelConfig | None = None) -> dict:
+    # A hidden value sent back as it was shown (a reader without the token, the edit page) stays as stored.
+    extra_args, env = keep_stored(
+        data.extra_args, data.env, stored.extra_args if stored else [], stored.env if stored else {}
+    )
+    check_extra_args(extra_args, allow_code_flags)
+    check_env(env, allow_code_flags)
+    fields = {**data.model_dump(exclude={"offload_profile", "name"}), "extra_args": extra_args, "env": env}
     fields["offload_profile_id"] = profiles.get_profile(db, data.offload_profile).id if data.offload_profile else None
     return fields
 
@@ -110,7 +115,7 @@ def create_model(db: Session, data: ModelConfigCreate, *, allow_code_flags: bool
 def replace_model(db: Session, name: str, data: ModelConfigIn, *, allow_code_flags: bool = False) -> ModelConfig:
     config = get_model(db, name)
     check_names(db, name, data)
-    for key, value in _fields(db, data, allow_code_flags).items():
+    for key, value in _fields(db, data, allow_code_flags, stored=config).items():
         setattr(config, key, value)
     config.updated_at = utcnow()
     db.add(config)

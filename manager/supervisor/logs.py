@@ -1,5 +1,6 @@
 """An engine's output: a file per start (the engine writes it directly, so it outlives the manager),
-tailed into an in-memory ring buffer that API calls and live streams read."""
+tailed into an in-memory ring buffer that API calls and live streams read. Lines enter the ring with
+the start's secrets hidden, so no reader (API, live stream, error summary) ever gets them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections import deque
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+
+from manager.launch.secrets import Redactor
 
 KEEP_STARTS = 10  # log files kept per worker; older starts are deleted
 MAX_LOG_BYTES = 64 << 20  # one start's file is rotated (copied to .1, then emptied) past this size
@@ -69,11 +72,14 @@ class LogTail:
         self.path: Path | None = None
         self._offset = 0
         self._partial = ""
+        self._secrets = Redactor()
         self._subscribers: set[asyncio.Queue[str]] = set()
 
-    def follow(self, path: Path, from_start: bool = True) -> None:
+    def follow(self, path: Path, from_start: bool = True, secrets: Redactor | None = None) -> None:
+        """Tail `path` from now on; ``secrets``: what the start writing it must not show."""
         self.poll()  # keep what the previous file said up to now
         self.path = path
+        self._secrets = secrets or Redactor()
         self._offset = 0 if from_start or not path.exists() else path.stat().st_size
         self._partial = ""
 
@@ -89,7 +95,7 @@ class LogTail:
         self._offset += len(chunk)
         text = self._partial + chunk.decode("utf-8", errors="replace")
         *lines, self._partial = re.split(r"\r?\n|\r", text)
-        lines = [clean(line) for line in lines]
+        lines = [self._secrets.text(clean(line)) for line in lines]
         for line in lines:
             self.ring.append(line)
             for queue in list(self._subscribers):

@@ -50,7 +50,15 @@ def spawn(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path | None
 def identity(pid: int) -> Identity | None:
     try:
         proc = psutil.Process(pid)
-        return Identity(pid, proc.create_time(), tuple(proc.cmdline()))
+        cmdline = proc.cmdline()
+        # Just after spawn returns, the kernel may not have laid out the new program's arguments yet:
+        # its command line reads empty for a moment, and stored so, it would never match again.
+        for _ in range(20):
+            if cmdline:
+                break
+            time.sleep(0.01)
+            cmdline = proc.cmdline()
+        return Identity(pid, proc.create_time(), tuple(cmdline))
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
 

@@ -25,6 +25,7 @@ from sqlalchemy.engine import Engine as DbEngine
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.launch.command import LaunchCommand
+from manager.launch.secrets import Redactor
 from manager.launch.validation import cannot_run
 from manager.schemas.worker import Worker
 from manager.settings import Settings
@@ -45,6 +46,7 @@ class Prepared:
     served_name: str
     command: LaunchCommand
     start_timeout_s: float
+    secrets: Redactor = field(default_factory=Redactor)  # the config's, hidden in its events and log lines
 
 
 # Builds the launch for a model config: (worker id, config name, port, gpus, run dir, force).
@@ -111,6 +113,7 @@ class WorkerRunner:
         self.policy = policy_of(deps.settings)
         self.life = life_of(row)
         self.logs = LogTail()
+        self.secrets = Redactor()  # of the config the engine was started with
         self._row = row
         self._popen: subprocess.Popen[bytes] | None = None
         self._queue: asyncio.Queue[Command] = asyncio.Queue()
@@ -126,12 +129,14 @@ class WorkerRunner:
         return self.deps.settings.logs_dir / f"worker-{self.id}"
 
     # ---- used by the supervisor ----------------------------------------------------------------
-    async def begin(self, first: lc.Adopted | lc.FoundGone | None = None) -> None:
-        """Start the owner task; `first` reconciles the stored worker with what is running now."""
+    async def begin(self, first: lc.Adopted | lc.FoundGone | None = None, secrets: Redactor | None = None) -> None:
+        """Start the owner task; `first` reconciles the stored worker with what is running now, whose
+        config's ``secrets`` its events and log lines hide."""
+        self.secrets = secrets or Redactor()
         if isinstance(first, lc.Adopted):
             logs = sorted(self.log_dir.glob("start-*.log"))
             if logs:
-                self.logs.follow(logs[-1], from_start=True)
+                self.logs.follow(logs[-1], from_start=True, secrets=self.secrets)
         if first is not None:
             await self._feed(first)
         self._task = asyncio.create_task(self._own(), name=f"worker-{self.id}")
@@ -274,7 +279,9 @@ class WorkerRunner:
     async def _carry_out(self, effect: lc.Effect) -> lc.Event | None:
         match effect:
             case lc.Record(kind=kind, message=message, data=data):
-                self.deps.events.record(kind, message, self.id, **dict(data))
+                # Events are broadcast and stored: no reader, token or not, sees a secret in one.
+                hidden = {key: self.secrets.value(value) for key, value in data}
+                self.deps.events.record(kind, self.secrets.text(message), self.id, **hidden)
             case lc.Launch():
                 return await self._launch(effect)
             case lc.StopGroup(pid=pid):
@@ -311,9 +318,11 @@ class WorkerRunner:
         removed = await asyncio.to_thread(_remove_stale_offload_files)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.secrets = launch.secrets
+        shown_argv = self.secrets.argv(launch.command.argv)
         log_path = new_log_file(self.log_dir)
-        log_path.write_text(f"# vllm-manager: {effect.reason}: {effect.model}\n# argv: {launch.command.argv}\n")
-        self.logs.follow(log_path)
+        log_path.write_text(f"# vllm-manager: {effect.reason}: {effect.model}\n# argv: {shown_argv}\n")
+        self.logs.follow(log_path, secrets=self.secrets)
         try:
             popen = await asyncio.to_thread(
                 process.spawn, launch.command.argv, launch.command.env, log_path, self.run_dir
@@ -332,7 +341,7 @@ class WorkerRunner:
             model=effect.model,
             served_name=launch.served_name,
             engine=engine,
-            argv=tuple(launch.command.argv),
+            argv=tuple(shown_argv),
             started_at=datetime.now(UTC),
             start_timeout_s=launch.start_timeout_s,
             now=time.monotonic(),

@@ -19,6 +19,7 @@ from manager.db import session
 from manager.errors import Conflict, NotFound
 from manager.launch.command import build_command, served_name
 from manager.launch.preflight import host_bytes_of
+from manager.launch.secrets import Redactor
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.schemas.worker import Worker
@@ -62,7 +63,7 @@ class Supervisor:
                 first = self._adopted(runner, f"re-adopted pid {row.pid} after a manager restart")
             elif row.state != State.STOPPED.value:
                 first = FoundGone()
-            await runner.begin(first)
+            await runner.begin(first, self._secrets_of(row.model_name, row.cmdline))
         await self._autostart()
 
     async def shut_down(self) -> None:
@@ -199,7 +200,15 @@ class Supervisor:
             run_dir=run_dir,
             host=self.settings.worker_host,
         )
-        return Prepared(served_name(config), cmd, float(config.start_timeout_s))
+        return Prepared(served_name(config), cmd, float(config.start_timeout_s), Redactor.of_config(config))
+
+    def _secrets_of(self, model_name: str, cmdline: list[str]) -> Redactor:
+        """What a running engine's events and log lines hide: its config's secrets and its own argv's."""
+        with session(self.engine) as db:
+            try:
+                return Redactor.of_config(models.get_model(db, model_name), cmdline)
+            except NotFound:
+                return Redactor(cmdline)
 
     def _host_reserved(self, db: Session, worker_id: int) -> int:
         """Host bytes the other running workers' offload profiles claim (KV offload, LoRA pool, pins)."""
@@ -276,7 +285,8 @@ class Supervisor:
                 db.commit()
                 db.refresh(row)
             runner = self._make_runner(row)
-            await runner.begin(self._adopted(runner, f"adopted hand-started vLLM server pid {pid} as {model}"))
+            adopted = self._adopted(runner, f"adopted hand-started vLLM server pid {pid} as {model}")
+            await runner.begin(adopted, self._secrets_of(model, target.cmdline))
         return runner.view()
 
     def _find_unmanaged(self, pid: int) -> process.Unmanaged:

@@ -6,6 +6,7 @@ Forms post to /ui/... routes that validate with the same schemas and services as
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -13,9 +14,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
-from manager.deps import SessionDep, SettingsDep
+from manager.deps import SessionDep, SettingsDep, is_authorized
 from manager.errors import ManagerError, NotFound
 from manager.launch.command import preview_command
+from manager.launch.secrets import MARKER, Redactor, without_secrets
 from manager.launch.validation import validate_engine_argv
 from manager.schemas.model_config import ModelConfigCreate, ModelConfigUpdate
 from manager.schemas.offload_profile import (
@@ -35,8 +37,8 @@ HELP = {
     "model": "a local folder or a Hugging Face id already in the local cache",
     "gpu_ids": "comma separated, e.g. 0, 1; empty: the GPUs the worker is started with",
     "gpu_memory_utilization": "share of each GPU's memory vLLM may take (0-1]",
-    "extra_args": "more vLLM flags as a shell line, e.g. --load-format dummy",
-    "env": "one KEY=VALUE per line",
+    "extra_args": f"more vLLM flags as a shell line, e.g. --load-format dummy; {MARKER} keeps the stored value",
+    "env": f"one KEY=VALUE per line; {MARKER} keeps the stored value",
     "enable_prefix_caching": "true or false; empty: vLLM's default",
     "offload_profile": "host-memory settings for this model",
     "kv_offload_gib": "host RAM for a CPU prefix-cache tier; it does not raise max_model_len",
@@ -151,11 +153,13 @@ def new_model_page(db: SessionDep) -> HTMLResponse:
 
 
 @router.get("/models/{name}", response_class=HTMLResponse)
-def edit_model_page(name: str, db: SessionDep) -> HTMLResponse:
+def edit_model_page(name: str, request: Request, db: SessionDep, settings: SettingsDep) -> HTMLResponse:
     try:
         config = models.to_public(db, models.get_model(db, name))
     except NotFound as exc:
         return HTMLResponse(render("error.html", page="models", message=exc.message), 404)
+    if not is_authorized(request, db, settings):
+        config = without_secrets(config)  # saving it back keeps the stored values
     form = _model_form(db, name=name, values=config.model_dump(), errors=FormErrors())
     return _page("config_edit.html", page="models", title=f"Model config {name}", form=form, preview=name)
 
@@ -178,7 +182,8 @@ async def _save_model(request: Request, db, settings, name: str | None) -> HTMLR
         else:
             if name is None:  # a new config gets its own page, with the command preview
                 return HTMLResponse("", headers={"HX-Redirect": f"/models/{config.name}"})
-            values = models.to_public(db, config).model_dump()
+            public = models.to_public(db, config)
+            values = (public if is_authorized(request, db, settings) else without_secrets(public)).model_dump()
             form_html = _model_form(db, name=name, values=values, errors=errors, saved=True)
             # The command preview beside the form listens for this and redraws itself.
             return HTMLResponse(form_html, headers={"HX-Trigger": "config-saved"})
@@ -196,13 +201,15 @@ async def update_model(name: str, request: Request, db: SessionDep, settings: Se
 
 
 @router.get("/ui/models/{name}/command", response_class=HTMLResponse)
-async def command_preview(name: str, db: SessionDep, settings: SettingsDep, check: bool = False):
+async def command_preview(name: str, request: Request, db: SessionDep, settings: SettingsDep, check: bool = False):
     """The argv and environment a start would use; with check=1, also vLLM's own verdict."""
     config = models.get_model(db, name)
     try:
         cmd = preview_command(config, models.profile_of(db, config), settings)
     except ManagerError as exc:
         return HTMLResponse(render("fragments/command.html", error=exc.message, name=name))
+    secrets = Redactor.of_config(config)
+    authorized = is_authorized(request, db, settings)
     result = None
     if check:
         result = await run_in_threadpool(
@@ -212,7 +219,10 @@ async def command_preview(name: str, db: SessionDep, settings: SettingsDep, chec
             cmd.env,
             settings.validation_timeout_s,
         )
-    return HTMLResponse(render("fragments/command.html", cmd=cmd, result=result, name=name))
+        if not authorized:
+            result = replace(result, message=secrets.text(result.message))
+    shown = cmd if authorized else secrets.command(cmd)
+    return HTMLResponse(render("fragments/command.html", cmd=shown, result=result, name=name))
 
 
 @router.get("/profiles/new", response_class=HTMLResponse)

@@ -8,6 +8,7 @@ import time
 
 import pynvml
 
+from manager.launch.secrets import MARKER
 from manager.metrics.gpu import Nvml
 from manager.supervisor import process
 from manager.supervisor.gpu_cleanup import end_gpu_orphans
@@ -28,6 +29,8 @@ def test_hand_started_server_is_listed_and_can_be_stopped(client):
             "/models/hand-started",
             "--port",
             "18777",
+            "--api-key",
+            "sk-hand-started-key",
         ],
         start_new_session=True,
     )
@@ -36,6 +39,7 @@ def test_hand_started_server_is_listed_and_can_be_stopped(client):
         listed = client.get("/api/workers/unmanaged").json()
         mine = [u for u in listed if u["pid"] == fake.pid]
         assert mine and mine[0]["model"] == "/models/hand-started" and mine[0]["port"] == 18777
+        assert mine[0]["cmdline"][-2:] == ["--api-key", MARKER]  # its key is not for every reader
         assert client.post("/api/workers/unmanaged/999999/stop").status_code == 404
         stopped = client.post(f"/api/workers/unmanaged/{fake.pid}/stop")
         assert stopped.status_code == 200 and stopped.json()["leftover"] == []
