@@ -8,7 +8,7 @@ from sqlmodel import Session, col, select
 
 from manager.db import commit_or_conflict
 from manager.errors import Conflict, NotFound
-from manager.launch.refusals import check_env, check_extra_args
+from manager.launch.refusals import check_launch_fields
 from manager.lora.records import LoraAdapter
 from manager.schemas.common import utcnow
 from manager.schemas.model_config import (
@@ -89,8 +89,7 @@ def profile_of(db: Session, config: ModelConfig) -> OffloadProfile | None:
 
 
 def _fields(db: Session, data: ModelConfigIn, allow_code_flags: bool) -> dict:
-    check_extra_args(data.extra_args, allow_code_flags)
-    check_env(data.env, allow_code_flags)
+    check_launch_fields(data.extra_args, data.env, allow_code_flags)
     fields = data.model_dump(exclude={"offload_profile", "name"})
     fields["offload_profile_id"] = profiles.get_profile(db, data.offload_profile).id if data.offload_profile else None
     return fields
