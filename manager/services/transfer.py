@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from manager.errors import Conflict, Invalid
+from manager.launch.refusals import check_launch_fields
 from manager.lora.records import LoraAdapter
 from manager.schemas.model_config import ModelConfig, ModelConfigCreate
 from manager.schemas.offload_profile import OffloadProfile, OffloadProfileCreate
@@ -97,8 +98,10 @@ def import_data(
             raise Invalid(
                 f"models[{i}] names offload profile {m.offload_profile!r}, which is neither stored nor in the file"
             )
-        models.check_extra_args(m.extra_args, allow_code_flags)
-        models.check_env(m.env, allow_code_flags)
+        try:
+            check_launch_fields(m.extra_args, m.env, allow_code_flags)
+        except Invalid as exc:
+            raise Invalid(f"models[{i}] ({m.name}): {exc.message}", **exc.detail) from None
     for kind, items in (("profiles", new_profiles), ("models", new_models)):
         names = [item.name for item in items]
         repeated = sorted({n for n in names if names.count(n) > 1})

@@ -19,6 +19,7 @@ from manager.db import session
 from manager.errors import Conflict, NotFound
 from manager.launch.command import build_command, served_name
 from manager.launch.preflight import host_bytes_of
+from manager.launch.refusals import check_launch_fields
 from manager.launch.secrets import Redactor
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
@@ -189,6 +190,8 @@ class Supervisor:
             config = models.get_model(db, model_name)
             profile = models.profile_of(db, config)
             reserved = self._host_reserved(db, worker_id)
+        # Written before a rule refused it, or imported under VLLM_MANAGER_ALLOW_CODE_FLAGS=1 since unset.
+        check_launch_fields(config.extra_args, config.env, self.settings.allow_code_flags)
         if self._preflight is not None:
             self._preflight(config, profile, force, reserved)
         cmd = build_command(

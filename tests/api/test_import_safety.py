@@ -72,7 +72,7 @@ def test_health_answers_while_an_import_is_being_parsed(client, monkeypatch):
 
 
 def test_a_large_import_is_parsed_and_stored(client):
-    models = [{"name": f"m{i}", "model": f"org/m{i}", "env": {"A": "v" * 2000}} for i in range(600)]
+    models = [{"name": f"m{i}", "model": f"org/m{i}", "env": {"HF_TOKEN": "v" * 2000}} for i in range(600)]
     text = yaml.safe_dump({"format": "vllm-manager", "version": 1, "models": models})
     assert len(text) > 1024**2
     resp = client.post("/api/import", content=text, headers=YAML)

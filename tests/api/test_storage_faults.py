@@ -17,9 +17,10 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 
 from manager.app import create_app
+from manager.launch.allowed_env import ALLOWED_ENV
 
 KEEP = {"name": "keep", "model": "org/keep", "env": {"HF_HUB_OFFLINE": "1"}, "max_model_len": 4096}
-BIG_ENV = {f"V{i}": "x" * 8000 for i in range(16)}  # needs new database pages
+BIG_ENV = {name: "x" * 8000 for name in sorted(ALLOWED_ENV)[:16]}  # needs new database pages
 
 
 def _cap_database(client: TestClient, extra_pages: int | None) -> None:

@@ -31,7 +31,7 @@ MODELS = [
         "offload_profile": "moe",
         "gpu_ids": [0, 1],
         "tensor_parallel_size": 2,
-        "env": {"A": "1"},
+        "env": {"HF_HUB_OFFLINE": "1"},
         "extra_args": ["--max-num-batched-tokens", "4096"],
         "enable_lora": True,
         "max_loras": 2,
@@ -69,7 +69,7 @@ def test_round_trip_without_loss(client, settings, tmp_path):
         assert result.status_code == 200, result.text
         assert len(result.json()["created"]) == 4
         assert c2.get("/api/export").text == text
-        assert c2.get("/api/models/qwen3-30b").json()["env"] == {"A": "1"}
+        assert c2.get("/api/models/qwen3-30b").json()["env"] == {"HF_HUB_OFFLINE": "1"}
         assert c2.get("/api/models/qwen3-30b").json()["aliases"] == ["qwen", "qwen-moe"]
         assert "sleep_level: 1" in text and "idle_timeout_s: 600" in text
 

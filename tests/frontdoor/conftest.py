@@ -49,6 +49,8 @@ def door_settings(settings, stand_in_python) -> Iterator[Settings]:
             "proxy_drain_timeout_s": 10.0,
             # Engines outlive a manager by design; these tests stop theirs with it.
             "stop_workers_on_exit": True,
+            # The stand-in takes its knobs from STAND_IN_* variables, which only this opt-out lets through.
+            "allow_code_flags": True,
         }
     )
     yield quick
