@@ -3,7 +3,8 @@
 It takes vLLM's command line (``-m vllm.entrypoints.openai.api_server --model M --served-model-name S
 --port P ...``, ignoring what it does not need) and answers the endpoints the front door uses the way
 vLLM 0.32 does: /health, /v1/models (adapters with their parent), the OpenAI routes (SSE when
-``stream`` is true, one chunk per token), the runtime LoRA endpoints, and /metrics with
+``stream`` is true, one chunk per token, then one with the usage when ``stream_options.include_usage``
+is on), the runtime LoRA endpoints, and /metrics with
 ``vllm:num_requests_running``, and sleep mode (with VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up,
 /is_sleeping, /collective_rpc; /sleep fails without --enable-sleep-mode; after a level-2 sleep the
 weights must be reloaded before the model answers sensibly). Every answer echoes what the engine
@@ -60,7 +61,9 @@ def build(served: str, root: str, sleep_mode: bool = False) -> Starlette:
 
     async def generate(request: Request) -> Response:
         body = await request.json()
-        state["seen"].append({"path": request.url.path, "model": body.get("model")})
+        state["seen"].append(
+            {"path": request.url.path, "model": body.get("model"), "stream_options": body.get("stream_options")}
+        )
         if not known(body.get("model")):
             return missing(body.get("model"))
         refusal = unusable()
@@ -98,6 +101,17 @@ def build(served: str, root: str, sleep_mode: bool = False) -> Starlette:
                         "choices": [{"index": 0, **delta, "finish_reason": None}],
                     }
                     yield f"data: {json.dumps(chunk)}\n\n".encode()
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    # As vLLM: one more chunk, without choices, with the usage of the whole request.
+                    last = {
+                        "id": "cmpl-1",
+                        "object": "chat.completion.chunk" if chat else "text_completion",
+                        "created": int(time.time()),
+                        "model": body["model"],
+                        "choices": [],
+                        "usage": {"prompt_tokens": 2, "completion_tokens": tokens, "total_tokens": tokens + 2},
+                    }
+                    yield f"data: {json.dumps(last, separators=(',', ':'))}\n\n".encode()
                 yield b"data: [DONE]\n\n"
             finally:
                 state["running"] -= 1
