@@ -2,13 +2,14 @@
 
 A non-streamed answer carries ``usage`` near its end (vLLM writes it after the choices); a stream
 carries it in its last event before ``[DONE]``, but only when the request asked for it
-(``stream_options.include_usage``). The front door asks for it on every streamed chat or text
-completion; when the client had not, that event is taken out again, so the client receives exactly
-the stream it asked for.
+(``stream_options.include_usage``). The front door asks for it on streamed chat and text completions
+of one choice; when the client had not, that event is taken out again, and what asking changed in
+the stream before it is undone, so the client receives exactly the stream it asked for. (Asking
+moves vLLM's ``system_fingerprint`` from the choice's last chunk to the usage event: it is put back.)
 
 Cheap by design: only the last ``TAIL_BYTES`` of an answer are kept and read as JSON once it has
 ended. In a stream whose usage event must be taken out, each complete event is searched for the
-bytes ``"usage"`` (a substring search) and only such an event is parsed.
+bytes ``"usage"`` and ``"finish_reason":"`` (substring searches); only the usage event is parsed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 USAGE_PATHS = ("/v1/chat/completions", "/v1/completions")  # the endpoints whose streams take include_usage
 TAIL_BYTES = 64 * 1024
 USAGE = b'"usage"'
+FINISHED = b'"finish_reason":"'  # in the chunk that ends a choice (in the others it is null)
+FINGERPRINT = b'"system_fingerprint"'
 EVENT_END = b"\n\n"  # vLLM ends each Server-Sent Event with a blank line
 
 
@@ -33,8 +36,9 @@ class Tokens:
 
 def stream_options_to_send(path: str, payload: dict[str, Any]) -> dict[str, Any] | None:
     """The ``stream_options`` that make a streamed completion end with its usage, when the client did
-    not ask for it; None when the request is not such a stream or asks for usage already."""
-    if path not in USAGE_PATHS or payload.get("stream") is not True:
+    not ask for it; None when the request is not such a stream, asks for usage already, or streams
+    several choices (whose last chunks could not all get their fingerprint back in time)."""
+    if path not in USAGE_PATHS or payload.get("stream") is not True or not _one_choice(payload):
         return None
     options = payload.get("stream_options")
     if options is None:
@@ -45,6 +49,15 @@ def stream_options_to_send(path: str, payload: dict[str, Any]) -> dict[str, Any]
     if options.get("continuous_usage_stats"):
         added["continuous_usage_stats"] = False  # usage in every chunk would be more to take out
     return added
+
+
+def _one_choice(payload: dict[str, Any]) -> bool:
+    if payload.get("n") not in (None, 1) or payload.get("use_beam_search") or "prompt_embeds" in payload:
+        return False
+    prompt = payload.get("prompt")  # text completions take several prompts, one choice each
+    if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
+        return len(prompt) == 1
+    return True
 
 
 def usage_of(text: bytes) -> Tokens | None:
@@ -85,7 +98,8 @@ class Meter:
     """Watches one answer's bytes on their way to the client; ``tokens`` is known once it has ended.
 
     ``take_usage_event``: the request was sent with ``include_usage`` that the client did not ask
-    for, so the stream's usage event is read and not passed on.
+    for, so the stream's usage event is read and not passed on, and the fingerprint it carries goes
+    back on the choice's last chunk (held until the next event shows whether the usage event follows).
     """
 
     @staticmethod
@@ -98,6 +112,8 @@ class Meter:
         self.tokens: Tokens | None = None
         self._tail: deque[bytes] = deque()
         self._tail_size = 0
+        self._held: bytes | None = None  # the choice's last chunk, until the next event
+        self._fingerprint: str | None = None
 
     async def watch(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         if self.take_usage_event:
@@ -123,25 +139,53 @@ class Meter:
             cut = pending.rfind(EVENT_END)
             if cut < 0:
                 if len(pending) > TAIL_BYTES:  # not the events expected: pass it on as it is
-                    yield pending
+                    yield self._release() + pending
                     pending = b""
                 continue
             whole, pending = pending[: cut + len(EVENT_END)], pending[cut + len(EVENT_END) :]
-            if USAGE in whole:
-                whole = self._take_out(whole)
+            if self._held is not None or USAGE in whole or FINISHED in whole:
+                whole = self._sorted(whole)
             if whole:
                 yield whole
-        if pending:
-            yield self._take_out(pending) if USAGE in pending else pending
+        # The stream ended (maybe mid-event): what is held goes out as it is.
+        rest = self._sorted(pending) if pending else b""
+        out = rest + self._release()
+        if out:
+            yield out
 
-    def _take_out(self, block: bytes) -> bytes:
-        """``block`` without its usage event (read into ``tokens``), byte for byte otherwise."""
-        events = block.split(EVENT_END)
-        rest = events.pop()  # after the last blank line: empty, unless the stream ended mid-event
-        kept = [event + EVENT_END for event in events if not self._is_usage_event(event)]
-        if rest and not self._is_usage_event(rest):
-            kept.append(rest)
-        return b"".join(kept)
+    def _sorted(self, block: bytes) -> bytes:
+        """What of ``block`` goes out now: byte for byte, less the usage event and a held last chunk."""
+        parts = block.split(EVENT_END)
+        rest = parts.pop()  # after the last blank line: empty, unless the stream ended mid-event
+        events = [part + EVENT_END for part in parts] + ([rest] if rest else [])
+        return b"".join(self._pass(event) for event in events)
+
+    def _pass(self, event: bytes) -> bytes:
+        if self._held is not None:
+            held, self._held = self._held, None
+            if self._is_usage_event(event):
+                return self._with_fingerprint(held)
+            return held + self._pass(event)
+        if self._is_usage_event(event):
+            return b""
+        if FINISHED in event:
+            self._held = event
+            return b""
+        return event
+
+    def _release(self) -> bytes:
+        held, self._held = self._held, None
+        return held or b""
+
+    def _with_fingerprint(self, event: bytes) -> bytes:
+        """The chunk as vLLM writes it when no usage event follows: its fingerprint as the last field."""
+        if self._fingerprint is None or FINGERPRINT in event:
+            return event
+        text = event.rstrip(b"\r\n")
+        if not text.endswith(b"}"):
+            return event
+        field = b',"system_fingerprint":' + json.dumps(self._fingerprint, ensure_ascii=False).encode()
+        return text[:-1] + field + b"}" + event[len(text) :]
 
     def _is_usage_event(self, event: bytes) -> bool:
         if USAGE not in event:
@@ -155,4 +199,6 @@ class Meter:
         if not isinstance(chunk, dict) or chunk.get("choices") != [] or not isinstance(chunk.get("usage"), dict):
             return False
         self.tokens = _tokens(chunk["usage"])
+        fingerprint = chunk.get("system_fingerprint")
+        self._fingerprint = fingerprint if isinstance(fingerprint, str) else None
         return True

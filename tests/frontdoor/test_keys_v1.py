@@ -4,11 +4,13 @@ models each key sees, and the usage counted per key and model (tokens from the e
 from __future__ import annotations
 
 import json
+import re
 
+import httpx
 from fastapi.testclient import TestClient
 
 from manager.app import create_app
-from tests.frontdoor.test_v1_routes import CHAT, assert_openai_error, seen
+from tests.frontdoor.test_v1_routes import CHAT, assert_openai_error, seen, worker_of
 
 ADMIN = {"authorization": "Bearer admin-secret"}
 
@@ -145,3 +147,19 @@ def test_usage_counts_requests_and_the_tokens_engines_report(door):
     assert totals(door, model="b").keys() == {("app", "b")}
     used = door.get("/api/keys").json()[0]
     assert used["name"] == "app" and used["last_used_at"] is not None
+
+
+def test_a_stream_reaches_the_client_as_the_engine_writes_it_for_a_client_that_did_not_ask_for_usage(door):
+    key = make_key(door, "app")
+    for path, body in (
+        ("/v1/chat/completions", {"model": "b", **CHAT, "max_tokens": 3, "stream": True}),
+        ("/v1/completions", {"model": "b", "prompt": "x", "max_tokens": 2, "stream": True}),
+    ):
+        with door.stream("POST", path, json=body, headers=bearer(key)) as resp:
+            through = resp.read()
+        # What the engine writes for the request as the client sent it (no usage asked for).
+        direct = httpx.post(f"http://127.0.0.1:{worker_of(door, 'b')['port']}{path}", json=body).content
+        assert b'"system_fingerprint":"fp-stand-in"' in direct and b'"usage"' not in direct
+        same_second = re.compile(rb'"created":\d+')
+        assert same_second.sub(b"", through) == same_second.sub(b"", direct), path
+    assert totals(door)[("app", "b")]["completion_tokens"] == 5

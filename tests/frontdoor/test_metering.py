@@ -55,6 +55,11 @@ def test_usage_is_asked_for_only_on_streamed_completions_that_did_not_ask():
         "continuous_usage_stats": False,
     }
     assert stream_options_to_send("/v1/chat/completions", {**chat, "stream_options": "yes"}) is None
+    # Several choices: their last chunks would lose the fingerprint before the usage event came.
+    assert stream_options_to_send("/v1/chat/completions", {**chat, "n": 2}) is None
+    assert stream_options_to_send("/v1/completions", {**chat, "prompt": ["x", "y"]}) is None
+    for one in ("x", ["x"], [1, 2, 3], [[1, 2, 3]]):
+        assert stream_options_to_send("/v1/completions", {**chat, "prompt": one, "n": 1}) is not None
 
 
 def test_usage_of_an_answer_reads_the_last_usage_object():
@@ -85,6 +90,30 @@ def test_the_usage_event_the_client_did_not_ask_for_is_taken_out_however_the_byt
         meter = Meter(take_usage_event=True)
         assert run(meter, split_every(asked, size)) == wanted, size
         assert meter.tokens == Tokens(7, 3)
+
+
+def last_token(fingerprint: bool) -> bytes:
+    chunk: dict = {"id": "c", "choices": [{"index": 0, "delta": {"content": "!"}, "finish_reason": "stop"}]}
+    if fingerprint:
+        chunk["system_fingerprint"] = "fp-1"
+    return event(chunk)
+
+
+def test_the_fingerprint_goes_back_on_the_last_chunk_as_the_engine_writes_it_unasked():
+    usage_with_fingerprint = event(
+        {"id": "c", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}, "system_fingerprint": "fp-1"}
+    )
+    asked = b"".join([token(0), last_token(fingerprint=False), usage_with_fingerprint, DONE])
+    unasked = b"".join([token(0), last_token(fingerprint=True), DONE])
+    for size in (1, 9, 64, len(asked)):
+        meter = Meter(take_usage_event=True)
+        assert run(meter, split_every(asked, size)) == unasked, size
+        assert meter.tokens == Tokens(1, 2)
+    # No usage event after it (an engine that does not write one): the last chunk goes out as it came.
+    plain = b"".join([token(0), last_token(fingerprint=False), DONE])
+    assert run(Meter(take_usage_event=True), split_every(plain, 7)) == plain
+    cut = token(0) + last_token(fingerprint=False)
+    assert run(Meter(take_usage_event=True), [cut]) == cut
 
 
 def test_taking_out_keeps_events_that_only_mention_usage():
