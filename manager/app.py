@@ -15,7 +15,7 @@ from manager.deps import require_admin_access
 from manager.errors import ManagerError
 from manager.frontdoor.errors import FrontDoorError
 from manager.middleware import BodyLimit, FramingForbidden, HeadAsGet
-from manager.routes import docs, health, loras, models, plan, profiles, transfer, v1, workers
+from manager.routes import docs, health, keys, loras, models, plan, profiles, transfer, usage, v1, workers
 from manager.runtime import Runtime
 from manager.settings import Settings
 
@@ -76,7 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # /v1 answers in OpenAI's error shape, which the official clients read.
         return JSONResponse(status_code=exc.status, content=exc.body(), headers=exc.headers)
 
-    for module in (health, docs, models, profiles, transfer, workers, plan, loras, v1):
+    for module in (health, docs, models, profiles, transfer, workers, plan, loras, keys, usage, v1):
         app.include_router(module.router)
     web.install(app)
     return app

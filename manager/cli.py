@@ -321,3 +321,14 @@ def import_(
     with _open_db(settings) as db:
         result = _run(transfer.import_file, db, raw, overwrite=overwrite, allow_code_flags=settings.allow_code_flags)
     _print(result)
+
+
+def _register_key_commands() -> None:
+    # At the end: these commands use the store helpers above.
+    from manager.cli_keys import keys_app, usage
+
+    app.add_typer(keys_app, name="keys")
+    app.command("usage")(usage)
+
+
+_register_key_commands()

@@ -16,13 +16,15 @@ from manager.auth.sessions import BrowserSessions
 from manager.auth.throttle import WrongTokenThrottle
 from manager.db import session as open_session
 from manager.errors import Forbidden, ManagerError, TooManyAttempts, Unauthorized
-from manager.frontdoor.errors import NoCredentials, NotAllowed
+from manager.frontdoor.access import Caller, caller_for
+from manager.frontdoor.errors import NoCredentials, NotAllowed, TooManyWrongKeys
 from manager.frontdoor.front_door import FrontDoor
+from manager.frontdoor.usage import UsageRecorder
 from manager.lora.pin_keeper import PinKeeper
 from manager.metrics import MetricsCollector
 from manager.runtime import Runtime
 from manager.services import tokens
-from manager.settings import Settings, is_loopback
+from manager.settings import Settings
 from manager.supervisor.supervisor import Supervisor
 from manager.web.live import LiveViews
 
@@ -89,6 +91,10 @@ def get_wrong_tokens(runtime: RuntimeDep) -> WrongTokenThrottle:
     return runtime.wrong_tokens
 
 
+def get_usage_recorder(runtime: RuntimeDep) -> UsageRecorder:
+    return runtime.usage
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_db)]
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
@@ -99,6 +105,7 @@ EngineHttpDep = Annotated[httpx.AsyncClient, Depends(get_engine_http)]
 FrontDoorDep = Annotated[FrontDoor, Depends(get_front_door)]
 BrowserSessionsDep = Annotated[BrowserSessions, Depends(get_browser_sessions)]
 WrongTokensDep = Annotated[WrongTokenThrottle, Depends(get_wrong_tokens)]
+UsageRecorderDep = Annotated[UsageRecorder, Depends(get_usage_recorder)]
 
 
 def _bearer(request: Request) -> str | None:
@@ -229,24 +236,29 @@ def require_admin_access(request: Request, db: SessionDep, settings: SettingsDep
     )
 
 
-def require_inference_access(request: Request, db: SessionDep, settings: SettingsDep) -> None:
-    """Who may send requests to /v1.
-
-    On a loopback bind (the default) anyone on this machine may. On a public bind the admin token is
-    needed, unless the operator opened /v1 explicitly (VLLM_MANAGER_OPEN_INFERENCE). Inference API keys,
-    separate from the admin token, will be checked here. Browsers on other sites are refused as for
-    every other call: they must not make a visitor's machine run models.
+def require_inference_access(request: Request, db: SessionDep, settings: SettingsDep) -> Caller:
+    """Who may send requests to /v1 (``manager.frontdoor.access``): an inference key once any exists,
+    else anyone on a loopback bind, and on a public bind the admin token unless /v1 was opened
+    explicitly. Browsers on other sites are refused as for every other call: they must not make a
+    visitor's machine run models.
     """
     try:
         refuse_cross_site(request)
     except ManagerError as exc:
         raise NotAllowed(exc.message) from None
-    if is_loopback(settings.host) or settings.open_inference:
-        return
-    token = _bearer(request)
-    if token is not None and tokens.token_is_valid(db, token, settings.env_token):
-        return
-    raise NoCredentials(
-        f"the manager listens on {settings.host}, so /v1 needs 'Authorization: Bearer <admin token>'; "
-        "to open /v1 to anyone who reaches this address, set VLLM_MANAGER_OPEN_INFERENCE=1"
-    )
+    bearer = _bearer(request)
+    if bearer is None:
+        return caller_for(db, None, settings)
+    # Guessing keys is slowed down as guessing the admin token is: the same limit per address.
+    try:
+        refuse_while_throttled(request)
+    except TooManyAttempts as exc:
+        raise TooManyWrongKeys(exc.message, int(exc.detail["retry_after_s"])) from None
+    try:
+        return caller_for(db, bearer, settings)
+    except NoCredentials:
+        record_wrong_token(request)
+        raise
+
+
+InferenceCallerDep = Annotated[Caller, Depends(require_inference_access)]

@@ -2,8 +2,8 @@
 
 The store, the HTTP client to the engines, the supervisor (with the planner's pre-start check), the
 metrics collector and the views of it that the pages stream, the keeper of pinned LoRA adapters, the
-front door (/v1: the scheduler and the proxy), and login: browser sessions and the limit on wrong
-tokens.
+front door (/v1: the scheduler and the proxy) and the recorder of its usage, and login: browser
+sessions and the limit on wrong tokens.
 The app's lifespan opens one ``Runtime``; routes reach its parts through ``manager.deps``.
 """
 
@@ -23,12 +23,13 @@ from manager.auth.throttle import WrongTokenThrottle
 from manager.db import make_engine, migrate, session
 from manager.frontdoor.front_door import FrontDoor
 from manager.frontdoor.metrics import FrontDoorMetrics
+from manager.frontdoor.usage import UsageRecorder
 from manager.launch.preflight import refuse_if_it_cannot_fit
 from manager.lora.pin_keeper import PinKeeper
 from manager.metrics import HistoryStore, ManagerExposition, MetricsCollector, WorkerInfo
 from manager.schemas.common import expand_home
 from manager.schemas.model_config import ModelConfig
-from manager.services import models
+from manager.services import inference_keys, models
 from manager.settings import DataDirUnusable, Settings, is_loopback
 from manager.supervisor.supervisor import Supervisor
 from manager.supervisor.view import WorkerView
@@ -50,6 +51,7 @@ class Runtime:
     front_door: FrontDoor
     browser_sessions: BrowserSessions
     wrong_tokens: WrongTokenThrottle
+    usage: UsageRecorder
 
     @classmethod
     async def open(cls, settings: Settings) -> Runtime:
@@ -72,6 +74,7 @@ class Runtime:
                 return [m.name for m in models.list_models(db)]
 
         exposition = ManagerExposition(lambda: collector.latest)
+        usage = UsageRecorder(engine)
         runtime = cls(
             settings=settings,
             engine=engine,
@@ -81,21 +84,23 @@ class Runtime:
             exposition=exposition,
             live_views=LiveViews(model_names),
             pin_keeper=PinKeeper(engine, supervisor, http),
-            front_door=FrontDoor(settings, engine, supervisor, http, FrontDoorMetrics(exposition.registry)),
+            front_door=FrontDoor(settings, engine, supervisor, http, FrontDoorMetrics(exposition.registry), usage),
+            usage=usage,
             browser_sessions=browser_sessions,
             wrong_tokens=WrongTokenThrottle(),
         )
         collector.start()
         runtime.pin_keeper.start()
         runtime.front_door.start()
-        if settings.open_inference and not is_loopback(settings.host):
-            log.warning("/v1 is open to anyone who reaches %s (VLLM_MANAGER_OPEN_INFERENCE is set)", settings.host)
+        usage.start()
+        log_inference_access(settings, engine)
         if settings.open_reads and not is_loopback(settings.host):
             log.warning("pages and reads are open to anyone who reaches %s (VLLM_MANAGER_OPEN_READS)", settings.host)
         return runtime
 
     async def close(self) -> None:
         await self.front_door.stop()
+        await self.usage.stop()
         await self.pin_keeper.stop()
         await self.metrics.stop()
         await self.supervisor.shut_down()
@@ -108,6 +113,20 @@ def open_browser_sessions(settings: Settings) -> BrowserSessions:
         return BrowserSessions.from_key_file(settings.session_key_path)
     except (OSError, ValueError) as exc:
         raise DataDirUnusable(f"the login page's session key cannot be used: {exc}") from exc
+
+
+def log_inference_access(settings: Settings, engine: Engine) -> None:
+    """Say at start who may use /v1 when that is not the safe default."""
+    if not settings.open_inference or is_loopback(settings.host):
+        return
+    with session(engine) as db:
+        keys = inference_keys.any_active(db)
+    if keys:
+        log.warning(
+            "VLLM_MANAGER_OPEN_INFERENCE is set, but inference keys exist: /v1 on %s still needs one", settings.host
+        )
+    else:
+        log.warning("/v1 is open to anyone who reaches %s (VLLM_MANAGER_OPEN_INFERENCE is set)", settings.host)
 
 
 def worker_info(view: WorkerView) -> WorkerInfo:

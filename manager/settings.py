@@ -68,8 +68,8 @@ class Settings(BaseSettings):
     proxy_drain_timeout_s: float = Field(default=60.0, gt=0)
     # How often models are checked against their idle_timeout_s.
     idle_check_s: float = Field(default=5.0, gt=0)
-    # /v1 is open on a loopback bind. On a public bind it needs the admin token, unless this is set
-    # (logged at start): until inference API keys exist, this is the explicit opt-out.
+    # Without inference keys, /v1 is open on a loopback bind; on a public bind it needs the admin
+    # token, unless this is set (logged at start). Once a key exists, /v1 needs one on any bind.
     open_inference: bool = False
     # Host names this manager answers to (DNS-rebinding guard). Default: loopback names when bound to
     # loopback, any name when bound to a public address (where the API token guards changes).

@@ -65,6 +65,17 @@ class QueueFull(FrontDoorError):
         self.retry_after_s = retry_after_s
 
 
+class TooManyWrongKeys(FrontDoorError):
+    """Too many wrong keys or tokens from one address lately: it waits before the next, right or not."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "too_many_wrong_keys"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(max(1, retry_after_s))})
+
+
 class ModelUnavailable(FrontDoorError):
     """The model cannot be served now: it does not fit, its start failed, or busy workers did not drain."""
 

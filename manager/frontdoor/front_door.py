@@ -1,9 +1,11 @@
 """The front door as one part of the running manager: names from the store, the scheduler, forwarding.
 
 ``FrontDoor.forward_json`` and ``forward_multipart`` take a request from the route, find the model it
-names, get a lease on a ready worker from the scheduler (starting or swapping it in as needed), load
-a LoRA adapter the request names if the worker lacks it, and return the engine's streamed answer.
-Every outcome is counted in the proxy metrics, errors included.
+names among those its caller may use, get a lease on a ready worker from the scheduler (starting or
+swapping it in as needed), load a LoRA adapter the request names if the worker lacks it, and return
+the engine's streamed answer. Every outcome is counted in the proxy metrics, errors included, and
+each request that reached a model in the usage per key and model (with the tokens its answer says
+it used).
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ from starlette.requests import Request
 from manager.db import session
 from manager.errors import Conflict, ManagerError
 from manager.frontdoor import names, proxy
+from manager.frontdoor.access import ANYONE, Caller
 from manager.frontdoor.errors import FrontDoorError, ModelNotFound, ModelUnavailable
+from manager.frontdoor.metering import Meter, stream_options_to_send
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.scheduler import Lease, Placement, Scheduler, SchedulerOptions
+from manager.frontdoor.usage import UsageRecorder
 from manager.lora import workers as lora_workers
 from manager.lora.records import LoraAdapter
 from manager.planner import model_files
@@ -88,12 +93,14 @@ class FrontDoor:
         supervisor: Supervisor,
         http: httpx.AsyncClient,
         metrics: FrontDoorMetrics,
+        usage: UsageRecorder,
         gpu: Callable[[], GPU | NoGPU] = detect_gpu,
     ) -> None:
         self.engine = engine
         self.supervisor = supervisor
         self.http = http
         self.metrics = metrics
+        self.usage = usage
         self.limits = Limits(max_body_bytes=settings.proxy_max_body_bytes)
         self._detect_gpu = gpu
         self._gpu: GPU | NoGPU | None = None
@@ -146,7 +153,8 @@ class FrontDoor:
             self._sleep_bytes[key] = sleep_host_bytes(config)
         return self._sleep_bytes[key]
 
-    def name_table(self) -> names.NameTable:
+    def name_table(self, caller: Caller = ANYONE) -> names.NameTable:
+        """The names ``caller`` may use: every name, or those of the model configs its key names."""
         with session(self.engine) as db:
             configs = [
                 names.ConfigNames(c.name, c.served_model_name, tuple(c.aliases), int(c.created_at.timestamp()))
@@ -156,46 +164,69 @@ class FrontDoor:
                 names.AdapterNames(a.name, a.base_config, int(a.created_at.timestamp()))
                 for a in db.exec(select(LoraAdapter))
             ]
-        return names.NameTable(configs, adapters)
+        table = names.NameTable(configs, adapters)
+        return table if caller.models is None else table.only(caller.models)
 
-    def listing(self) -> dict[str, Any]:
-        return names.listing(self.name_table(), self.supervisor.views())
+    def listing(self, caller: Caller = ANYONE) -> dict[str, Any]:
+        return names.listing(self.name_table(caller), self.supervisor.views())
 
-    def resolve(self, requested: str) -> names.Target:
+    def resolve(self, requested: str, caller: Caller = ANYONE) -> names.Target:
         try:
-            return self.name_table().resolve(requested)
+            return self.name_table(caller).resolve(requested)
         except names.UnknownModel as exc:
             raise ModelNotFound(str(exc), param="model") from None
 
     # ---- forwarding -----------------------------------------------------------------------------------
-    async def forward_json(self, request: Request, path: str) -> proxy.UpstreamResponse:
+    async def forward_json(self, request: Request, path: str, caller: Caller = ANYONE) -> proxy.UpstreamResponse:
         config: str | None = None
+        self.usage.key_used(caller.key_id)
         try:
             body = await proxy.read_body(request, self.limits.max_body_bytes)
             payload, requested = proxy.json_model(body)
-            target = self.resolve(requested)
+            target = self.resolve(requested, caller)
             config = target.config
-            forwarded = proxy.with_model(payload, body, requested, target.upstream_model)
+            changes: dict[str, Any] = {}
+            if target.upstream_model != requested:
+                changes["model"] = target.upstream_model
+            # Streams end with their token counts only when asked: ask, and take them out again.
+            options = stream_options_to_send(path, payload)
+            if options is not None:
+                changes["stream_options"] = options
+            forwarded = proxy.with_changes(payload, body, changes)
             content_type = request.headers.get("content-type") or "application/json"
-            return await self._forward(request, path, target, lambda: (forwarded, content_type))
+            meter = Meter(take_usage_event=options is not None)
+            return await self._forward(request, path, target, lambda: (forwarded, content_type), caller, meter)
         except FrontDoorError as exc:
-            self.metrics.answered(config, exc.status)
+            self._answered_with_error(caller, config, exc)
             raise
 
-    async def forward_multipart(self, request: Request, path: str) -> proxy.UpstreamResponse:
+    async def forward_multipart(self, request: Request, path: str, caller: Caller = ANYONE) -> proxy.UpstreamResponse:
         config: str | None = None
+        self.usage.key_used(caller.key_id)
         try:
             body = await proxy.read_body(request, self.limits.max_body_bytes)
             requested, rewrite = await proxy.multipart_model(request, body)
-            target = self.resolve(requested)
+            target = self.resolve(requested, caller)
             config = target.config
-            return await self._forward(request, path, target, lambda: rewrite(target.upstream_model))
+            return await self._forward(request, path, target, lambda: rewrite(target.upstream_model), caller, Meter())
         except FrontDoorError as exc:
-            self.metrics.answered(config, exc.status)
+            self._answered_with_error(caller, config, exc)
             raise
 
+    def _answered_with_error(self, caller: Caller, config: str | None, exc: FrontDoorError) -> None:
+        self.metrics.answered(config, exc.status)
+        # A name that matched no model is not counted: clients choose those, and would grow the table.
+        if config is not None:
+            self.usage.count(caller.key_id, config, None, error=True)
+
     async def _forward(
-        self, request: Request, path: str, target: names.Target, encoded: Callable[[], tuple[bytes, str]]
+        self,
+        request: Request,
+        path: str,
+        target: names.Target,
+        encoded: Callable[[], tuple[bytes, str]],
+        caller: Caller,
+        meter: Meter,
     ) -> proxy.UpstreamResponse:
         lease = await self.scheduler.acquire(target.config)
         try:
@@ -212,7 +243,15 @@ class FrontDoor:
         if target.adapter and upstream.status_code == 404:
             # The engine no longer knows the adapter (unloaded by hand): load it again next time.
             self._adapters.get((lease.worker_id, lease.pid), set()).discard(target.adapter)
-        return proxy.UpstreamResponse(upstream, lease.release)
+        ok = upstream.status_code < 400
+
+        def done() -> None:
+            lease.release()
+            self.usage.count(caller.key_id, target.config, meter.tokens if ok else None, error=not ok)
+
+        # Only a successful answer is read for its usage (an error passes on as the engine wrote it).
+        content = meter.watch(upstream.aiter_raw()) if ok and meter.readable(upstream.headers) else None
+        return proxy.UpstreamResponse(upstream, done, content)
 
     async def _ensure_adapter(self, lease: Lease, adapter: str) -> None:
         """Load the adapter into the lease's worker unless it is there (one load, however many ask)."""

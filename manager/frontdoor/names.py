@@ -5,7 +5,7 @@ Pure: the callers pass the stored configs, the registered adapters and the worke
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -86,6 +86,13 @@ class NameTable:
         if target is None:
             raise UnknownModel(requested, self.names())
         return target
+
+    def only(self, configs: Collection[str]) -> NameTable:
+        """The names of these configs and of their adapters only: for a caller limited to them, the
+        others do not exist (the same 404, the same listing, as for a name nobody has)."""
+        return NameTable(
+            (c for c in self.configs if c.config in configs), (a for a in self.adapters if a.base_config in configs)
+        )
 
     def names(self) -> list[str]:
         return sorted(self._targets)

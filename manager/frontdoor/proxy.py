@@ -1,8 +1,9 @@
 """Forwarding one request to its engine: the body read within a limit, the model named, the answer
 passed back as it arrives.
 
-Responses stream through chunk by chunk (``aiter_raw``), never buffered, so Server-Sent Events
-reach the client as vLLM writes them. When the client goes away, the upstream response is closed,
+Responses stream through chunk by chunk (``aiter_raw``), never buffered beyond the event being
+written, so Server-Sent Events reach the client as vLLM writes them (``metering`` reads their usage
+on the way). When the client goes away, the upstream response is closed,
 which makes vLLM abort the request; either way the request's lease on the worker ends with its
 response. Only the endpoints the routes name are forwarded: the engine's own control endpoints
 (/sleep, /wake_up, /collective_rpc, the LoRA loaders, ...) are never reachable from here.
@@ -11,7 +12,7 @@ response. Only the endpoints the routes name are forwarded: the engine's own con
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -72,11 +73,12 @@ def _model_field(model: Any) -> str:
     return model
 
 
-def with_model(payload: dict[str, Any], body: bytes, requested: str, upstream_model: str) -> bytes:
-    """The body to forward: as sent, unless the engine knows the model under another name."""
-    if upstream_model == requested:
+def with_changes(payload: dict[str, Any], body: bytes, changes: Mapping[str, Any]) -> bytes:
+    """The body to forward: as sent, unless some fields change (the model's name as the engine knows
+    it, the stream options that make a stream end with its usage)."""
+    if not changes:
         return body
-    return json.dumps({**payload, "model": upstream_model}, ensure_ascii=False).encode()
+    return json.dumps({**payload, **changes}, ensure_ascii=False).encode()
 
 
 async def multipart_model(request: Request, body: bytes) -> tuple[str, Callable[[str], tuple[bytes, str]]]:
@@ -147,6 +149,8 @@ async def send_upstream(
     """Send to the engine on loopback and return as soon as its status and headers are in."""
     headers = {name: request.headers[name] for name in FORWARD_HEADERS if name in request.headers}
     headers["content-type"] = content_type
+    # Uncompressed on loopback, so that the answer's usage can be read as it passes.
+    headers["accept-encoding"] = "identity"
     upstream = http.build_request(
         method, f"http://127.0.0.1:{port}{path}", content=body, headers=headers, timeout=UPSTREAM_TIMEOUT
     )
@@ -160,11 +164,21 @@ async def send_upstream(
 
 
 class UpstreamResponse(StreamingResponse):
-    """The engine's answer, passed on chunk by chunk; ``on_close`` runs once it has ended or the client left."""
+    """The engine's answer, passed on chunk by chunk; ``on_close`` runs once it has ended or the client left.
 
-    def __init__(self, upstream: httpx.Response, on_close: Callable[[], Awaitable[None] | None]) -> None:
+    ``content``: the answer's bytes as the client should get them, when something reads them on the
+    way (the usage meter); the engine's raw bytes otherwise.
+    """
+
+    def __init__(
+        self,
+        upstream: httpx.Response,
+        on_close: Callable[[], Awaitable[None] | None],
+        content: AsyncIterator[bytes] | None = None,
+    ) -> None:
         headers = {name: upstream.headers[name] for name in RETURN_HEADERS if name in upstream.headers}
-        super().__init__(upstream.aiter_raw(), status_code=upstream.status_code, headers=headers)
+        body = content if content is not None else upstream.aiter_raw()
+        super().__init__(body, status_code=upstream.status_code, headers=headers)
         self._upstream = upstream
         self._on_close = on_close
 

@@ -31,10 +31,9 @@ CREDENTIAL_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "p
 # Which values are searched for in free text (log lines, event texts). A credential shorter than this
 # would hide every "x" or "abc" of the log and protect nothing.
 MIN_CREDENTIAL = 4
-# Other environment values are settings as often as secrets: WARNING or FLASH_ATTN (a plain word) would
-# hide the engine's every mention of them, so only longer values with digits or symbols are searched.
-MIN_OTHER_VALUE = 8
-_PLAIN_WORD = re.compile(r"[A-Za-z_]+")
+# Other environment values are not searched in free text: the environment allow-list leaves only
+# settings there (HF_HOME=/data/hf, PYTORCH_CUDA_ALLOC_CONF=...), and hiding every mention of a path
+# or a setting would hide the very lines (errors naming a folder) a user reads the log for.
 
 ConfigT = TypeVar("ConfigT", bound=ModelConfigFields)
 
@@ -136,9 +135,6 @@ class Redactor:
         credentials = {value for _, _, _, value in _secret_values(extra_args)}
         credentials |= {value for name, value in env.items() if _is_credential_name(name)}
         findable = {value for value in credentials if len(value) >= MIN_CREDENTIAL}
-        findable |= {
-            value for value in env.values() if len(value) >= MIN_OTHER_VALUE and not _PLAIN_WORD.fullmatch(value)
-        }
         # Longest first: a value that is part of another must not leave the rest of the other in view.
         ordered = sorted(findable, key=lambda value: (-len(value), value))
         self._pattern = re.compile("|".join(re.escape(value) for value in ordered)) if ordered else None

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from manager.deps import FrontDoorDep, InferenceRoute, require_inference_access
+from manager.deps import FrontDoorDep, InferenceCallerDep, InferenceRoute, require_inference_access
 from manager.frontdoor.errors import EndpointNotFound
 
 router = APIRouter(
@@ -35,16 +35,16 @@ MULTIPART_ENDPOINTS = ("/v1/audio/transcriptions",)
 
 
 def _json_route(path: str):
-    async def forward(request: Request, door: FrontDoorDep) -> Response:
-        return await door.forward_json(request, path)
+    async def forward(request: Request, door: FrontDoorDep, caller: InferenceCallerDep) -> Response:
+        return await door.forward_json(request, path, caller)
 
     forward.__name__ = "forward_" + path.strip("/").replace("/", "_")
     return forward
 
 
 def _multipart_route(path: str):
-    async def forward(request: Request, door: FrontDoorDep) -> Response:
-        return await door.forward_multipart(request, path)
+    async def forward(request: Request, door: FrontDoorDep, caller: InferenceCallerDep) -> Response:
+        return await door.forward_multipart(request, path, caller)
 
     forward.__name__ = "forward_" + path.strip("/").replace("/", "_")
     return forward
@@ -57,9 +57,9 @@ for _path in MULTIPART_ENDPOINTS:
 
 
 @router.get("/v1/models")
-def list_models(door: FrontDoorDep) -> JSONResponse:
-    """Every name a request may use (config names, served names, aliases, LoRA adapters) with its state."""
-    return JSONResponse(door.listing())
+def list_models(door: FrontDoorDep, caller: InferenceCallerDep) -> JSONResponse:
+    """Every name the caller may use (config names, served names, aliases, LoRA adapters) with its state."""
+    return JSONResponse(door.listing(caller))
 
 
 @router.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)

@@ -1,9 +1,11 @@
 """Database tables and API shapes, one module per thing."""
 
 from manager.schemas.event import Event
+from manager.schemas.inference_key import InferenceKey
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.schemas.token import ApiToken
+from manager.schemas.usage import UsageMinute
 from manager.schemas.worker import Worker
 
-__all__ = ["ApiToken", "Event", "ModelConfig", "OffloadProfile", "Worker"]
+__all__ = ["ApiToken", "Event", "InferenceKey", "ModelConfig", "OffloadProfile", "UsageMinute", "Worker"]

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from manager.app import create_app
 from manager.launch.secrets import MARKER
 
-TOKEN = "admin-token-for-tests"
+TOKEN = "admin-token-for-tests-" + "t" * 20
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 HF = "hf_secretTOKEN0123456789"
 KEY = "sk-abc123def456"
@@ -32,7 +32,8 @@ READS = [
 
 @pytest.fixture
 def guarded(settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings.model_copy(update={"api_token": TOKEN}))) as c:
+    # Readers without the token exist where reads are left open (VLLM_MANAGER_OPEN_READS).
+    with TestClient(create_app(settings.model_copy(update={"api_token": TOKEN, "open_reads": True}))) as c:
         assert c.post("/api/models", json=CONFIG, headers=AUTH).status_code == 201
         yield c
 

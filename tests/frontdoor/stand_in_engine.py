@@ -3,7 +3,9 @@
 It takes vLLM's command line (``-m vllm.entrypoints.openai.api_server --model M --served-model-name S
 --port P ...``, ignoring what it does not need) and answers the endpoints the front door uses the way
 vLLM 0.32 does: /health, /v1/models (adapters with their parent), the OpenAI routes (SSE when
-``stream`` is true, one chunk per token), the runtime LoRA endpoints, and /metrics with
+``stream`` is true, one compact JSON chunk per token, the last one with its finish reason and vLLM's
+system fingerprint, or, when ``stream_options.include_usage`` is on, the fingerprint on one more chunk
+with the usage), the runtime LoRA endpoints, and /metrics with
 ``vllm:num_requests_running``, and sleep mode (with VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up,
 /is_sleeping, /collective_rpc; /sleep fails without --enable-sleep-mode; after a level-2 sleep the
 weights must be reloaded before the model answers sensibly). Every answer echoes what the engine
@@ -29,6 +31,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+FINGERPRINT = "fp-stand-in"
 
 
 def build(served: str, root: str, sleep_mode: bool = False) -> Starlette:
@@ -60,7 +64,9 @@ def build(served: str, root: str, sleep_mode: bool = False) -> Starlette:
 
     async def generate(request: Request) -> Response:
         body = await request.json()
-        state["seen"].append({"path": request.url.path, "model": body.get("model")})
+        state["seen"].append(
+            {"path": request.url.path, "model": body.get("model"), "stream_options": body.get("stream_options")}
+        )
         if not known(body.get("model")):
             return missing(body.get("model"))
         refusal = unusable()
@@ -84,20 +90,29 @@ def build(served: str, root: str, sleep_mode: bool = False) -> Starlette:
                 }
             )
 
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        created = int(time.time())
+
+        def sse(chunk: dict) -> bytes:
+            return f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()  # compact, as vLLM's pydantic
+
         async def events() -> AsyncIterator[bytes]:
             state["running"] += 1
+            head = {"id": "cmpl-1", "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": created, "model": body["model"]}  # fmt: skip
             try:
                 for i in range(tokens):
                     await asyncio.sleep(token_s)
                     delta = {"delta": {"content": f"t{i} "}} if chat else {"text": f"t{i} "}
-                    chunk = {
-                        "id": "cmpl-1",
-                        "object": "chat.completion.chunk" if chat else "text_completion",
-                        "created": int(time.time()),
-                        "model": body["model"],
-                        "choices": [{"index": 0, **delta, "finish_reason": None}],
-                    }
-                    yield f"data: {json.dumps(chunk)}\n\n".encode()
+                    last = i == tokens - 1
+                    chunk = {**head, "choices": [{"index": 0, **delta, "finish_reason": "length" if last else None}]}
+                    if last and not include_usage:
+                        chunk["system_fingerprint"] = FINGERPRINT  # as vLLM: on the last chunk ...
+                    yield sse(chunk)
+                if include_usage:
+                    # ... or, when usage is asked for, on one more chunk without choices, with the usage.
+                    usage = {"prompt_tokens": 2, "completion_tokens": tokens, "total_tokens": tokens + 2}
+                    yield sse({**head, "choices": [], "usage": usage, "system_fingerprint": FINGERPRINT})
                 yield b"data: [DONE]\n\n"
             finally:
                 state["running"] -= 1

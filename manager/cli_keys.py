@@ -1,0 +1,123 @@
+"""`vllm-manager keys create|list|revoke` and `vllm-manager usage`: inference keys for /v1 and what
+they used, straight in the store (as `token create`), so keys can be made before the manager runs."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+import typer
+
+from manager.cli import DataDir, _fail, _open_db, _run, _settings
+
+keys_app = typer.Typer(help="Inference API keys for /v1 (separate from the admin token).", no_args_is_help=True)
+
+RELATIVE = re.compile(r"^(\d+)([mhd])$")
+UNITS = {"m": "minutes", "h": "hours", "d": "days"}
+
+
+@keys_app.command("create")
+def create(
+    name: Annotated[str, typer.Argument(help="A label: who or what uses the key.")],
+    models: Annotated[
+        str | None, typer.Option("--models", help="Model configs it may use, comma separated (default: all).")
+    ] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Make a key. It is printed once; only its hash is stored."""
+    from pydantic import ValidationError
+
+    from manager.cli import _validation_message
+    from manager.schemas.inference_key import InferenceKeyCreate
+    from manager.services import inference_keys
+
+    names = [m.strip() for m in (models or "").split(",") if m.strip()]
+    try:
+        data = InferenceKeyCreate(name=name, models=names)
+    except ValidationError as exc:
+        _fail(_validation_message(exc))
+    with _open_db(_settings(data_dir)) as db:
+        created = _run(inference_keys.create_key, db, data)
+    typer.echo(created.key)
+    typer.secho(
+        f"Store it now: it is not shown again. Clients send it as 'Authorization: Bearer <key>' "
+        f"(the OpenAI clients' api_key); it may use {', '.join(created.models) or 'every model'}.",
+        err=True,
+    )
+
+
+@keys_app.command("list")
+def list_(data_dir: DataDir = None) -> None:
+    """Every key: name, first characters, models, when made and last used; revoked ones last."""
+    from manager.services import inference_keys
+
+    with _open_db(_settings(data_dir)) as db:
+        keys = [inference_keys.to_public(k) for k in inference_keys.list_keys(db)]
+    for k in keys:
+        used = _when(k.last_used_at) if k.last_used_at else "never used"
+        state = f"revoked {_when(k.revoked_at)}" if k.revoked_at else "active"
+        typer.echo(
+            f"{k.name:<20} {k.prefix}...  {','.join(k.models) or 'all models':<24} "
+            f"made {_when(k.created_at)}  {used:<16}  {state}"
+        )
+
+
+@keys_app.command("revoke")
+def revoke(name: str, data_dir: DataDir = None) -> None:
+    """Revoke the active key of this name: /v1 refuses it at once; its usage stays."""
+    from manager.services import inference_keys
+
+    with _open_db(_settings(data_dir)) as db:
+        _run(inference_keys.revoke_key, db, name)
+    typer.echo(f"revoked {name}")
+
+
+def usage(
+    since: Annotated[
+        str | None, typer.Option(help="From when: 30m, 6h, 7d, or an ISO date (default: a span that suits --per).")
+    ] = None,
+    per: Annotated[str, typer.Option(help="minute, hour or day.")] = "hour",
+    model: Annotated[str | None, typer.Option(help="Only this model config.")] = None,
+    key: Annotated[str | None, typer.Option(help="Only this key's name; '-' for requests without a key.")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Requests and tokens through /v1 per key and model (the last few seconds are written a moment later)."""
+    from manager.services import usage as usage_store
+
+    start = _since(since) if since else None
+    with _open_db(_settings(data_dir)) as db:
+        report = _run(usage_store.report, db, since=start, per=per, model=model, key=key)
+    typer.echo(f"{report.since:%Y-%m-%d %H:%M} to {report.until:%Y-%m-%d %H:%M} UTC, per {report.per}")
+    header = f"{'':<17} {'key':<20} {'model':<24} {'requests':>9} {'errors':>7} {'prompt':>10} {'completion':>11}"
+    typer.echo(header)
+    for line in report.rows:
+        typer.echo(_line(f"{line.start:%Y-%m-%d %H:%M}" if line.start else "", line))
+    for line in report.totals:
+        typer.echo(_line("total", line))
+    t = report.total
+    typer.echo(
+        f"{'all':<17} {'':<20} {'':<24} {t.requests:>9} {t.errors:>7} {t.prompt_tokens:>10} {t.completion_tokens:>11}"
+    )
+
+
+def _line(label: str, line) -> str:
+    key = line.key or "(no key)"
+    return (
+        f"{label:<17} {key:<20} {line.model:<24} {line.requests:>9} {line.errors:>7} "
+        f"{line.prompt_tokens:>10} {line.completion_tokens:>11}"
+    )
+
+
+def _since(text: str) -> datetime:
+    found = RELATIVE.match(text.strip())
+    if found:
+        return datetime.now(UTC) - timedelta(**{UNITS[found.group(2)]: int(found.group(1))})
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        _fail(f"--since takes 30m, 6h, 7d or an ISO date such as 2026-05-01T12:00, not {text!r}")
+
+
+def _when(at: datetime) -> str:
+    return f"{at:%Y-%m-%d %H:%M}"

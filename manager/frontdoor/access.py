@@ -1,0 +1,59 @@
+"""Who may send requests to /v1, and which models each caller may use.
+
+Inference keys, once any is active, are needed on every bind; the admin token also works, so the
+owner can try a model. Without keys, /v1 is open on a loopback bind; on a public bind it takes the
+admin token, unless the operator opened it (VLLM_MANAGER_OPEN_INFERENCE). A key made for some model
+configs sees only those: the others are answered as names that do not exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlmodel import Session
+
+from manager.frontdoor.errors import NoCredentials
+from manager.schemas.usage import NO_KEY
+from manager.services import inference_keys, tokens
+from manager.settings import Settings, is_loopback
+
+SEND_KEY = "send it as 'Authorization: Bearer <key>'"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a /v1 request comes from: an inference key, or no key (the admin token, or /v1 open)."""
+
+    key_id: int = NO_KEY
+    key_name: str | None = None
+    models: frozenset[str] | None = None  # the model configs it may use; None: all
+
+    def may_use(self, config: str) -> bool:
+        return self.models is None or config in self.models
+
+
+ANYONE = Caller()
+
+
+def caller_for(db: Session, bearer: str | None, settings: Settings) -> Caller:
+    """The caller a request's bearer token makes it, or NoCredentials (401) saying what to send."""
+    if bearer is not None:
+        key = inference_keys.check(db, bearer)
+        if key is not None and key.id is not None:
+            return Caller(key.id, key.name, frozenset(key.models) if key.models else None)
+        if tokens.token_is_valid(db, bearer, settings.env_token):
+            return ANYONE
+    if inference_keys.any_active(db):
+        if bearer is None:
+            raise NoCredentials(
+                f"/v1 on this server needs an inference key: {SEND_KEY}. Its owner makes keys with "
+                "`vllm-manager keys create NAME` or on the Keys page"
+            )
+        raise NoCredentials("the key sent is not a valid inference key (mistyped, or revoked)")
+    if is_loopback(settings.host) or settings.open_inference:
+        return ANYONE
+    raise NoCredentials(
+        f"the manager listens on {settings.host}, so /v1 needs an inference key ({SEND_KEY}; make one with "
+        "`vllm-manager keys create NAME`) or the admin token; to open /v1 to anyone who reaches this address, "
+        "set VLLM_MANAGER_OPEN_INFERENCE=1"
+    )

@@ -1,0 +1,73 @@
+"""Inference API keys: who may send requests to /v1, and to which models.
+
+Separate from the admin token: a key reaches /v1 only, never /api. Only a SHA-256 hash of the key
+is stored, and its first characters (the prefix) so that a person can tell keys apart; the key
+itself is shown once, when it is made. A revoked key stays in the table, so the usage counted
+under it keeps its name; its name may be given to a new key.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import field_validator
+from sqlalchemy import JSON, Column, Index, text
+from sqlmodel import Field, SQLModel
+
+from manager.schemas.common import Name, check_slug, utcnow
+
+MAX_KEY_MODELS = 256
+PREFIX_CHARS = 12  # "vmk_" and 8 characters of the random part
+
+
+class InferenceKey(SQLModel, table=True):
+    __tablename__ = "inference_key"
+    # One active key per name; revoked ones keep theirs.
+    __table_args__ = (
+        Index("ix_inference_key_active_name", "name", unique=True, sqlite_where=text("revoked_at IS NULL")),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str
+    sha256: str = Field(index=True, unique=True)
+    prefix: str
+    models: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow)
+    last_used_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+class InferenceKeyCreate(SQLModel):
+    name: Name = Field(description="A label for the key: who or what uses it")
+    models: list[Name] = Field(
+        default_factory=list,
+        max_length=MAX_KEY_MODELS,
+        description="Model configs the key may use (with their aliases and LoRA adapters); empty: all",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, v: str) -> str:
+        return check_slug(v)
+
+    @field_validator("models")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        repeated = sorted({m for m in v if v.count(m) > 1})
+        if repeated:
+            raise ValueError(f"models repeat: {', '.join(repeated)}")
+        return v
+
+
+class InferenceKeyPublic(SQLModel):
+    name: str
+    prefix: str = Field(description="The key's first characters, to recognise it")
+    models: list[str] = Field(description="Model configs it may use; empty: all")
+    active: bool
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class InferenceKeyCreated(InferenceKeyPublic):
+    key: str = Field(description="The key itself: shown this once, only its hash is stored")

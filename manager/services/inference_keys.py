@@ -1,0 +1,128 @@
+"""Inference API keys: made once ("vmk_..."), stored as a SHA-256 hash, found by that hash.
+
+``check`` is what /v1 asks on every request: one indexed lookup of the key's hash among the active
+keys. ``allowed_models`` is what a key may use: the names of model configs, or None for all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import UTC, datetime
+
+from sqlmodel import Session, col, select
+
+from manager.db import commit_or_conflict
+from manager.errors import Conflict, Invalid, NotFound
+from manager.schemas.common import utcnow
+from manager.schemas.inference_key import (
+    PREFIX_CHARS,
+    InferenceKey,
+    InferenceKeyCreate,
+    InferenceKeyCreated,
+    InferenceKeyPublic,
+)
+from manager.schemas.model_config import ModelConfig
+
+KEY_START = "vmk_"
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_key(db: Session, data: InferenceKeyCreate) -> InferenceKeyCreated:
+    """Make a key; the answer holds the key itself, which is not stored and cannot be shown again."""
+    taken = f"an active key named {data.name!r} exists: revoke it first, or choose another name"
+    if _active(db, data.name) is not None:
+        raise Conflict(taken)
+    configs = set(db.exec(select(ModelConfig.name)))
+    unknown = [m for m in data.models if m not in configs]
+    if unknown:
+        existing = ", ".join(sorted(configs)) or "none yet"
+        raise Invalid(
+            f"no model config named {', '.join(repr(m) for m in unknown)}; a key names model configs "
+            f"(their aliases and LoRA adapters come with them). Model configs: {existing}",
+            field="models",
+        )
+    secret = KEY_START + secrets.token_urlsafe(32)
+    key = InferenceKey(name=data.name, sha256=_digest(secret), prefix=secret[:PREFIX_CHARS], models=list(data.models))
+    db.add(key)
+    commit_or_conflict(db, taken)
+    db.refresh(key)
+    return InferenceKeyCreated(**to_public(key).model_dump(), key=secret)
+
+
+def list_keys(db: Session, include_revoked: bool = True) -> list[InferenceKey]:
+    """Active keys by name, then revoked ones, newest revocation first."""
+    keys = list(db.exec(select(InferenceKey).order_by(InferenceKey.name, col(InferenceKey.id).desc())))
+    active = [k for k in keys if k.revoked_at is None]
+    revoked = sorted((k for k in keys if k.revoked_at is not None), key=lambda k: k.revoked_at or k.created_at)
+    return active + (revoked[::-1] if include_revoked else [])
+
+
+def revoke_key(db: Session, name: str) -> InferenceKey:
+    """From now on the key is refused; its usage stays counted under its name."""
+    key = _active(db, name)
+    if key is None:
+        raise NotFound(f"no active inference key named {name!r}")
+    key.revoked_at = utcnow()
+    db.add(key)
+    db.commit()
+    db.refresh(key)
+    return key
+
+
+def check(db: Session, secret: str) -> InferenceKey | None:
+    """The active key this is, or None."""
+    if not secret.startswith(KEY_START):
+        return None
+    digest = _digest(secret)
+    key = db.exec(
+        select(InferenceKey).where(InferenceKey.sha256 == digest, col(InferenceKey.revoked_at).is_(None))
+    ).first()
+    if key is None or not hmac.compare_digest(key.sha256, digest):
+        return None
+    return key
+
+
+def any_active(db: Session) -> bool:
+    return db.exec(select(InferenceKey.id).where(col(InferenceKey.revoked_at).is_(None)).limit(1)).first() is not None
+
+
+def names_by_id(db: Session) -> dict[int, str]:
+    """Every key's name by its id, revoked ones included (usage keeps naming them)."""
+    return {k.id: k.name for k in db.exec(select(InferenceKey)) if k.id is not None}
+
+
+def mark_used(db: Session, last_used: dict[int, datetime]) -> None:
+    """Note when each key was last used (the caller commits)."""
+    for key_id, when in last_used.items():
+        key = db.get(InferenceKey, key_id)
+        if key is not None:
+            key.last_used_at = when
+            db.add(key)
+
+
+def to_public(key: InferenceKey) -> InferenceKeyPublic:
+    return InferenceKeyPublic(
+        name=key.name,
+        prefix=key.prefix,
+        models=list(key.models),
+        active=key.revoked_at is None,
+        created_at=_utc(key.created_at),
+        last_used_at=_utc(key.last_used_at) if key.last_used_at else None,
+        revoked_at=_utc(key.revoked_at) if key.revoked_at else None,
+    )
+
+
+def _active(db: Session, name: str) -> InferenceKey | None:
+    return db.exec(
+        select(InferenceKey).where(InferenceKey.name == name, col(InferenceKey.revoked_at).is_(None))
+    ).first()
+
+
+def _utc(when: datetime) -> datetime:
+    # SQLite keeps no zone: the stored times are UTC.
+    return when if when.tzinfo else when.replace(tzinfo=UTC)

@@ -1,0 +1,174 @@
+"""Inference keys at /v1, through the whole manager with stand-in engines: who is let in, which
+models each key sees, and the usage counted per key and model (tokens from the engine's answers)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+from fastapi.testclient import TestClient
+
+from manager.app import create_app
+from tests.frontdoor.test_v1_routes import ADMIN_TOKEN, CHAT, assert_openai_error, seen, worker_of
+
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def make_key(client: TestClient, name: str, models: list[str] | None = None, headers: dict | None = None) -> str:
+    made = client.post("/api/keys", json={"name": name, "models": models or []}, headers=headers or {})
+    assert made.status_code == 201, made.text
+    return made.json()["key"]
+
+
+def chat(client: TestClient, model: str, key: str | None = None, **extra):
+    return client.post(
+        "/v1/chat/completions", json={"model": model, **CHAT, **extra}, headers=bearer(key) if key else {}
+    )
+
+
+def listed(client: TestClient, key: str | None = None) -> list[str]:
+    resp = client.get("/v1/models", headers=bearer(key) if key else {})
+    assert resp.status_code == 200, resp.text
+    return [m["id"] for m in resp.json()["data"]]
+
+
+def totals(client: TestClient, headers: dict | None = None, **params) -> dict[tuple[str | None, str], dict]:
+    report = client.get("/api/usage", params={"per": "minute", **params}, headers=headers or {})
+    assert report.status_code == 200, report.text
+    return {(t["key"], t["model"]): t for t in report.json()["totals"]}
+
+
+def test_once_a_key_exists_v1_needs_one(door):
+    assert chat(door, "a").status_code == 200  # no key yet: open on loopback
+    key = make_key(door, "app")
+    assert key.startswith("vmk_")
+    missing = assert_openai_error(chat(door, "a"), 401, "invalid_api_key")
+    assert "inference key" in missing["message"] and "keys create" in missing["message"]
+    for wrong in ("vmk_" + "x" * 43, "unused", key[:-1]):
+        assert_openai_error(chat(door, "a", wrong), 401, "invalid_api_key")
+    assert_openai_error(door.get("/v1/models"), 401, "invalid_api_key")
+    answered = chat(door, "a", key)
+    assert answered.status_code == 200 and answered.json()["choices"][0]["message"]["content"] == "t0 t1 t2"
+    # The key is the manager's business: the engine never sees it.
+    assert "authorization" not in json.dumps(seen(door, "a")).lower()
+
+
+def test_a_key_for_some_models_finds_no_other(door):
+    only_a = make_key(door, "only-a", ["a"])
+    everything = make_key(door, "all")
+    assert listed(door, only_a) == ["a", "alpha", "org/model-a"]
+    assert listed(door, everything) == ["a", "alpha", "b", "org/model-a"]
+    hidden = chat(door, "b", only_a)
+    unknown = chat(door, "nope", only_a)
+    assert hidden.status_code == unknown.status_code == 404
+    # Word for word the answer for a model that does not exist: b is not even named.
+    assert hidden.json() == json.loads(unknown.text.replace("'nope'", "'b'"))
+    assert "Models that exist: a, alpha, org/model-a" in hidden.json()["error"]["message"]
+    assert [w["model"] for w in door.get("/api/workers").json()] == []  # b was not started for it
+    for name in ("a", "alpha", "org/model-a"):
+        assert chat(door, name, only_a).status_code == 200
+
+
+def test_a_revoked_key_is_refused_and_the_others_go_on(door):
+    first, second = make_key(door, "first"), make_key(door, "second")
+    assert door.delete("/api/keys/first").status_code == 204
+    assert_openai_error(chat(door, "a", first), 401, "invalid_api_key")
+    assert chat(door, "a", second).status_code == 200
+    states = {k["name"]: k["active"] for k in door.get("/api/keys").json()}
+    assert states == {"first": False, "second": True}
+    # The name is free again: a new key under it is another key.
+    renewed = make_key(door, "first")
+    assert renewed != first and chat(door, "a", renewed).status_code == 200
+    assert_openai_error(chat(door, "a", first), 401, "invalid_api_key")
+
+
+def test_the_admin_token_works_where_a_key_would(door_settings):
+    with TestClient(create_app(door_settings.model_copy(update={"api_token": ADMIN_TOKEN}))) as client:
+        client.post("/api/models", json={"name": "a", "model": "/models/a"}, headers=ADMIN)
+        make_key(client, "app", headers=ADMIN)
+        assert client.post("/api/keys", json={"name": "sneaky"}).status_code == 401  # changes need the token
+        assert chat(client, "a", ADMIN_TOKEN).status_code == 200
+        assert_openai_error(chat(client, "a"), 401, "invalid_api_key")
+        assert totals(client, ADMIN, key="-")[(None, "a")]["requests"] == 1
+
+
+def test_a_public_bind_needs_a_key_or_the_admin_token_or_an_explicit_opening(door_settings):
+    public = door_settings.model_copy(update={"host": "0.0.0.0", "api_token": ADMIN_TOKEN})
+    with TestClient(create_app(public)) as client:
+        client.post("/api/models", json={"name": "a", "model": "/models/a"}, headers=ADMIN)
+        refused = assert_openai_error(chat(client, "a"), 401, "invalid_api_key")
+        assert "keys create" in refused["message"] and "VLLM_MANAGER_OPEN_INFERENCE" in refused["message"]
+        key = make_key(client, "app", headers=ADMIN)
+        assert chat(client, "a", key).status_code == 200
+    # Opening /v1 explicitly does not open it while keys exist: they are the operator's later choice.
+    with TestClient(create_app(public.model_copy(update={"open_inference": True}))) as client:
+        assert_openai_error(chat(client, "a"), 401, "invalid_api_key")
+        assert chat(client, "a", key).status_code == 200
+        client.delete("/api/keys/app", headers=ADMIN)
+        assert chat(client, "a").status_code == 200
+
+
+def test_usage_counts_requests_and_the_tokens_engines_report(door):
+    key = make_key(door, "app")
+    assert chat(door, "a", key).status_code == 200  # 2 prompt and 3 completion tokens
+    with door.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "a", **CHAT, "max_tokens": 4, "stream": True},
+        headers=bearer(key),
+    ) as resp:
+        streamed = resp.read().decode()
+    # The client did not ask for the usage chunk, so it does not get it; the engine was asked for it.
+    events = [line for line in streamed.splitlines() if line.startswith("data: ")]
+    assert len(events) == 5 and events[-1] == "data: [DONE]" and '"usage"' not in streamed
+    assert seen(door, "a")[-1]["stream_options"] == {"include_usage": True}
+    # A client that asks for it gets it as the engine wrote it.
+    with door.stream(
+        "POST",
+        "/v1/completions",
+        json={"model": "a", "prompt": "x", "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}},
+        headers=bearer(key),
+    ) as resp:
+        asked = resp.read().decode()
+    assert '"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":5' in asked
+    assert chat(door, "b", key).status_code == 200  # swaps a out: b has its own line
+    counted = totals(door)
+    assert counted[("app", "a")] | {"start": None} == {
+        "start": None, "key": "app", "key_prefix": key[:12], "model": "a",
+        "requests": 3, "errors": 0, "prompt_tokens": 6, "completion_tokens": 12,
+    }  # fmt: skip
+    assert counted[("app", "b")]["requests"] == 1 and counted[("app", "b")]["completion_tokens"] == 3
+    assert set(counted) == {("app", "a"), ("app", "b")}
+    assert totals(door, model="b").keys() == {("app", "b")}
+    used = door.get("/api/keys").json()[0]
+    assert used["name"] == "app" and used["last_used_at"] is not None
+
+
+def test_a_stream_reaches_the_client_as_the_engine_writes_it_for_a_client_that_did_not_ask_for_usage(door):
+    key = make_key(door, "app")
+    for path, body in (
+        ("/v1/chat/completions", {"model": "b", **CHAT, "max_tokens": 3, "stream": True}),
+        ("/v1/completions", {"model": "b", "prompt": "x", "max_tokens": 2, "stream": True}),
+    ):
+        with door.stream("POST", path, json=body, headers=bearer(key)) as resp:
+            through = resp.read()
+        # What the engine writes for the request as the client sent it (no usage asked for).
+        direct = httpx.post(f"http://127.0.0.1:{worker_of(door, 'b')['port']}{path}", json=body).content
+        assert b'"system_fingerprint":"fp-stand-in"' in direct and b'"usage"' not in direct
+        same_second = re.compile(rb'"created":\d+')
+        assert same_second.sub(b"", through) == same_second.sub(b"", direct), path
+    assert totals(door)[("app", "b")]["completion_tokens"] == 5
+
+
+def test_guessing_keys_is_slowed_down_like_guessing_the_token(door):
+    key = make_key(door, "app")
+    for i in range(10):
+        assert_openai_error(chat(door, "a", f"vmk_guess{i}"), 401, "invalid_api_key")
+    refused = chat(door, "a", key)  # the right key too, until the window has passed
+    body = assert_openai_error(refused, 429, "too_many_wrong_keys")
+    assert int(refused.headers["retry-after"]) > 0 and "too many wrong tokens" in body["message"]

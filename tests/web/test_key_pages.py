@@ -1,0 +1,56 @@
+"""The Keys and Usage pages through the real app: a key shown once, revoked; usage in tables."""
+
+from __future__ import annotations
+
+import re
+
+from manager.db import session
+from manager.frontdoor.metering import Tokens
+from manager.services import usage
+
+
+def test_the_nav_links_both_pages(client):
+    page = client.get("/keys")
+    assert page.status_code == 200
+    assert '<a href="/keys" aria-current="page">Keys</a>' in page.text and 'href="/usage"' in page.text
+
+
+def test_a_key_made_on_the_page_is_shown_once_then_only_its_start(client):
+    client.post("/api/models", json={"name": "a", "model": "/models/a"})
+    client.post("/api/models", json={"name": "b", "model": "/models/b"})
+    form = client.get("/ui/keys/form")
+    assert 'value="a"' in form.text and 'value="b"' in form.text
+    made = client.post("/ui/keys", data={"name": "app", "models": ["a"]})
+    assert made.headers["cache-control"] == "no-store" and made.headers["hx-trigger"] == "keys-changed"
+    secret = re.search(r'data-testid="new-key-secret">(vmk_[^<]+)<', made.text)
+    assert secret and "for a." in made.text
+    listing = client.get("/ui/keys/list").text
+    assert "app" in listing and secret.group(1)[:12] in listing and secret.group(1) not in listing
+    assert secret.group(1) not in client.get("/ui/keys/form").text
+    revoked = client.post("/ui/keys/app/revoke")
+    assert "Revoked app" in revoked.text and "revoked 20" in revoked.text
+    assert "no active inference key named &#39;app&#39;" in client.post("/ui/keys/app/revoke").text
+
+
+def test_the_form_shows_what_was_wrong_next_to_the_field(client):
+    bad = client.post("/ui/keys", data={"name": "Bad Name"})
+    assert re.search(r'data-field="name">[^<]*slug', bad.text) and "new-key-secret" not in bad.text
+    unknown = client.post("/ui/keys", data={"name": "app", "models": ["ghost"]})
+    assert re.search(r"data-field=\"models\">no model config named &#39;ghost&#39;", unknown.text)
+
+
+def test_the_usage_page_shows_totals_and_rows(client):
+    empty = client.get("/usage")
+    assert empty.status_code == 200 and "No requests through /v1 in this range" in empty.text
+    runtime = client.app.state.runtime
+    runtime.usage.count(0, "a", Tokens(11, 22), error=False)
+    runtime.usage.count(0, "a", None, error=True)
+    page = client.get("/usage", params={"range": "1h", "per": "minute"})
+    totals = page.text.split('data-testid="usage-totals"')[1].split("</tbody>")[0]
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", totals)
+    assert cells == ["(no key)", "a", "2", "1", "11", "22"]  # key, model, requests, errors, prompt, completion
+    assert 'data-testid="usage-rows"' in page.text
+    with session(runtime.engine) as db:
+        assert usage.report(db, per="minute").total.requests == 2  # the page wrote them first
+    refused = client.get("/usage", params={"range": "30d", "per": "minute"})
+    assert "at most 1 day" in refused.text
