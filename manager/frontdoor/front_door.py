@@ -3,7 +3,8 @@
 ``FrontDoor.forward_json`` and ``forward_multipart`` take a request from the route, find the model it
 names, get a lease on a ready worker from the scheduler (starting or swapping it in as needed), load
 a LoRA adapter the request names if the worker lacks it, and return the engine's streamed answer.
-Every outcome is counted in the proxy metrics, errors included.
+Every outcome is counted in the proxy metrics, errors included, and each forwarded request's
+added latency (the manager's own time, waiting for the model left out).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -169,6 +171,7 @@ class FrontDoor:
 
     # ---- forwarding -----------------------------------------------------------------------------------
     async def forward_json(self, request: Request, path: str) -> proxy.UpstreamResponse:
+        added = proxy.AddedTime()
         config: str | None = None
         try:
             body = await proxy.read_body(request, self.limits.max_body_bytes)
@@ -177,33 +180,44 @@ class FrontDoor:
             config = target.config
             forwarded = proxy.with_model(payload, body, requested, target.upstream_model)
             content_type = request.headers.get("content-type") or "application/json"
-            return await self._forward(request, path, target, lambda: (forwarded, content_type))
+            return await self._forward(request, path, target, lambda: (forwarded, content_type), added)
         except FrontDoorError as exc:
             self.metrics.answered(config, exc.status)
             raise
 
     async def forward_multipart(self, request: Request, path: str) -> proxy.UpstreamResponse:
+        added = proxy.AddedTime()
         config: str | None = None
         try:
             body = await proxy.read_body(request, self.limits.max_body_bytes)
             requested, rewrite = await proxy.multipart_model(request, body)
             target = self.resolve(requested)
             config = target.config
-            return await self._forward(request, path, target, lambda: rewrite(target.upstream_model))
+            return await self._forward(request, path, target, lambda: rewrite(target.upstream_model), added)
         except FrontDoorError as exc:
             self.metrics.answered(config, exc.status)
             raise
 
     async def _forward(
-        self, request: Request, path: str, target: names.Target, encoded: Callable[[], tuple[bytes, str]]
+        self,
+        request: Request,
+        path: str,
+        target: names.Target,
+        encoded: Callable[[], tuple[bytes, str]],
+        added: proxy.AddedTime,
     ) -> proxy.UpstreamResponse:
+        asked = time.perf_counter()
         lease = await self.scheduler.acquire(target.config)
+        if lease.queued:
+            added.waited += time.perf_counter() - asked
         try:
             if target.adapter:
-                await self._ensure_adapter(lease, target.adapter)
+                asked = time.perf_counter()
+                if await self._ensure_adapter(lease, target.adapter):
+                    added.waited += time.perf_counter() - asked
             body, content_type = encoded()
             upstream = await proxy.send_upstream(
-                self.http, lease.port, request.method, path, body, request, content_type
+                self.http, lease.port, request.method, path, body, request, content_type, added
             )
         except BaseException:
             lease.release()
@@ -212,17 +226,24 @@ class FrontDoor:
         if target.adapter and upstream.status_code == 404:
             # The engine no longer knows the adapter (unloaded by hand): load it again next time.
             self._adapters.get((lease.worker_id, lease.pid), set()).discard(target.adapter)
-        return proxy.UpstreamResponse(upstream, lease.release)
+        before_engine = added.before_engine() or 0.0
 
-    async def _ensure_adapter(self, lease: Lease, adapter: str) -> None:
-        """Load the adapter into the lease's worker unless it is there (one load, however many ask)."""
+        def ended(after_engine: float | None) -> None:
+            lease.release()
+            self.metrics.added_latency.observe(before_engine + (after_engine or 0.0))
+
+        return proxy.UpstreamResponse(upstream, ended)
+
+    async def _ensure_adapter(self, lease: Lease, adapter: str) -> bool:
+        """Load the adapter into the lease's worker unless it is there (one load, however many ask);
+        True when this request waited for a load."""
         loaded = self._adapters.setdefault((lease.worker_id, lease.pid), set())
         if adapter in loaded:
-            return
+            return False
         lock = self._adapter_locks.setdefault((lease.worker_id, adapter), asyncio.Lock())
         async with lock:
             if adapter in loaded:
-                return
+                return True
             try:
                 # Conflict: loaded already (by the pin keeper, or by hand).
                 with session(self.engine) as db, contextlib.suppress(Conflict):
@@ -232,3 +253,4 @@ class FrontDoor:
                     f"LoRA adapter {adapter!r} could not be loaded into the worker of {lease.config}: {exc.message}"
                 ) from exc
             loaded.add(adapter)
+        return True

@@ -98,6 +98,7 @@ class Lease:
     waited_s: float
     _on_release: Callable[[Lease], None]
     released: bool = False
+    queued: bool = False  # it waited (for a start, a swap or a drain) rather than being served at once
 
     def release(self) -> None:
         if not self.released:
@@ -171,7 +172,7 @@ class Scheduler:
                 # A request that waited for this very start is served even if another model already
                 # waits for this one to drain (it counts as in flight until it is served).
                 if ready is not None and (slot.leaving is None or joined):
-                    return self._lease(config, slot, ready, started)
+                    return self._lease(config, slot, ready, started, queued=True)
                 if slot.leaving is not None:
                     await slot.leaving.done.wait()
                     continue
@@ -188,7 +189,7 @@ class Scheduler:
             if joined:
                 slot.joined -= 1
 
-    def _lease(self, config: str, slot: _Slot, view: WorkerView, started: float) -> Lease:
+    def _lease(self, config: str, slot: _Slot, view: WorkerView, started: float, queued: bool = False) -> Lease:
         assert view.port is not None
         slot.in_flight += 1
         if slot.ready_seen is None:
@@ -197,7 +198,8 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.in_flight.labels(config).inc()
             self.metrics.queue_wait.observe(waited)
-        return Lease(config, view.id, view.pid, view.port, view.served_model_name or config, waited, self._release)
+        served = view.served_model_name or config
+        return Lease(config, view.id, view.pid, view.port, served, waited, self._release, queued=queued)
 
     def _release(self, lease: Lease) -> None:
         slot = self._slot(lease.config)
