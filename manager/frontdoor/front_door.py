@@ -28,7 +28,7 @@ from manager.errors import Conflict, ManagerError
 from manager.frontdoor import names, proxy
 from manager.frontdoor.errors import FrontDoorError, ModelNotFound, ModelUnavailable
 from manager.frontdoor.metrics import FrontDoorMetrics
-from manager.frontdoor.scheduler import Lease, Placement, Scheduler, SchedulerOptions
+from manager.frontdoor.scheduler import Lease, ModelStatus, Placement, Scheduler, SchedulerOptions
 from manager.lora import workers as lora_workers
 from manager.lora.records import LoraAdapter
 from manager.planner import model_files
@@ -159,6 +159,10 @@ class FrontDoor:
                 for a in db.exec(select(LoraAdapter))
             ]
         return names.NameTable(configs, adapters)
+
+    def snapshot(self) -> list[ModelStatus]:
+        """Every model config's state, requests in flight and waiting, and last swap (the dashboard's)."""
+        return self.scheduler.snapshot()
 
     def listing(self) -> dict[str, Any]:
         return names.listing(self.name_table(), self.supervisor.views())

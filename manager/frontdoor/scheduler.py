@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from manager.errors import ManagerError
 from manager.frontdoor import eviction
@@ -106,6 +106,33 @@ class Lease:
             self._on_release(self)
 
 
+SwapKind = Literal["cold", "wake"]
+# What the dashboard shows for a model config: its current worker's state, or stopped.
+ModelState = Literal["ready", "sleeping", "starting", "waking", "crashed", "stopping", "stopped"]
+
+
+@dataclass(frozen=True)
+class Swap:
+    """A model brought in for requests: started cold (a process start) or woken from sleep."""
+
+    kind: SwapKind
+    seconds: float  # from deciding to serve it to its worker being ready
+    ended_at: float  # on the scheduler's clock
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """One model config as the front door sees it."""
+
+    config: str
+    state: ModelState
+    worker_id: int | None  # the worker that serves it (or will); None: stopped
+    in_flight: int
+    queued: int
+    last_swap: Swap | None
+    last_swap_ago_s: float | None
+
+
 @dataclass
 class _Leaving:
     """A model being stopped (or drained before a stop): its new requests wait until this is done."""
@@ -124,6 +151,7 @@ class _Slot:
     ready_seen: float | None = None  # when the scheduler first saw its current worker ready
     start: asyncio.Task[WorkerView] | None = None  # the one start under way, joined by every waiter
     leaving: _Leaving | None = None
+    last_swap: Swap | None = None
 
 
 class Scheduler:
@@ -213,6 +241,30 @@ class Scheduler:
     def queue_state(self) -> dict[str, dict[str, int]]:
         """Per model config: requests in flight and requests waiting (for pages and tests)."""
         return {name: {"in_flight": s.in_flight, "queued": s.queued} for name, s in self._slots.items()}
+
+    def snapshot(self) -> list[ModelStatus]:
+        """Every model config, by name: its state, its requests in flight and waiting, its last swap."""
+        views = self.workers.views()
+        now = self._clock()
+        out = []
+        for config in sorted(self._placements()):
+            slot = self._slots.get(config) or _Slot()
+            current = next((v for v in views if v.model == config and v.state in CURRENT), None)
+            stopping = next((v for v in views if v.model == config and v.state == State.STOPPING), None)
+            shown = current or stopping
+            swap = slot.last_swap
+            out.append(
+                ModelStatus(
+                    config=config,
+                    state=_MODEL_STATE.get(shown.state, "stopped") if shown else "stopped",
+                    worker_id=shown.id if shown else None,
+                    in_flight=slot.in_flight,
+                    queued=slot.queued,
+                    last_swap=swap,
+                    last_swap_ago_s=max(0.0, now - swap.ended_at) if swap else None,
+                )
+            )
+        return out
 
     # ---- bringing a model up ----------------------------------------------------------------------
     async def _bring_up(self, config: str) -> WorkerView:
@@ -397,9 +449,13 @@ class Scheduler:
             view = await self.workers.command(sleeper.id, "wake")
         except ManagerError as exc:
             raise ModelUnavailable(f"{sleeper.model} could not be woken: {exc.message}") from exc
-        if self.metrics is not None:
-            self.metrics.swap.labels("wake").observe(self._clock() - started)
+        self._swapped(sleeper.model, "wake", self._clock() - started)
         return view
+
+    def _swapped(self, config: str, kind: SwapKind, seconds: float) -> None:
+        self._slot(config).last_swap = Swap(kind, seconds, self._clock())
+        if self.metrics is not None:
+            self.metrics.swap.labels(kind).observe(seconds)
 
     async def _until_ready(self, target: WorkerView, placement: Placement, started: float) -> WorkerView:
         deadline = started + placement.start_timeout_s
@@ -414,8 +470,7 @@ class Scheduler:
             if view.state == State.READY:
                 if target.state != State.READY:  # it was started for these requests: a cold swap
                     seconds = self._clock() - started
-                    if self.metrics is not None:
-                        self.metrics.swap.labels("cold").observe(seconds)
+                    self._swapped(config, "cold", seconds)
                     self.workers.events.record(
                         "swapped_in", f"started {config} in {seconds:.1f} s", view.id, model=config, seconds=seconds
                     )
@@ -515,6 +570,16 @@ class Scheduler:
             if view.model == config and view.state in CURRENT:
                 return view
         return None
+
+
+_MODEL_STATE: dict[State, ModelState] = {
+    State.READY: "ready",
+    State.SLEEPING: "sleeping",
+    State.STARTING: "starting",
+    State.WAKING: "waking",
+    State.CRASHED: "crashed",
+    State.STOPPING: "stopping",
+}
 
 
 def _latest(*times: float | None) -> float | None:

@@ -485,3 +485,34 @@ def test_a_request_while_the_model_is_woken_elsewhere_waits_for_that_wake():
         assert lease.worker_id == a and workers.commands.count(("wake", a)) == 1
 
     run(body)
+
+
+def test_the_snapshot_shows_each_models_state_requests_and_last_swap():
+    async def body():
+        workers = FakeWorkers({"c": Behaviour(start_s=0.3)})
+        scheduler = with_sleep(workers, a={"sleep_level": 2})
+        assert [(m.config, m.state, m.in_flight, m.queued, m.last_swap) for m in scheduler.snapshot()] == [
+            ("a", "stopped", 0, 0, None),
+            ("b", "stopped", 0, 0, None),
+            ("c", "stopped", 0, 0, None),
+        ]
+        lease = await scheduler.acquire("a")
+        starting = asyncio.create_task(scheduler.acquire("c"))
+        await eventually(lambda: any(w.model == "c" for w in workers.views()))
+        a, b, c = scheduler.snapshot()
+        assert (a.state, a.worker_id, a.in_flight, a.queued) == ("ready", lease.worker_id, 1, 0)
+        assert a.last_swap is not None and a.last_swap.kind == "cold" and a.last_swap.seconds >= 0.05
+        assert a.last_swap_ago_s is not None and 0 <= a.last_swap_ago_s < 5
+        assert (c.state, c.in_flight, c.queued, c.last_swap) == ("starting", 0, 1, None)
+        assert (b.state, b.worker_id) == ("stopped", None)
+        lease.release()
+        (await starting).release()
+
+        (await scheduler.acquire("b")).release()  # a is put to sleep for it
+        (await scheduler.acquire("a")).release()  # and woken
+        a, b, _ = scheduler.snapshot()
+        assert a.state == "ready" and a.in_flight == 0
+        assert a.last_swap is not None and a.last_swap.kind == "wake"
+        assert b.state == "stopped" and b.last_swap is not None and b.last_swap.kind == "cold"
+
+    run(body)
