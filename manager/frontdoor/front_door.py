@@ -29,11 +29,10 @@ from manager.frontdoor import names, proxy
 from manager.frontdoor.errors import FrontDoorError, ModelNotFound, ModelUnavailable
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.scheduler import Lease, ModelStatus, Placement, Scheduler, SchedulerOptions
+from manager.launch.preflight import sleep_host_bytes
 from manager.lora import workers as lora_workers
 from manager.lora.records import LoraAdapter
-from manager.planner import model_files
 from manager.planner.gpus import GPU, NoGPU, detect_gpu
-from manager.planner.weights import estimate_weights
 from manager.schemas.model_config import ModelConfig
 from manager.settings import Settings
 from manager.supervisor.supervisor import Supervisor
@@ -44,25 +43,6 @@ log = logging.getLogger("vllm_manager.frontdoor")
 @dataclass(frozen=True)
 class Limits:
     max_body_bytes: int
-
-
-# vLLM keeps a level-1 sleeper's weights in pinned host memory, which PyTorch's caching host
-# allocator rounds up to a power of two: count up to twice the weights (see the vLLM notes).
-PINNED_ROUNDING = 2.0
-
-
-def sleep_host_bytes(config: ModelConfig) -> int | None:
-    """Host RAM the config's sleep keeps: level 1 its weights (pinned), level 2 nothing; None: unknown."""
-    if config.sleep_level is None:
-        return None
-    if config.sleep_level >= 2:
-        return 0
-    try:
-        found = model_files.read_model(config.model)
-        weights = estimate_weights(found.config, found.weights, config.dtype)
-    except (model_files.ModelNotFound, OSError, ValueError, KeyError):
-        return None
-    return int(weights.total_bytes * PINNED_ROUNDING)
 
 
 def placement_of(config: ModelConfig, gpu: GPU | NoGPU, sleep_bytes: int | None = None) -> Placement:

@@ -4,9 +4,11 @@ Per model config: a request is served at once when the config's worker is ready;
 starting, the request joins that start (one start per config, however many requests wait for it);
 when it is stopped or asleep, eviction (``eviction.choose``) names the workers to put to sleep or
 stop, the supervisor does so and starts (or wakes) this one, and every waiting request goes on
-when it is ready. It also counts the requests in flight per model and when each last answered, and
-unloads models idle past their ``idle_timeout_s`` (to sleep when their config allows it and host
-RAM has room for what sleeping keeps there, else stopped).
+when it is ready. A start the pre-start check refuses because sleeping workers hold the host RAM
+it needs stops some of them (``eviction.free_host_ram``) and is tried again. It also counts the
+requests in flight per model, when each last answered and its last swap (``snapshot`` for the
+dashboard), and unloads models idle past their ``idle_timeout_s`` (to sleep when their config
+allows it and host RAM has room for what sleeping keeps there, else stopped).
 
 Worker state is never changed here: every stop and start goes through the supervisor's public
 commands, which hand them to the worker's runner and its state machine.
@@ -26,6 +28,7 @@ from manager.errors import ManagerError
 from manager.frontdoor import eviction
 from manager.frontdoor.errors import ModelUnavailable, QueueFull, StartTimeout
 from manager.frontdoor.metrics import FrontDoorMetrics
+from manager.launch.preflight import HostRamHeldBySleepers
 from manager.supervisor.lifecycle import State
 from manager.supervisor.view import WorkerView
 
@@ -429,7 +432,22 @@ class Scheduler:
         leaving.done.set()
 
     async def _start(self, config: str, crashed: WorkerView | None) -> WorkerView:
-        """Start the config's stopped worker again (the newest), or create one."""
+        """Start the config's stopped worker again (the newest), or create one; when sleeping workers
+        hold the host RAM the start needs, stop the fewest of them and try once more."""
+        try:
+            return await self._start_once(config, crashed)
+        except HostRamHeldBySleepers as held:
+            decision = eviction.free_host_ram(self._sleeping(held), held.short_bytes, config)
+            if isinstance(decision, eviction.CannotFit):
+                raise ModelUnavailable(f"{config} could not be started: {decision.reason}") from held
+            for view in [self.workers.view(i) for i in decision.stop]:
+                await self._stop(view, f"stopped {view.model} (asleep) to free host RAM for {config}", kind="evicted")
+        try:
+            return await self._start_once(config, crashed)
+        except HostRamHeldBySleepers as held:
+            raise ModelUnavailable(f"{config} could not be started: {held.message}") from held
+
+    async def _start_once(self, config: str, crashed: WorkerView | None) -> WorkerView:
         earlier = crashed or max(
             (v for v in self.workers.views() if v.model == config and v.state in RESTARTABLE),
             key=lambda v: v.id,
@@ -440,9 +458,33 @@ class Scheduler:
                 return await self.workers.command(earlier.id, "start")
             view, _ = await self.workers.create_worker(config)
             return view
+        except HostRamHeldBySleepers:
+            raise
         except ManagerError as exc:
             # The planner's refusal, a port that is taken, an engine interpreter that is missing ...
             raise ModelUnavailable(f"{config} could not be started: {exc.message}") from exc
+
+    def _sleeping(self, held: HostRamHeldBySleepers) -> list[eviction.SleepingWorker]:
+        """The sleepers the pre-start check named, with what each holds, that are still asleep."""
+        placements = self._placements()
+        sleeping = {v.id: v for v in self.workers.views() if v.state == State.SLEEPING}
+        out = []
+        for sleeper in held.sleepers:
+            view = sleeping.get(sleeper.worker_id)
+            if view is None:
+                continue
+            placement = placements.get(view.model)
+            slot = self._slot(view.model)
+            out.append(
+                eviction.SleepingWorker(
+                    id=view.id,
+                    config=view.model,
+                    host_bytes=sleeper.host_bytes,
+                    last_request_at=_latest(slot.last_done, slot.ready_seen),
+                    persistent=placement.persistent if placement else False,
+                )
+            )
+        return out
 
     async def _wake(self, sleeper: WorkerView, started: float) -> WorkerView:
         try:

@@ -11,8 +11,8 @@ from fastapi.responses import HTMLResponse
 
 from manager.deps import MAX_ROW_ID, FrontDoorDep, LiveViewsDep, MetricsDep, SessionDep, SupervisorDep, WorkerId
 from manager.errors import NotFound
-from manager.launch.preflight import worker_kv_check
-from manager.planner import PlanError, PlanRequest, make_plan
+from manager.launch.preflight import plan_now, worker_kv_check
+from manager.planner import PlanError, PlanRequest
 from manager.planner.gpus import CATALOGUE, NoGPU, detect_gpu
 from manager.services import models
 from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, validate
@@ -167,7 +167,7 @@ def plan_page(db: SessionDep, config: str | None = None) -> HTMLResponse:
 
 
 @router.post("/ui/plan", response_class=HTMLResponse)
-async def plan_submit(request: Request) -> HTMLResponse:
+async def plan_submit(request: Request, sup: SupervisorDep) -> HTMLResponse:
     form = dict(await request.form())
     errors = FormErrors()
     data = parse_form({k: v for k, v in form.items() if k in PLAN_FIELDS}, PlanRequest, errors)
@@ -176,7 +176,7 @@ async def plan_submit(request: Request) -> HTMLResponse:
     plan = None
     if req is not None:
         try:
-            plan = await run_in_threadpool(make_plan, req)
+            plan = await run_in_threadpool(lambda: plan_now(req, sup.host_claims()))
         except PlanError as exc:
             errors.add(FORM_LEVEL, str(exc))
     return HTMLResponse(_plan_page(form, errors, plan))

@@ -12,6 +12,7 @@ from prometheus_client import generate_latest
 from manager.frontdoor.errors import ModelUnavailable, QueueFull, StartTimeout
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.scheduler import Lease, Placement, Scheduler, SchedulerOptions
+from manager.launch.preflight import HostRamHeldBySleepers, Sleeper
 from manager.supervisor.lifecycle import State
 from tests.frontdoor.fake_workers import Behaviour, FakeWorkers
 
@@ -483,6 +484,46 @@ def test_a_request_while_the_model_is_woken_elsewhere_waits_for_that_wake():
         lease = await scheduler.acquire("a")
         await waking
         assert lease.worker_id == a and workers.commands.count(("wake", a)) == 1
+
+    run(body)
+
+
+def ram_for_one_sleeper(model: str, views: list) -> None:
+    """A pre-start check on a host with room for one 16 GiB sleeper beside a start."""
+    sleepers = tuple(Sleeper(v.id, v.model, 1, 16 * G) for v in views if v.state == State.SLEEPING)
+    held = sum(s.host_bytes or 0 for s in sleepers)
+    if held > 16 * G:
+        raise HostRamHeldBySleepers(f"{model}: sleepers hold the RAM", short_bytes=held - 16 * G, sleepers=sleepers)
+
+
+def test_a_start_short_of_host_ram_stops_the_least_recently_used_sleeper_and_goes_ahead():
+    async def body():
+        workers = FakeWorkers(preflight=ram_for_one_sleeper)
+        a, c = workers.add_ready("a", gpus=(1,)), workers.add_ready("c", gpus=(2,))
+        scheduler = make(workers)
+        (await scheduler.acquire("a")).release()
+        (await scheduler.acquire("c")).release()  # c answered last: a is the older sleeper
+        await workers.command(a, "sleep", level=1)
+        await workers.command(c, "sleep", level=1)
+        lease = await scheduler.acquire("b")
+        assert workers.state(lease.worker_id) == State.READY
+        assert workers.state(a) == State.STOPPED and workers.state(c) == State.SLEEPING
+        assert ("evicted", "stopped a (asleep) to free host RAM for b", a) in workers.events.recorded
+
+    run(body)
+
+
+def test_a_persistent_sleeper_holding_the_ram_is_a_503_that_says_so():
+    async def body():
+        workers = FakeWorkers(preflight=ram_for_one_sleeper)
+        a, c = workers.add_ready("a", gpus=(1,)), workers.add_ready("c", gpus=(2,))
+        scheduler = make(workers, a={"persistent": True}, c={"persistent": True})
+        await workers.command(a, "sleep", level=1)
+        await workers.command(c, "sleep", level=1)
+        with pytest.raises(ModelUnavailable) as refused:
+            await scheduler.acquire("b")
+        assert "b needs 16.0 GiB more host RAM: stopping every sleeping model frees only 0.0 GiB" in str(refused.value)
+        assert workers.state(a) == State.SLEEPING and workers.state(c) == State.SLEEPING
 
     run(body)
 
