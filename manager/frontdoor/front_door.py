@@ -3,9 +3,9 @@
 ``FrontDoor.forward_json`` and ``forward_multipart`` take a request from the route, find the model it
 names among those its caller may use, get a lease on a ready worker from the scheduler (starting or
 swapping it in as needed), load a LoRA adapter the request names if the worker lacks it, and return
-the engine's streamed answer. Every outcome is counted in the proxy metrics, errors included, and
-each request that reached a model in the usage per key and model (with the tokens its answer says
-it used).
+the engine's streamed answer. Every outcome is counted in the proxy metrics, errors included, each
+forwarded request's added latency (the manager's own time, waiting for the model left out), and each
+request that reached a model in the usage per key and model (with the tokens its answer says it used).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,13 +31,12 @@ from manager.frontdoor.access import ANYONE, Caller
 from manager.frontdoor.errors import FrontDoorError, ModelNotFound, ModelUnavailable
 from manager.frontdoor.metering import Meter, stream_options_to_send
 from manager.frontdoor.metrics import FrontDoorMetrics
-from manager.frontdoor.scheduler import Lease, Placement, Scheduler, SchedulerOptions
+from manager.frontdoor.scheduler import Lease, ModelStatus, Placement, Scheduler, SchedulerOptions
 from manager.frontdoor.usage import UsageRecorder
+from manager.launch.preflight import sleep_host_bytes
 from manager.lora import workers as lora_workers
 from manager.lora.records import LoraAdapter
-from manager.planner import model_files
 from manager.planner.gpus import GPU, NoGPU, detect_gpu
-from manager.planner.weights import estimate_weights
 from manager.schemas.model_config import ModelConfig
 from manager.settings import Settings
 from manager.supervisor.supervisor import Supervisor
@@ -47,25 +47,6 @@ log = logging.getLogger("vllm_manager.frontdoor")
 @dataclass(frozen=True)
 class Limits:
     max_body_bytes: int
-
-
-# vLLM keeps a level-1 sleeper's weights in pinned host memory, which PyTorch's caching host
-# allocator rounds up to a power of two: count up to twice the weights (see the vLLM notes).
-PINNED_ROUNDING = 2.0
-
-
-def sleep_host_bytes(config: ModelConfig) -> int | None:
-    """Host RAM the config's sleep keeps: level 1 its weights (pinned), level 2 nothing; None: unknown."""
-    if config.sleep_level is None:
-        return None
-    if config.sleep_level >= 2:
-        return 0
-    try:
-        found = model_files.read_model(config.model)
-        weights = estimate_weights(found.config, found.weights, config.dtype)
-    except (model_files.ModelNotFound, OSError, ValueError, KeyError):
-        return None
-    return int(weights.total_bytes * PINNED_ROUNDING)
 
 
 def placement_of(config: ModelConfig, gpu: GPU | NoGPU, sleep_bytes: int | None = None) -> Placement:
@@ -167,6 +148,10 @@ class FrontDoor:
         table = names.NameTable(configs, adapters)
         return table if caller.models is None else table.only(caller.models)
 
+    def snapshot(self) -> list[ModelStatus]:
+        """Every model config's state, requests in flight and waiting, and last swap (the dashboard's)."""
+        return self.scheduler.snapshot()
+
     def listing(self, caller: Caller = ANYONE) -> dict[str, Any]:
         return names.listing(self.name_table(caller), self.supervisor.views())
 
@@ -178,6 +163,7 @@ class FrontDoor:
 
     # ---- forwarding -----------------------------------------------------------------------------------
     async def forward_json(self, request: Request, path: str, caller: Caller = ANYONE) -> proxy.UpstreamResponse:
+        added = proxy.AddedTime()
         config: str | None = None
         self.usage.key_used(caller.key_id)
         try:
@@ -195,12 +181,13 @@ class FrontDoor:
             forwarded = proxy.with_changes(payload, body, changes)
             content_type = request.headers.get("content-type") or "application/json"
             meter = Meter(take_usage_event=options is not None)
-            return await self._forward(request, path, target, lambda: (forwarded, content_type), caller, meter)
+            return await self._forward(request, path, target, lambda: (forwarded, content_type), caller, meter, added)
         except FrontDoorError as exc:
             self._answered_with_error(caller, config, exc)
             raise
 
     async def forward_multipart(self, request: Request, path: str, caller: Caller = ANYONE) -> proxy.UpstreamResponse:
+        added = proxy.AddedTime()
         config: str | None = None
         self.usage.key_used(caller.key_id)
         try:
@@ -208,7 +195,9 @@ class FrontDoor:
             requested, rewrite = await proxy.multipart_model(request, body)
             target = self.resolve(requested, caller)
             config = target.config
-            return await self._forward(request, path, target, lambda: rewrite(target.upstream_model), caller, Meter())
+            return await self._forward(
+                request, path, target, lambda: rewrite(target.upstream_model), caller, Meter(), added
+            )
         except FrontDoorError as exc:
             self._answered_with_error(caller, config, exc)
             raise
@@ -227,14 +216,20 @@ class FrontDoor:
         encoded: Callable[[], tuple[bytes, str]],
         caller: Caller,
         meter: Meter,
+        added: proxy.AddedTime,
     ) -> proxy.UpstreamResponse:
+        asked = time.perf_counter()
         lease = await self.scheduler.acquire(target.config)
+        if lease.queued:
+            added.waited += time.perf_counter() - asked
         try:
             if target.adapter:
-                await self._ensure_adapter(lease, target.adapter)
+                asked = time.perf_counter()
+                if await self._ensure_adapter(lease, target.adapter):
+                    added.waited += time.perf_counter() - asked
             body, content_type = encoded()
             upstream = await proxy.send_upstream(
-                self.http, lease.port, request.method, path, body, request, content_type
+                self.http, lease.port, request.method, path, body, request, content_type, added
             )
         except BaseException:
             lease.release()
@@ -244,24 +239,27 @@ class FrontDoor:
             # The engine no longer knows the adapter (unloaded by hand): load it again next time.
             self._adapters.get((lease.worker_id, lease.pid), set()).discard(target.adapter)
         ok = upstream.status_code < 400
+        before_engine = added.before_engine() or 0.0
 
-        def done() -> None:
+        def ended(after_engine: float | None) -> None:
             lease.release()
+            self.metrics.added_latency.observe(before_engine + (after_engine or 0.0))
             self.usage.count(caller.key_id, target.config, meter.tokens if ok else None, error=not ok)
 
         # Only a successful answer is read for its usage (an error passes on as the engine wrote it).
         content = meter.watch(upstream.aiter_raw()) if ok and meter.readable(upstream.headers) else None
-        return proxy.UpstreamResponse(upstream, done, content)
+        return proxy.UpstreamResponse(upstream, ended, content)
 
-    async def _ensure_adapter(self, lease: Lease, adapter: str) -> None:
-        """Load the adapter into the lease's worker unless it is there (one load, however many ask)."""
+    async def _ensure_adapter(self, lease: Lease, adapter: str) -> bool:
+        """Load the adapter into the lease's worker unless it is there (one load, however many ask);
+        True when this request waited for a load."""
         loaded = self._adapters.setdefault((lease.worker_id, lease.pid), set())
         if adapter in loaded:
-            return
+            return False
         lock = self._adapter_locks.setdefault((lease.worker_id, adapter), asyncio.Lock())
         async with lock:
             if adapter in loaded:
-                return
+                return True
             try:
                 # Conflict: loaded already (by the pin keeper, or by hand).
                 with session(self.engine) as db, contextlib.suppress(Conflict):
@@ -271,3 +269,4 @@ class FrontDoor:
                     f"LoRA adapter {adapter!r} could not be loaded into the worker of {lease.config}: {exc.message}"
                 ) from exc
             loaded.add(adapter)
+        return True

@@ -12,6 +12,8 @@ P = "vllm_manager_proxy_"
 UNKNOWN_MODEL = "-"
 # From a request served at once (sub-millisecond) to a cold start of a big model (minutes).
 WAIT_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+# The manager's own share of a request: tens of microseconds when all is well, milliseconds when not.
+ADDED_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 
 
 class FrontDoorMetrics:
@@ -37,6 +39,15 @@ class FrontDoorMetrics:
             "Time from deciding to serve a model to its worker being ready, by kind (cold: a process start).",
             ["kind"],
             buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+
+        self.added_latency = Histogram(
+            P + "added_latency_seconds",
+            "Time the manager adds to a request on top of the engine: from the route to the request handed "
+            "to the engine, and for a whole (not streamed) answer from the engine's end to the client's; "
+            "time waiting for the model (queue_wait) is not in it.",
+            buckets=ADDED_BUCKETS,
             registry=self.registry,
         )
 

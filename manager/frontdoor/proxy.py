@@ -7,12 +7,17 @@ on the way). When the client goes away, the upstream response is closed,
 which makes vLLM abort the request; either way the request's lease on the worker ends with its
 response. Only the endpoints the routes name are forwarded: the engine's own control endpoints
 (/sleep, /wake_up, /collective_rpc, the LoRA loaders, ...) are never reachable from here.
+
+``AddedTime`` measures what the manager adds to a request, with two clock reads at each end and
+nothing per chunk.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -30,6 +35,20 @@ FORWARD_HEADERS = ("content-type", "accept", "x-request-id")
 RETURN_HEADERS = ("content-type", "content-encoding", "x-request-id", "cache-control")
 # Connecting to an engine on loopback is instant; generating may take as long as it takes.
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
+
+
+@dataclass
+class AddedTime:
+    """The manager's own time in one request (``time.perf_counter`` seconds): from the route to the
+    moment the request is handed to the engine, less the time it waited for its model (a start, a
+    swap, a drain, an adapter load: the queue wait metric has that)."""
+
+    arrived: float = field(default_factory=time.perf_counter)
+    waited: float = 0.0
+    sent: float | None = None
+
+    def before_engine(self) -> float | None:
+        return None if self.sent is None else max(0.0, self.sent - self.arrived - self.waited)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -144,7 +163,14 @@ def _replay(body: bytes) -> Receive:
 
 
 async def send_upstream(
-    http: httpx.AsyncClient, port: int, method: str, path: str, body: bytes, request: Request, content_type: str
+    http: httpx.AsyncClient,
+    port: int,
+    method: str,
+    path: str,
+    body: bytes,
+    request: Request,
+    content_type: str,
+    added: AddedTime | None = None,
 ) -> httpx.Response:
     """Send to the engine on loopback and return as soon as its status and headers are in."""
     headers = {name: request.headers[name] for name in FORWARD_HEADERS if name in request.headers}
@@ -154,6 +180,8 @@ async def send_upstream(
     upstream = http.build_request(
         method, f"http://127.0.0.1:{port}{path}", content=body, headers=headers, timeout=UPSTREAM_TIMEOUT
     )
+    if added is not None:
+        added.sent = time.perf_counter()
     try:
         return await http.send(upstream, stream=True)
     except httpx.TransportError as exc:
@@ -166,6 +194,8 @@ async def send_upstream(
 class UpstreamResponse(StreamingResponse):
     """The engine's answer, passed on chunk by chunk; ``on_close`` runs once it has ended or the client left.
 
+    ``on_close`` is given, for a whole answer (not a stream of events) that reached its end, the
+    seconds from the engine's last byte to the end being handed to the server; else None.
     ``content``: the answer's bytes as the client should get them, when something reads them on the
     way (the usage meter); the engine's raw bytes otherwise.
     """
@@ -173,7 +203,7 @@ class UpstreamResponse(StreamingResponse):
     def __init__(
         self,
         upstream: httpx.Response,
-        on_close: Callable[[], Awaitable[None] | None],
+        on_close: Callable[[float | None], Awaitable[None] | None],
         content: AsyncIterator[bytes] | None = None,
     ) -> None:
         headers = {name: upstream.headers[name] for name in RETURN_HEADERS if name in upstream.headers}
@@ -181,6 +211,17 @@ class UpstreamResponse(StreamingResponse):
         super().__init__(body, status_code=upstream.status_code, headers=headers)
         self._upstream = upstream
         self._on_close = on_close
+        self._whole = not upstream.headers.get("content-type", "").startswith("text/event-stream")
+        self._after_engine: float | None = None
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        ended = time.perf_counter()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if self._whole:
+            self._after_engine = time.perf_counter() - ended
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -191,6 +232,6 @@ class UpstreamResponse(StreamingResponse):
             # response would leave vLLM generating for nobody.
             with anyio.CancelScope(shield=True):
                 await self._upstream.aclose()
-                done = self._on_close()
+                done = self._on_close(self._after_engine)
                 if done is not None:
                     await done

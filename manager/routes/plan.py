@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
 
-from manager.planner import Plan, PlanError, PlanRequest, make_plan
+from manager.deps import SupervisorDep
+from manager.launch.preflight import plan_now
+from manager.planner import Plan, PlanError, PlanRequest
 from manager.planner.gpus import CATALOGUE, MiB, NoGPU, detect_gpu
 
 router = APIRouter(tags=["plan"])
 
 
 @router.post("/api/plan", response_model=Plan)
-def plan(request: PlanRequest) -> Plan:
-    """What fits for a model and settings, why, and what would extend it."""
+def plan(request: PlanRequest, sup: SupervisorDep) -> Plan:
+    """What fits for a model and settings, why, and what would extend it. Planned against this
+    machine's host RAM, what running and sleeping workers hold is not usable (each is a line)."""
     try:
-        return make_plan(request)
+        return plan_now(request, sup.host_claims())
     except PlanError as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from exc
 

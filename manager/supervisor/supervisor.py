@@ -18,7 +18,7 @@ from sqlmodel import Session, col, select
 from manager.db import session
 from manager.errors import Conflict, NotFound
 from manager.launch.command import build_command, served_name
-from manager.launch.preflight import host_bytes_of
+from manager.launch.preflight import HostClaims, Sleeper, host_bytes_of, sleep_host_bytes
 from manager.launch.refusals import check_launch_fields
 from manager.launch.secrets import Redactor
 from manager.schemas.model_config import ModelConfig
@@ -32,8 +32,8 @@ from manager.supervisor.lifecycle import Adopted, FoundGone, State
 from manager.supervisor.runner import Prepared, RunnerDeps, WorkerRunner
 from manager.supervisor.view import WorkerView
 
-# Refuses a start that cannot fit: (config, its profile, force, host bytes other workers claim).
-Preflight = Callable[[ModelConfig, OffloadProfile | None, bool, int], None]
+# Refuses a start that cannot fit: (config, its profile, force, the host RAM other workers hold).
+Preflight = Callable[[ModelConfig, OffloadProfile | None, bool, HostClaims], None]
 
 log = logging.getLogger("vllm_manager.supervisor")
 
@@ -189,11 +189,11 @@ class Supervisor:
         with session(self.engine) as db:
             config = models.get_model(db, model_name)
             profile = models.profile_of(db, config)
-            reserved = self._host_reserved(db, worker_id)
+            claims = self._host_claims(db, worker_id)
         # Written before a rule refused it, or imported under VLLM_MANAGER_ALLOW_CODE_FLAGS=1 since unset.
         check_launch_fields(config.extra_args, config.env, self.settings.allow_code_flags)
         if self._preflight is not None:
-            self._preflight(config, profile, force, reserved)
+            self._preflight(config, profile, force, claims)
         cmd = build_command(
             config,
             profile,
@@ -213,18 +213,29 @@ class Supervisor:
             except NotFound:
                 return Redactor(cmdline)
 
-    def _host_reserved(self, db: Session, worker_id: int) -> int:
-        """Host bytes the other running workers' offload profiles claim (KV offload, LoRA pool, pins)."""
-        total = 0
-        for runner in self._runners.values():
-            if runner.id == worker_id or not runner.life.active:
+    def host_claims(self) -> HostClaims:
+        """Host RAM the active workers hold: their offload profiles' claims and what sleepers keep."""
+        with session(self.engine) as db:
+            return self._host_claims(db, None)
+
+    def _host_claims(self, db: Session, worker_id: int | None) -> HostClaims:
+        """Host RAM the active workers other than ``worker_id`` hold."""
+        profile_bytes = 0
+        sleepers = []
+        for runner in sorted(self._runners.values(), key=lambda r: r.id):
+            life = runner.life
+            if runner.id == worker_id or not life.active:
                 continue
             try:
-                profile = models.profile_of(db, models.get_model(db, runner.life.model))
+                config = models.get_model(db, life.model)
             except NotFound:
                 continue
-            total += host_bytes_of(profile)
-        return total
+            profile_bytes += host_bytes_of(models.profile_of(db, config))
+            # Waking, it holds the RAM until its weights are back on the GPU.
+            if life.state in (State.SLEEPING, State.WAKING):
+                level = life.sleep_level or config.sleep_level or 1
+                sleepers.append(Sleeper(runner.id, life.model, level, sleep_host_bytes(config, level)))
+        return HostClaims(profile_bytes, tuple(sleepers))
 
     # ---- ports -----------------------------------------------------------------------------------
     def _ports_in_use(self) -> set[int]:

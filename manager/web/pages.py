@@ -9,10 +9,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
-from manager.deps import MAX_ROW_ID, LiveViewsDep, MetricsDep, SessionDep, SupervisorDep, WorkerId
+from manager.deps import MAX_ROW_ID, FrontDoorDep, LiveViewsDep, MetricsDep, SessionDep, SupervisorDep, WorkerId
 from manager.errors import NotFound
-from manager.launch.preflight import worker_kv_check
-from manager.planner import PlanError, PlanRequest, make_plan
+from manager.launch.preflight import plan_now, worker_kv_check
+from manager.planner import PlanError, PlanRequest
 from manager.planner.gpus import CATALOGUE, NoGPU, detect_gpu
 from manager.services import models
 from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, validate
@@ -38,7 +38,7 @@ def _page(template: str, status: int = 200, **context: Any) -> HTMLResponse:
 
 
 @router.get("/", response_class=HTMLResponse)
-def overview(collector: MetricsDep, views: LiveViewsDep, db: SessionDep) -> HTMLResponse:
+def overview(collector: MetricsDep, views: LiveViewsDep, db: SessionDep, door: FrontDoorDep) -> HTMLResponse:
     snap = collector.latest
     initial: dict[str, str] = {}
     if snap is not None:  # the page is whole before the stream's first message arrives
@@ -50,7 +50,14 @@ def overview(collector: MetricsDep, views: LiveViewsDep, db: SessionDep) -> HTML
         snap=snap,
         initial=initial,
         model_names=[m.name for m in models.list_models(db)],
+        front_door=render("fragments/front_door.html", models=door.snapshot()),
     )
+
+
+@router.get("/ui/front-door", response_class=HTMLResponse)
+def front_door_fragment(door: FrontDoorDep) -> HTMLResponse:
+    """Each model config behind /v1: its state, requests in flight and queued, its last swap."""
+    return HTMLResponse(render("fragments/front_door.html", models=door.snapshot()))
 
 
 @router.get("/ui/events", response_class=HTMLResponse)
@@ -160,7 +167,7 @@ def plan_page(db: SessionDep, config: str | None = None) -> HTMLResponse:
 
 
 @router.post("/ui/plan", response_class=HTMLResponse)
-async def plan_submit(request: Request) -> HTMLResponse:
+async def plan_submit(request: Request, sup: SupervisorDep) -> HTMLResponse:
     form = dict(await request.form())
     errors = FormErrors()
     data = parse_form({k: v for k, v in form.items() if k in PLAN_FIELDS}, PlanRequest, errors)
@@ -169,7 +176,7 @@ async def plan_submit(request: Request) -> HTMLResponse:
     plan = None
     if req is not None:
         try:
-            plan = await run_in_threadpool(make_plan, req)
+            plan = await run_in_threadpool(lambda: plan_now(req, sup.host_claims()))
         except PlanError as exc:
             errors.add(FORM_LEVEL, str(exc))
     return HTMLResponse(_plan_page(form, errors, plan))

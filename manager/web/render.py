@@ -60,6 +60,13 @@ def seconds(value: float | None) -> str:
     return f"{s // 86400} d {s % 86400 // 3600} h"
 
 
+def took(value: float | None) -> str:
+    """How long something took: 0.4 s, 1.8 s, 2 min 5 s."""
+    if value is None:
+        return NA
+    return f"{value:.1f} s" if value < 60 else seconds(value)
+
+
 def latency(value: float | None) -> str:
     if value is None:
         return NA
@@ -74,7 +81,7 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(nbytes=nbytes, num=num, pct=pct, seconds=seconds, latency=latency, shell=shlex.join)
+    env.filters.update(nbytes=nbytes, num=num, pct=pct, seconds=seconds, took=took, latency=latency, shell=shlex.join)
     env.globals.update(share=share, NA=NA)
     return env
 

@@ -7,6 +7,7 @@ every command is logged, so a test can check that five requests made one start.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from manager.errors import Conflict, Invalid, NotFound
@@ -37,9 +38,16 @@ class FakeEvents:
 
 
 class FakeWorkers:
-    def __init__(self, behaviours: dict[str, Behaviour] | None = None, stop_s: float = 0.01) -> None:
+    def __init__(
+        self,
+        behaviours: dict[str, Behaviour] | None = None,
+        stop_s: float = 0.01,
+        preflight: Callable[[str, list[WorkerView]], None] | None = None,
+    ) -> None:
         self.behaviours = behaviours or {}
         self.stop_s = stop_s
+        # The pre-start check: (the model to start, every worker) -> raises to refuse the start.
+        self.preflight = preflight
         self._views: dict[int, WorkerView] = {}
         self._events = FakeEvents()
         self.commands: list[tuple[str, int | str]] = []
@@ -125,6 +133,8 @@ class FakeWorkers:
         behaviour = self.behaviours.get(self._views[wid].model, Behaviour())
         if behaviour.refused:
             raise Invalid(behaviour.refused)
+        if self.preflight is not None:
+            self.preflight(self._views[wid].model, self.views())
         view = self._set(wid, State.STARTING, last_error=None)
         timer = asyncio.create_task(self._finish_start(wid, behaviour))
         self._timers.add(timer)

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from manager.frontdoor.eviction import CannotFit, MakeRoom, Need, RunningWorker, WaitForDrain, choose
+from manager.frontdoor.eviction import (
+    CannotFit,
+    MakeRoom,
+    Need,
+    RunningWorker,
+    SleepingWorker,
+    WaitForDrain,
+    choose,
+    free_host_ram,
+)
 
 G = 1 << 30
 H100 = {0: 80 * G, 1: 80 * G, 2: 80 * G}
@@ -150,3 +159,43 @@ def test_a_missing_byte_figure_falls_back_to_one_model_per_gpu():
     assert choose(running, need(gib=10), H100) == MakeRoom(stop=(1,))
     assert choose([worker(1, "a", gib=10)], need(gib=None), H100) == MakeRoom(stop=(1,))
     assert choose([worker(1, "a", gib=10)], need(gib=10), {1: 80 * G}) == MakeRoom(stop=(1,))
+
+
+# ---- host RAM: a sleeping worker holds no GPU memory, but a level-1 sleeper keeps its weights in RAM ----
+
+
+def asleep(wid: int, config: str, gib: float | None, last: float | None = 0.0, **kw) -> SleepingWorker:
+    return SleepingWorker(wid, config, int(gib * G) if gib is not None else None, last, **kw)
+
+
+def test_a_sleeper_is_stopped_when_a_start_is_short_of_host_ram():
+    sleeping = [asleep(1, "a", 16, last=5), asleep(2, "b", 16, last=1)]
+    # The least recently used goes, and only as many as the start lacks.
+    assert free_host_ram(sleeping, 10 * G, "new") == MakeRoom(stop=(2,))
+    assert free_host_ram(sleeping, 20 * G, "new") == MakeRoom(stop=(2, 1))
+
+
+def test_a_bigger_sleeper_taken_later_spares_a_smaller_earlier_one():
+    sleeping = [asleep(1, "small", 4, last=1), asleep(2, "big", 32, last=2)]
+    assert free_host_ram(sleeping, 20 * G, "new") == MakeRoom(stop=(2,))
+
+
+def test_sleepers_that_hold_no_counted_ram_are_left_asleep():
+    # Level 2 keeps nothing in RAM; a size not known was not counted against the start either.
+    sleeping = [asleep(1, "level2", 0, last=0), asleep(2, "unknown", None, last=0), asleep(3, "a", 16, last=9)]
+    assert free_host_ram(sleeping, 8 * G, "new") == MakeRoom(stop=(3,))
+
+
+def test_the_models_own_sleeper_is_not_stopped_for_it():
+    assert free_host_ram([asleep(1, "new", 16), asleep(2, "b", 16, last=9)], 8 * G, "new") == MakeRoom(stop=(2,))
+
+
+def test_a_persistent_sleeper_is_never_stopped_and_is_named_when_ram_stays_short():
+    sleeping = [asleep(1, "llama", 40, persistent=True), asleep(2, "b", 8)]
+    assert free_host_ram(sleeping, 6 * G, "qwen") == MakeRoom(stop=(2,))
+    decision = free_host_ram(sleeping, 20 * G, "qwen")
+    assert isinstance(decision, CannotFit) and decision.blockers == (1,)
+    assert decision.reason == (
+        "qwen needs 20.0 GiB more host RAM: stopping every sleeping model frees only 8.0 GiB; "
+        "the rest is held by llama (worker 1, 40.0 GiB), persistent (never stopped)"
+    )

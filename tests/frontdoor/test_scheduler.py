@@ -12,6 +12,7 @@ from prometheus_client import generate_latest
 from manager.frontdoor.errors import ModelUnavailable, QueueFull, StartTimeout
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.scheduler import Lease, Placement, Scheduler, SchedulerOptions
+from manager.launch.preflight import HostRamHeldBySleepers, Sleeper
 from manager.supervisor.lifecycle import State
 from tests.frontdoor.fake_workers import Behaviour, FakeWorkers
 
@@ -483,5 +484,76 @@ def test_a_request_while_the_model_is_woken_elsewhere_waits_for_that_wake():
         lease = await scheduler.acquire("a")
         await waking
         assert lease.worker_id == a and workers.commands.count(("wake", a)) == 1
+
+    run(body)
+
+
+def ram_for_one_sleeper(model: str, views: list) -> None:
+    """A pre-start check on a host with room for one 16 GiB sleeper beside a start."""
+    sleepers = tuple(Sleeper(v.id, v.model, 1, 16 * G) for v in views if v.state == State.SLEEPING)
+    held = sum(s.host_bytes or 0 for s in sleepers)
+    if held > 16 * G:
+        raise HostRamHeldBySleepers(f"{model}: sleepers hold the RAM", short_bytes=held - 16 * G, sleepers=sleepers)
+
+
+def test_a_start_short_of_host_ram_stops_the_least_recently_used_sleeper_and_goes_ahead():
+    async def body():
+        workers = FakeWorkers(preflight=ram_for_one_sleeper)
+        a, c = workers.add_ready("a", gpus=(1,)), workers.add_ready("c", gpus=(2,))
+        scheduler = make(workers)
+        (await scheduler.acquire("a")).release()
+        (await scheduler.acquire("c")).release()  # c answered last: a is the older sleeper
+        await workers.command(a, "sleep", level=1)
+        await workers.command(c, "sleep", level=1)
+        lease = await scheduler.acquire("b")
+        assert workers.state(lease.worker_id) == State.READY
+        assert workers.state(a) == State.STOPPED and workers.state(c) == State.SLEEPING
+        assert ("evicted", "stopped a (asleep) to free host RAM for b", a) in workers.events.recorded
+
+    run(body)
+
+
+def test_a_persistent_sleeper_holding_the_ram_is_a_503_that_says_so():
+    async def body():
+        workers = FakeWorkers(preflight=ram_for_one_sleeper)
+        a, c = workers.add_ready("a", gpus=(1,)), workers.add_ready("c", gpus=(2,))
+        scheduler = make(workers, a={"persistent": True}, c={"persistent": True})
+        await workers.command(a, "sleep", level=1)
+        await workers.command(c, "sleep", level=1)
+        with pytest.raises(ModelUnavailable) as refused:
+            await scheduler.acquire("b")
+        assert "b needs 16.0 GiB more host RAM: stopping every sleeping model frees only 0.0 GiB" in str(refused.value)
+        assert workers.state(a) == State.SLEEPING and workers.state(c) == State.SLEEPING
+
+    run(body)
+
+
+def test_the_snapshot_shows_each_models_state_requests_and_last_swap():
+    async def body():
+        workers = FakeWorkers({"c": Behaviour(start_s=0.3)})
+        scheduler = with_sleep(workers, a={"sleep_level": 2})
+        assert [(m.config, m.state, m.in_flight, m.queued, m.last_swap) for m in scheduler.snapshot()] == [
+            ("a", "stopped", 0, 0, None),
+            ("b", "stopped", 0, 0, None),
+            ("c", "stopped", 0, 0, None),
+        ]
+        lease = await scheduler.acquire("a")
+        starting = asyncio.create_task(scheduler.acquire("c"))
+        await eventually(lambda: any(w.model == "c" for w in workers.views()))
+        a, b, c = scheduler.snapshot()
+        assert (a.state, a.worker_id, a.in_flight, a.queued) == ("ready", lease.worker_id, 1, 0)
+        assert a.last_swap is not None and a.last_swap.kind == "cold" and a.last_swap.seconds >= 0.05
+        assert a.last_swap_ago_s is not None and 0 <= a.last_swap_ago_s < 5
+        assert (c.state, c.in_flight, c.queued, c.last_swap) == ("starting", 0, 1, None)
+        assert (b.state, b.worker_id) == ("stopped", None)
+        lease.release()
+        (await starting).release()
+
+        (await scheduler.acquire("b")).release()  # a is put to sleep for it
+        (await scheduler.acquire("a")).release()  # and woken
+        a, b, _ = scheduler.snapshot()
+        assert a.state == "ready" and a.in_flight == 0
+        assert a.last_swap is not None and a.last_swap.kind == "wake"
+        assert b.state == "stopped" and b.last_swap is not None and b.last_swap.kind == "cold"
 
     run(body)

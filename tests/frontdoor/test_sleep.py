@@ -10,6 +10,8 @@ import httpx
 from fastapi.testclient import TestClient
 
 from manager.app import create_app
+from manager.launch.preflight import sleep_host_bytes
+from manager.schemas.model_config import ModelConfig
 from tests.frontdoor.conftest import two_models
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -111,3 +113,27 @@ def test_a_sleeping_workers_engine_is_not_reached_by_requests_while_it_sleeps(do
         assert paths.index("/wake_up") < len(paths) - 1 and paths[-1] == "/v1/chat/completions"
         asleep = paths[paths.index("/sleep") : paths.index("/wake_up")]
         assert "/v1/chat/completions" not in asleep
+
+
+def test_a_level_one_sleepers_ram_counts_for_the_next_start_and_shows_on_the_plan(door_settings, tiny_llama):
+    with TestClient(create_app(door_settings)) as client:
+        two_models(client, a={"sleep_level": 1, "model": str(tiny_llama)})
+        chat(client, "a")
+        chat(client, "b")
+        a = worker(client, "a")
+        assert a["state"] == "sleeping"
+        supervisor = client.app.state.runtime.supervisor
+        config = ModelConfig(name="a", model=str(tiny_llama), sleep_level=1)
+        (sleeper,) = supervisor.host_claims().sleepers
+        assert (sleeper.worker_id, sleeper.config, sleeper.level) == (a["id"], "a", 1)
+        assert sleeper.host_bytes == sleep_host_bytes(config) and sleeper.host_bytes > 0
+
+        plan = client.post("/api/plan", json={"model": str(tiny_llama), "gpu": "h100-80"})
+        assert plan.status_code == 200, plan.text
+        held = next(line for line in plan.json()["lines"] if line["key"] == "ram_held_sleeping")
+        assert f"a (worker {a['id']}, level 1, " in held["explanation"]
+
+        chat(client, "a")  # woken: its weights are back on the GPU
+        assert supervisor.host_claims().sleepers == ()
+        lines = client.post("/api/plan", json={"model": str(tiny_llama), "gpu": "h100-80"}).json()["lines"]
+        assert "ram_held_sleeping" not in [line["key"] for line in lines]

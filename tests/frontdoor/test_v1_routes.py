@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from manager.app import create_app
 from tests.frontdoor.conftest import two_models
@@ -193,6 +194,29 @@ def test_proxy_metrics_are_on_the_managers_metrics_endpoint(door):
     assert 'vllm_manager_proxy_in_flight{model="a"} 0.0' in text
     assert 'vllm_manager_proxy_swap_seconds_count{kind="cold"} 1.0' in text
     assert "vllm_manager_proxy_queue_wait_seconds_count 1.0" in text
+
+
+def added_latency(client: TestClient) -> dict[str, float]:
+    """The added-latency histogram's samples, by name (and bucket bound)."""
+    text = client.get("/metrics").text
+    family = next(
+        f for f in text_string_to_metric_families(text) if f.name == "vllm_manager_proxy_added_latency_seconds"
+    )
+    return {s.name.rsplit("_", 1)[-1] + s.labels.get("le", ""): s.value for s in family.samples}
+
+
+def test_the_time_the_manager_adds_is_measured_once_per_request_without_the_wait_for_a_start(door):
+    assert added_latency(door)["count"] == 0
+    # The first request waits for a's cold start (a second or more): that wait is not added latency.
+    for _ in range(4):
+        assert chat(door, "a").status_code == 200
+    with door.stream("POST", "/v1/chat/completions", json={"model": "a", **CHAT, "stream": True}) as streamed:
+        assert streamed.status_code == 200 and "data: [DONE]" in streamed.read().decode()
+    samples = added_latency(door)
+    assert samples["count"] == 5
+    assert 0 < samples["sum"] / 5 < 0.1
+    assert samples["bucket0.1"] >= 4  # at most one request (on a busy machine) took longer
+    assert samples["bucket+Inf"] == 5
 
 
 def test_v1_is_open_on_loopback_even_when_admin_tokens_exist(door_settings):

@@ -5,13 +5,23 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from manager.deps import get_supervisor
+from manager.launch.preflight import HostClaims
 from manager.routes.plan import router
 from tests.planner.conftest import load_config
+
+
+class NoWorkers:
+    """The supervisor of a manager with no workers: nothing holds host RAM."""
+
+    def host_claims(self) -> HostClaims:
+        return HostClaims()
 
 
 def _client() -> TestClient:
     app = FastAPI()
     app.include_router(router)
+    app.dependency_overrides[get_supervisor] = NoWorkers
     return TestClient(app)
 
 
