@@ -2,9 +2,10 @@
 
 A benchmark that shares two cores with the server it measures must spend as little CPU per request
 as it can: this client writes prepared bytes and reads the answer (Content-Length or chunked), with
-no URL parsing, header objects or decoding. ``Connection.events`` yields each Server-Sent Event with
-the moment it was complete. It speaks only to servers that answer HTTP/1.1 correctly (no 1xx, no
-trailers).
+no URL parsing, header objects or decoding. A request that meets a kept-alive connection the server
+has just closed, before any answer, is sent again once on a new connection. ``Connection.events``
+yields each Server-Sent Event with the moment it was complete. It speaks only to servers that answer
+HTTP/1.1 correctly (no 1xx, no trailers).
 """
 
 from __future__ import annotations
@@ -58,9 +59,24 @@ class Connection:
         self.reader = self.writer = None
 
     async def send(self, raw: bytes) -> tuple[int, dict[bytes, bytes]]:
+        reused = self.reader is not None
+        if self.reader is not None and self.reader.at_eof():
+            await self.close()  # the server closed it while it was idle
         reader, writer = await self._ensure()
-        writer.write(raw)
-        status_line = await reader.readline()
+        try:
+            writer.write(raw)
+            status_line = await reader.readline()
+        except ConnectionResetError:
+            if not reused:
+                raise
+            status_line = b""
+        if not status_line and reused:
+            # The server's idle timeout closed a kept-alive connection just as this request went out:
+            # nothing was answered, so it is sent again on a new one, as HTTP clients do.
+            await self.close()
+            reader, writer = await self._ensure()
+            writer.write(raw)
+            status_line = await reader.readline()
         if not status_line:
             raise HttpError("the server closed the connection")
         status = int(status_line.split(b" ", 2)[1])
