@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from pathlib import Path
 
 from alembic import command
@@ -75,6 +76,33 @@ def migrate(engine: Engine) -> None:
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+
+
+class CommitWatch:
+    """Tells whether anything was committed to the database since a version was read, for one PRAGMA.
+
+    SQLite's data_version, read on a connection of its own that never writes, changes whenever another
+    connection commits: the manager's own pool or another process (the CLI). Values read from the store
+    may be kept for as long as the version stays the same. Without a database file (in memory) the
+    version is unknown (None) and nothing may be kept.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        path = engine.url.database
+        self._conn = sqlite3.connect(path, check_same_thread=False) if path and path != ":memory:" else None
+        self._lock = threading.Lock()  # pages read it from the thread pool, /v1 from the event loop
+
+    def version(self) -> int | None:
+        if self._conn is None:
+            return None
+        with self._lock:
+            return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with self._lock:
+                self._conn.close()
+                self._conn = None
 
 
 def session(engine: Engine) -> Session:

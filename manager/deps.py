@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import httpx
 from fastapi import Depends, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.routing import APIRoute
 from sqlmodel import Session
 
@@ -42,15 +43,21 @@ Pid = Annotated[int, Path(ge=1, le=MAX_PID, description="Process id of a vLLM se
 LogTail = Annotated[int, Query(ge=0, le=MAX_LOG_TAIL, description="How many of the last log lines to send")]
 
 
-def get_runtime(request: Request) -> Runtime:
+def runtime_of(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
+
+
+# The getters below are coroutines so that FastAPI calls them on the event loop: as plain functions
+# each would be a hop through its thread pool, for an attribute read.
+async def get_runtime(request: Request) -> Runtime:
+    return runtime_of(request)
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def get_settings(runtime: RuntimeDep) -> Settings:
+async def get_settings(runtime: RuntimeDep) -> Settings:
     return runtime.settings
 
 
@@ -59,35 +66,35 @@ def get_db(runtime: RuntimeDep) -> Iterator[Session]:
         yield db
 
 
-def get_supervisor(runtime: RuntimeDep) -> Supervisor:
+async def get_supervisor(runtime: RuntimeDep) -> Supervisor:
     return runtime.supervisor
 
 
-def get_metrics(runtime: RuntimeDep) -> MetricsCollector:
+async def get_metrics(runtime: RuntimeDep) -> MetricsCollector:
     return runtime.metrics
 
 
-def get_live_views(runtime: RuntimeDep) -> LiveViews:
+async def get_live_views(runtime: RuntimeDep) -> LiveViews:
     return runtime.live_views
 
 
-def get_pin_keeper(runtime: RuntimeDep) -> PinKeeper:
+async def get_pin_keeper(runtime: RuntimeDep) -> PinKeeper:
     return runtime.pin_keeper
 
 
-def get_engine_http(runtime: RuntimeDep) -> httpx.AsyncClient:
+async def get_engine_http(runtime: RuntimeDep) -> httpx.AsyncClient:
     return runtime.http
 
 
-def get_front_door(runtime: RuntimeDep) -> FrontDoor:
+async def get_front_door(runtime: RuntimeDep) -> FrontDoor:
     return runtime.front_door
 
 
-def get_browser_sessions(runtime: RuntimeDep) -> BrowserSessions:
+async def get_browser_sessions(runtime: RuntimeDep) -> BrowserSessions:
     return runtime.browser_sessions
 
 
-def get_wrong_tokens(runtime: RuntimeDep) -> WrongTokenThrottle:
+async def get_wrong_tokens(runtime: RuntimeDep) -> WrongTokenThrottle:
     return runtime.wrong_tokens
 
 
@@ -125,7 +132,7 @@ def has_valid_session(request: Request, db: Session, settings: Settings) -> bool
     value = request.cookies.get(SESSION_COOKIE)
     if not value:
         return False
-    sessions = get_runtime(request).browser_sessions
+    sessions = runtime_of(request).browser_sessions
     return sessions.is_valid(value, tokens.valid_digests(db, settings.env_token), time.time())
 
 
@@ -141,7 +148,7 @@ def is_authorized(request: Request, db: Session, settings: Settings) -> bool:
 
 def refuse_while_throttled(request: Request) -> None:
     """TooManyAttempts when this request's address sent too many wrong tokens lately."""
-    wait_s = get_runtime(request).wrong_tokens.retry_after(client_address(request))
+    wait_s = runtime_of(request).wrong_tokens.retry_after(client_address(request))
     if wait_s is not None:
         raise TooManyAttempts(
             f"too many wrong tokens from {client_address(request)}: try again in {wait_s} s", retry_after_s=wait_s
@@ -149,7 +156,7 @@ def refuse_while_throttled(request: Request) -> None:
 
 
 def record_wrong_token(request: Request) -> None:
-    get_runtime(request).wrong_tokens.record_failure(client_address(request))
+    runtime_of(request).wrong_tokens.record_failure(client_address(request))
 
 
 def refuse_cross_site(request: Request) -> None:
@@ -211,17 +218,23 @@ def has_credentials(request: Request, db: Session, settings: Settings) -> bool:
     raise Unauthorized("the bearer token is not valid")
 
 
-def require_admin_access(request: Request, db: SessionDep, settings: SettingsDep) -> None:
+async def require_admin_access(request: Request) -> None:
     """Once any token exists, every call needs it (a bearer token, or a session from the login page),
     except the open routes. With VLLM_MANAGER_OPEN_READS reads stay open and only changes need it."""
-    route = request.scope.get("route")
-    if isinstance(route, InferenceRoute):
-        return
+    if isinstance(request.scope.get("route"), InferenceRoute):
+        return  # /v1 answers to require_inference_access, without opening a database session
+    await run_in_threadpool(_check_admin_access, request)
+
+
+def _check_admin_access(request: Request) -> None:
+    runtime = runtime_of(request)
+    settings = runtime.settings
     refuse_cross_site(request)
-    if isinstance(route, OpenRoute) or not tokens.auth_required(db, settings.env_token):
+    if isinstance(request.scope.get("route"), OpenRoute):
         return
-    if has_credentials(request, db, settings):
-        return
+    with open_session(runtime.engine) as db:
+        if not tokens.auth_required(db, settings.env_token) or has_credentials(request, db, settings):
+            return
     if request.method not in SAFE_METHODS:
         raise Unauthorized(
             "this call changes state and needs 'Authorization: Bearer <token>' (or a session from /login)"

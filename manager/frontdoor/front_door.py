@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 from starlette.requests import Request
 
-from manager.db import session
+from manager.db import CommitWatch, session
 from manager.errors import Conflict, ManagerError
 from manager.frontdoor import names, proxy
 from manager.frontdoor.access import ANYONE, Caller
@@ -103,12 +103,17 @@ class FrontDoor:
         # Adapters known to be loaded, per engine process (worker id, pid): a restart forgets them.
         self._adapters: dict[tuple[int, int | None], set[str]] = {}
         self._adapter_locks: dict[tuple[int, str], asyncio.Lock] = {}
+        # Every request resolves its model name: the names are read from the store again only once
+        # something was committed to it, not on every request.
+        self._commits = CommitWatch(engine)
+        self._names: tuple[int, names.NameTable] | None = None
 
     def start(self) -> None:
         self.scheduler.start()
 
     async def stop(self) -> None:
         await self.scheduler.stop()
+        self._commits.close()
 
     # ---- what the store says ------------------------------------------------------------------------
     def gpu(self) -> GPU | NoGPU:
@@ -136,6 +141,21 @@ class FrontDoor:
 
     def name_table(self, caller: Caller = ANYONE) -> names.NameTable:
         """The names ``caller`` may use: every name, or those of the model configs its key names."""
+        table = self._all_names()
+        return table if caller.models is None else table.only(caller.models)
+
+    def _all_names(self) -> names.NameTable:
+        # Read again only after something was committed (by this manager or the CLI in another process).
+        version = self._commits.version()
+        kept = self._names
+        if version is not None and kept is not None and kept[0] == version:
+            return kept[1]
+        table = self._read_names()
+        if version is not None:
+            self._names = (version, table)
+        return table
+
+    def _read_names(self) -> names.NameTable:
         with session(self.engine) as db:
             configs = [
                 names.ConfigNames(c.name, c.served_model_name, tuple(c.aliases), int(c.created_at.timestamp()))
@@ -145,8 +165,7 @@ class FrontDoor:
                 names.AdapterNames(a.name, a.base_config, int(a.created_at.timestamp()))
                 for a in db.exec(select(LoraAdapter))
             ]
-        table = names.NameTable(configs, adapters)
-        return table if caller.models is None else table.only(caller.models)
+        return names.NameTable(configs, adapters)
 
     def snapshot(self) -> list[ModelStatus]:
         """Every model config's state, requests in flight and waiting, and last swap (the dashboard's)."""

@@ -6,6 +6,9 @@ proxy forwarded. The real-engine tests (test_engine_v1.py) repeat the main paths
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -96,6 +99,28 @@ def test_models_lists_every_name_with_its_state(door):
     chat(door, "b")
     listed = {m["id"]: m for m in door.get("/v1/models").json()["data"]}
     assert listed["b"]["state"] == "ready" and listed["a"]["state"] == "stopped"
+
+
+def test_names_changed_between_requests_count_at_the_next_request(door, door_settings):
+    assert chat(door, "alpha").status_code == 200
+    renamed = {"model": "/models/a", "served_model_name": "org/model-a", "gpu_ids": [0], "aliases": ["first"]}
+    assert door.put("/api/models/a", json=renamed).status_code == 200
+    assert chat(door, "first").status_code == 200
+    assert_openai_error(chat(door, "alpha"), 404, "model_not_found")
+    # Another process (the CLI) adds a config to the same database: the running manager knows it at once.
+    spec = door_settings.data_dir.parent / "c.json"
+    spec.write_text(json.dumps({"name": "c", "model": "/models/c", "gpu_ids": [1]}))
+    added = subprocess.run(
+        [sys.executable, "-m", "manager", "models", "add", str(spec), "--data-dir", str(door_settings.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert added.returncode == 0, added.stderr
+    resp = chat(door, "c")
+    assert resp.status_code == 200 and resp.json()["model"] == "c"
+    assert door.delete("/api/models/b").status_code == 204
+    assert_openai_error(chat(door, "b"), 404, "model_not_found")
 
 
 def test_client_errors_in_openais_shape(door):
