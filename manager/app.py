@@ -5,16 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.middleware.trustedhost import TrustedHostMiddleware
+from fastapi import Depends, FastAPI
 
-from manager import __version__, web
+from manager import __version__, error_responses, openapi, web
 from manager.deps import require_admin_access
-from manager.errors import ManagerError
-from manager.frontdoor.errors import FrontDoorError
-from manager.middleware import BodyLimit, FramingForbidden, HeadAsGet
+from manager.frontdoor.endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS
+from manager.middleware import BodyLimit, FramingForbidden, HeadAsGet, TrustedHosts
 from manager.routes import docs, health, keys, loras, models, plan, profiles, transfer, usage, v1, workers
 from manager.runtime import Runtime
 from manager.settings import Settings
@@ -45,38 +41,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
 
-    app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts())
+    app.add_middleware(TrustedHosts, allowed_hosts=settings.trusted_hosts())
     app.add_middleware(
         BodyLimit,
         default=settings.max_body_bytes,
         by_path={
             "/api/import": (settings.max_import_bytes, "VLLM_MANAGER_MAX_IMPORT_BYTES"),
             # Inference bodies (audio uploads above all): the front door enforces its own limit.
-            **dict.fromkeys((*v1.JSON_ENDPOINTS, *v1.MULTIPART_ENDPOINTS)),
+            **dict.fromkeys((*JSON_ENDPOINTS, *MULTIPART_ENDPOINTS)),
         },
     )
     app.add_middleware(HeadAsGet)
     app.add_middleware(FramingForbidden)  # the outermost: every answer carries it, refusals included
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        # Field, rule and message only: echoing the input back can fail (Infinity is not JSON) and
-        # would repeat secrets such as environment values.
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()
-        ]
-        return JSONResponse(status_code=422, content={"detail": errors})
-
-    @app.exception_handler(ManagerError)
-    async def _manager_error(_request: Request, exc: ManagerError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status, content={"detail": exc.message, **exc.detail}, headers=exc.headers)
-
-    @app.exception_handler(FrontDoorError)
-    async def _front_door_error(_request: Request, exc: FrontDoorError) -> JSONResponse:
-        # /v1 answers in OpenAI's error shape, which the official clients read.
-        return JSONResponse(status_code=exc.status, content=exc.body(), headers=exc.headers)
-
+    error_responses.install(app)
     for module in (health, docs, models, profiles, transfer, workers, plan, loras, keys, usage, v1):
         app.include_router(module.router)
     web.install(app)
+    openapi.install(app, settings)
     return app

@@ -25,7 +25,7 @@ from manager.lora.pin_keeper import PinKeeper
 from manager.metrics import MetricsCollector
 from manager.runtime import Runtime
 from manager.services import tokens
-from manager.settings import Settings
+from manager.settings import Settings, is_loopback
 from manager.supervisor.supervisor import Supervisor
 from manager.web.live import LiveViews
 
@@ -224,6 +224,27 @@ async def require_admin_access(request: Request) -> None:
     if isinstance(request.scope.get("route"), InferenceRoute):
         return  # /v1 answers to require_inference_access, without opening a database session
     await run_in_threadpool(_check_admin_access, request)
+
+
+def require_token(request: Request, db: SessionDep, settings: SettingsDep) -> None:
+    """For reads that answer with secrets (the export): once any token exists, they need it even where
+    reads are open (VLLM_MANAGER_OPEN_READS)."""
+    if not is_authorized(request, db, settings):
+        raise Unauthorized("this answer holds environment values: send 'Authorization: Bearer <token>'")
+
+
+def needs_token(route: APIRoute, method: str, settings: Settings) -> bool:
+    """Whether a call of the manager's API needs the token once one exists (the OpenAPI schema says so)."""
+    if isinstance(route, OpenRoute):
+        return False
+    if not settings.open_reads:
+        return True
+    return method not in SAFE_METHODS or any(d.dependency is require_token for d in route.dependencies)
+
+
+def inference_needs_credentials(settings: Settings, keys_exist: bool) -> bool:
+    """Whether /v1 needs an inference key or the admin token (``manager.frontdoor.access``)."""
+    return keys_exist or not (is_loopback(settings.host) or settings.open_inference)
 
 
 def _check_admin_access(request: Request) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import anyio
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from manager.error_responses import refusal
 
 
 def _size(n: int) -> str:
@@ -39,7 +43,7 @@ class BodyLimit:
         )
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await JSONResponse({"detail": too_large.detail}, 413)(scope, receive, send)
+            await refusal(scope["path"], 413, too_large.detail)(scope, receive, send)
             return
         received = 0
 
@@ -109,3 +113,38 @@ class FramingForbidden:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+class TrustedHosts:
+    """A request must name this manager by one of its host names, so that a web page on a domain that
+    resolves to this machine (DNS rebinding) cannot reach it; others get a 400 in the API's error shape.
+    Patterns as Starlette's: a name, "*.example.com", or "*" for any."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: list[str]) -> None:
+        self.app = app
+        self.allowed = [pattern.lower() for pattern in allowed_hosts]
+
+    def _allows(self, host: str | None) -> bool:
+        if "*" in self.allowed:
+            return True
+        if not host:
+            return False
+        return any(host == p or (p.startswith("*.") and host.endswith(p[1:])) for p in self.allowed)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = Headers(scope=scope).get("host", "")
+        try:
+            host = urlsplit(f"//{given}").hostname
+        except ValueError:
+            host = None
+        if self._allows(host):
+            await self.app(scope, receive, send)
+            return
+        message = (
+            f"this manager does not answer to the host name {given!r}: use one of {', '.join(self.allowed)}, "
+            "or add it to VLLM_MANAGER_ALLOWED_HOSTS"
+        )
+        await refusal(scope["path"], 400, message)(scope, receive, send)

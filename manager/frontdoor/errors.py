@@ -38,6 +38,14 @@ class EndpointNotFound(FrontDoorError):
     code = "unknown_url"
 
 
+class MethodNotAllowed(FrontDoorError):
+    status = 405
+    code = "method_not_allowed"
+
+    def __init__(self, message: str, allowed: list[str]) -> None:
+        super().__init__(message, headers={"Allow": ", ".join(allowed)})
+
+
 class NoCredentials(FrontDoorError):
     status = 401
     type = "authentication_error"

@@ -8,7 +8,7 @@ from datetime import datetime
 from pydantic import field_validator
 from sqlmodel import Field, SQLModel
 
-from manager.schemas.common import Name, PathText, check_slug, expand_home, utcnow
+from manager.schemas.common import Name, PathText, Slug, expand_home, keep_bools_and_numbers_apart, utcnow
 
 
 class LoraAdapterFields(SQLModel):
@@ -34,13 +34,10 @@ class LoraAdapter(LoraAdapterFields, table=True):
 
 
 class LoraAdapterCreate(LoraAdapterFields):
-    name: Name = Field(description="The name requests use as their model (vLLM's lora_name)")
+    name: Slug = Field(description="The name requests use as their model (vLLM's lora_name)")
     pinned: bool = False
 
-    @field_validator("name")
-    @classmethod
-    def _slug(cls, v: str) -> str:
-        return check_slug(v)
+    _json_types = field_validator("*", mode="before")(keep_bools_and_numbers_apart)
 
 
 class LoraAdapterPublic(LoraAdapterFields):

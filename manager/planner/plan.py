@@ -45,6 +45,10 @@ def _load_model(req: PlanRequest) -> _Model:
             found = read_model(req.model)
         except (FileNotFoundError, ValueError) as exc:
             raise PlanError(str(exc)) from exc
+        except OSError as exc:  # a name too long for a path, a folder this user cannot read, ...
+            raise PlanError(
+                f"the model cannot be read from {req.model[:200]!r} ({exc.strerror or exc}): give a local model folder"
+            ) from exc
         config, folder, files = found.config, str(found.folder), found.weights
     cfg = text_config(config)
     max_len = req.max_model_len or int(cfg.get("max_position_embeddings") or 0)

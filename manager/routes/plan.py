@@ -6,13 +6,21 @@ from fastapi import APIRouter, HTTPException
 
 from manager.deps import SupervisorDep
 from manager.launch.preflight import plan_now
+from manager.openapi import errors
 from manager.planner import Plan, PlanError, PlanRequest
 from manager.planner.gpus import CATALOGUE, MiB, NoGPU, detect_gpu
 
 router = APIRouter(tags=["plan"])
 
 
-@router.post("/api/plan", response_model=Plan)
+@router.post(
+    "/api/plan",
+    response_model=Plan,
+    responses=errors(
+        422,
+        _422="The request does not match this schema, or cannot be planned (no such model folder, no GPU to plan for)",
+    ),
+)
 def plan(request: PlanRequest, sup: SupervisorDep) -> Plan:
     """What fits for a model and settings, why, and what would extend it. Planned against this
     machine's host RAM, what running and sleeping workers hold is not usable (each is a line)."""

@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from pydantic import BeforeValidator
 
 from manager.deps import SessionDep, UsageRecorderDep
+from manager.openapi import errors
 from manager.schemas.common import MAX_NAME
 from manager.services import usage
 
 router = APIRouter(prefix="/api", tags=["usage"])
 
+
+def _iso_date(value: object) -> object:
+    # pydantic would also read a bare number as seconds since 1970; the schema promises ISO 8601 only.
+    if isinstance(value, str) and not re.match(r"^\d{4}-\d{2}-\d{2}", value):
+        raise ValueError(f"must be an ISO 8601 date and time such as 2026-11-23T10:00:00Z, got {value!r}")
+    return value
+
+
 Since = Annotated[
-    datetime | None, Query(description="Start (ISO 8601, UTC unless it names a zone); default: a span that suits per")
+    datetime | None,
+    BeforeValidator(_iso_date),
+    Query(description="Start (ISO 8601, UTC unless it names a zone); default: a span that suits per"),
 ]
-Until = Annotated[datetime | None, Query(description="End (ISO 8601); default: now")]
+Until = Annotated[datetime | None, BeforeValidator(_iso_date), Query(description="End (ISO 8601); default: now")]
 Bucket = Annotated[
     usage.Per, Query(description="Bucket size; a report covers at most 1 (minute), 31 (hour) or 366 (day) days")
 ]
@@ -24,7 +37,7 @@ Model = Annotated[str | None, Query(max_length=MAX_NAME, description="Only this 
 Key = Annotated[str | None, Query(max_length=MAX_NAME, description="Only this key's name; '-': requests without a key")]
 
 
-@router.get("/usage")
+@router.get("/usage", responses=errors(404, 422))
 async def get_usage(
     db: SessionDep,
     recorder: UsageRecorderDep,

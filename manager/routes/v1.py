@@ -7,12 +7,16 @@ engine's own control endpoints among them, answer 404: they are never forwarded.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from manager.deps import FrontDoorDep, InferenceCallerDep, InferenceRoute, require_inference_access
-from manager.frontdoor.errors import EndpointNotFound
+from manager.frontdoor.endpoints import JSON_ENDPOINTS, MODELS, MULTIPART_ENDPOINTS
+from manager.frontdoor.errors import EndpointNotFound, MethodNotAllowed
+from manager.openapi import SERVER_SENT_EVENT, openai_errors
 
 router = APIRouter(
     tags=["OpenAI-compatible (/v1)"],
@@ -20,18 +24,42 @@ router = APIRouter(
     dependencies=[Depends(require_inference_access)],
 )
 
-# The engine endpoints a request may reach, each under its own path on the engine.
-JSON_ENDPOINTS = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/embeddings",
-    "/v1/responses",
-    "/v1/score",
-    "/v1/rerank",
-    "/tokenize",
-    "/detokenize",
-)
-MULTIPART_ENDPOINTS = ("/v1/audio/transcriptions",)
+_MODEL = {"type": "string", "minLength": 1, "description": "A name GET /v1/models lists"}
+JSON_BODY: dict[str, Any] = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["model"],
+                "properties": {"model": _MODEL},
+                "additionalProperties": True,
+                "description": "The request as the engine's endpoint takes it; the manager reads only model",
+            }
+        }
+    },
+}
+MULTIPART_BODY: dict[str, Any] = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["model", "file"],
+                "properties": {"model": _MODEL, "file": {"type": "string", "format": "binary"}},
+                "additionalProperties": True,
+            }
+        }
+    },
+}
+# What the engine answers is passed on as it is: JSON, or server-sent events for a streamed request.
+ENGINE_ANSWER: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The engine's answer",
+        "content": {"application/json": {"schema": {}}, "text/event-stream": {"schema": SERVER_SENT_EVENT}},
+    }
+}
+FORWARD_ERRORS = openai_errors(400, 401, 403, 404, 413, 429, 502, 503, 504)
 
 
 def _json_route(path: str):
@@ -51,19 +79,41 @@ def _multipart_route(path: str):
 
 
 for _path in JSON_ENDPOINTS:
-    router.add_api_route(_path, _json_route(_path), methods=["POST"], summary=f"Forwarded to the model's {_path}")
+    router.add_api_route(
+        _path,
+        _json_route(_path),
+        methods=["POST"],
+        summary=f"Forwarded to the model's {_path}",
+        responses={**ENGINE_ANSWER, **FORWARD_ERRORS},
+        openapi_extra={"requestBody": JSON_BODY},
+    )
 for _path in MULTIPART_ENDPOINTS:
-    router.add_api_route(_path, _multipart_route(_path), methods=["POST"], summary=f"Forwarded to the model's {_path}")
+    router.add_api_route(
+        _path,
+        _multipart_route(_path),
+        methods=["POST"],
+        summary=f"Forwarded to the model's {_path}",
+        responses={**ENGINE_ANSWER, **FORWARD_ERRORS},
+        openapi_extra={"requestBody": MULTIPART_BODY},
+    )
 
 
-@router.get("/v1/models")
+@router.get(MODELS, responses=openai_errors(400, 401, 429, 503))
 def list_models(door: FrontDoorDep, caller: InferenceCallerDep) -> JSONResponse:
     """Every name the caller may use (config names, served names, aliases, LoRA adapters) with its state."""
     return JSONResponse(door.listing(caller))
 
 
-@router.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
-def not_forwarded(path: str) -> None:
+ALLOWED = {**dict.fromkeys((*JSON_ENDPOINTS, *MULTIPART_ENDPOINTS), ["POST"]), MODELS: ["GET", "HEAD"]}
+
+
+@router.api_route(
+    "/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"], include_in_schema=False
+)
+def not_forwarded(path: str, request: Request) -> None:
+    allowed = ALLOWED.get(f"/v1/{path}")
+    if allowed is not None:
+        raise MethodNotAllowed(f"/v1/{path} does not take {request.method}; it takes {', '.join(allowed)}", allowed)
     raise EndpointNotFound(
         f"/v1/{path} is not an endpoint of this server; it forwards "
         f"{', '.join(JSON_ENDPOINTS + MULTIPART_ENDPOINTS)} and lists models at GET /v1/models"

@@ -13,21 +13,27 @@ from sse_starlette.sse import EventSourceResponse
 from manager.deps import MAX_EVENTS, MAX_ROW_ID, LogTail, Pid, SessionDep, SupervisorDep, WorkerId
 from manager.launch.preflight import worker_kv_check
 from manager.launch.secrets import hide_flag_values
-from manager.schemas.common import MAX_GPUS, GpuId, Name, refuse_bools_as_numbers
+from manager.openapi import EVENT_STREAM, errors
+from manager.schemas.common import MAX_GPUS, UNIQUE_ITEMS, GpuId, Name, keep_bools_and_numbers_apart
 from manager.supervisor.view import WorkerView
 
 router = APIRouter(prefix="/api", tags=["workers"])
+
+SleepLevel = Annotated[int, Query(ge=1, le=2, description="1 keeps the weights in host RAM, 2 drops them")]
 
 
 class WorkerStart(BaseModel):
     model: Name = Field(description="Name of a stored model config")
     gpus: list[GpuId] | None = Field(
-        default=None, max_length=MAX_GPUS, description="GPU ids; default the config's gpu_ids"
+        default=None,
+        max_length=MAX_GPUS,
+        description="GPU ids, each once; default the config's gpu_ids",
+        json_schema_extra=UNIQUE_ITEMS,
     )
     port: int | None = Field(default=None, ge=1, le=65535)
     force: bool = Field(default=False, description="Start even if the memory plan says it will not fit")
 
-    _numbers_are_not_bools = field_validator("*", mode="before")(refuse_bools_as_numbers)
+    _json_types = field_validator("*", mode="before")(keep_bools_and_numbers_apart)
 
     @field_validator("gpus")
     @classmethod
@@ -41,6 +47,8 @@ class WorkerSwitch(BaseModel):
     model: Name
     force: bool = False
 
+    _json_types = field_validator("*", mode="before")(keep_bools_and_numbers_apart)
+
 
 class Adopt(BaseModel):
     model: Name = Field(description="The model config the hand-started server corresponds to")
@@ -51,7 +59,7 @@ def list_workers(sup: SupervisorDep) -> list[WorkerView]:
     return sup.views()
 
 
-@router.post("/workers", status_code=201)
+@router.post("/workers", status_code=201, responses=errors(404, 409, 422, _404="No model config of that name"))
 async def start_worker(body: WorkerStart, sup: SupervisorDep, response: Response) -> WorkerView:
     view, created = await sup.create_worker(body.model, body.gpus, body.port, body.force)
     if not created:
@@ -65,65 +73,69 @@ def unmanaged(sup: SupervisorDep) -> list[dict]:
     return [{**asdict(u), "cmdline": hide_flag_values(u.cmdline)} for u in sup.unmanaged()]
 
 
-@router.post("/workers/unmanaged/{pid}/adopt", status_code=201)
+@router.post("/workers/unmanaged/{pid}/adopt", status_code=201, responses=errors(404, 409))
 async def adopt_unmanaged(pid: Pid, body: Adopt, sup: SupervisorDep) -> WorkerView:
     return await sup.adopt_unmanaged(pid, body.model)
 
 
-@router.post("/workers/unmanaged/{pid}/stop")
+@router.post("/workers/unmanaged/{pid}/stop", responses=errors(404))
 async def stop_unmanaged(pid: Pid, sup: SupervisorDep) -> dict:
     return await sup.stop_unmanaged(pid)
 
 
-@router.get("/workers/{worker_id}")
+@router.get("/workers/{worker_id:int}", responses=errors(404))
 def get_worker(worker_id: WorkerId, sup: SupervisorDep) -> WorkerView:
     return sup.view(worker_id)
 
 
-@router.post("/workers/{worker_id}/start")
+@router.post("/workers/{worker_id:int}/start", responses=errors(404, 409, 422))
 async def start(worker_id: WorkerId, sup: SupervisorDep, force: bool = False) -> WorkerView:
     return await sup.command(worker_id, "start", force=force)
 
 
-@router.post("/workers/{worker_id}/stop")
+@router.post("/workers/{worker_id:int}/stop", responses=errors(404, 409))
 async def stop(worker_id: WorkerId, sup: SupervisorDep) -> WorkerView:
     return await sup.command(worker_id, "stop")
 
 
-@router.post("/workers/{worker_id}/restart")
+@router.post("/workers/{worker_id:int}/restart", responses=errors(404, 409, 422))
 async def restart(worker_id: WorkerId, sup: SupervisorDep, force: bool = False) -> WorkerView:
     return await sup.command(worker_id, "restart", force=force)
 
 
-@router.post("/workers/{worker_id}/switch")
+@router.post("/workers/{worker_id:int}/switch", responses=errors(404, 409, 422))
 async def switch(worker_id: WorkerId, body: WorkerSwitch, sup: SupervisorDep) -> WorkerView:
     return await sup.command(worker_id, "switch", body.model, body.force)
 
 
-@router.post("/workers/{worker_id}/sleep")
-async def sleep(worker_id: int, sup: SupervisorDep, level: int = 1) -> WorkerView:
+@router.post("/workers/{worker_id:int}/sleep", responses=errors(404, 409))
+async def sleep(worker_id: WorkerId, sup: SupervisorDep, level: SleepLevel = 1) -> WorkerView:
     """vLLM sleep mode (the config needs sleep_level): level 1 keeps the weights in host RAM, 2 drops them."""
     return await sup.command(worker_id, "sleep", level=level)
 
 
-@router.post("/workers/{worker_id}/wake")
-async def wake(worker_id: int, sup: SupervisorDep) -> WorkerView:
+@router.post("/workers/{worker_id:int}/wake", responses=errors(404, 409))
+async def wake(worker_id: WorkerId, sup: SupervisorDep) -> WorkerView:
     return await sup.command(worker_id, "wake")
 
 
-@router.delete("/workers/{worker_id}", status_code=204)
+@router.delete("/workers/{worker_id:int}", status_code=204, responses=errors(404, 409))
 async def delete(worker_id: WorkerId, sup: SupervisorDep) -> Response:
     await sup.command(worker_id, "delete")
     return Response(status_code=204)
 
 
-@router.get("/workers/{worker_id}/logs")
+@router.get("/workers/{worker_id:int}/logs", responses=errors(404))
 def logs(worker_id: WorkerId, sup: SupervisorDep, tail: LogTail = 200) -> dict:
     lines = sup.log_lines(worker_id, tail)
     return {"worker": worker_id, "file": sup.view(worker_id).log_file, "lines": lines}
 
 
-@router.get("/workers/{worker_id}/logs/stream")
+@router.get(
+    "/workers/{worker_id:int}/logs/stream",
+    response_class=EventSourceResponse,
+    responses={**EVENT_STREAM, **errors(404)},
+)
 async def logs_stream(worker_id: WorkerId, sup: SupervisorDep, tail: LogTail = 100) -> EventSourceResponse:
     source = sup.log_stream(worker_id, tail)
 
@@ -134,7 +146,7 @@ async def logs_stream(worker_id: WorkerId, sup: SupervisorDep, tail: LogTail = 1
     return EventSourceResponse(lines(), ping=15)
 
 
-@router.get("/workers/{worker_id}/kv-check")
+@router.get("/workers/{worker_id:int}/kv-check", responses=errors(404))
 def kv_check(worker_id: WorkerId, sup: SupervisorDep, db: SessionDep) -> dict:
     """vLLM's own KV cache figures (from the engine log) beside the planner's prediction."""
     view = sup.view(worker_id)
@@ -150,7 +162,7 @@ def events(
     return sup.events.recent(worker_id, limit)
 
 
-@router.get("/events/stream")
+@router.get("/events/stream", response_class=EventSourceResponse, responses=EVENT_STREAM)
 async def events_stream(sup: SupervisorDep) -> EventSourceResponse:
     log = sup.events
 

@@ -13,6 +13,8 @@ from pydantic import AfterValidator, Field, StringConstraints, ValidationInfo
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 SLUG_RULE = "1-63 characters: lowercase letters, digits, '.', '_' or '-', starting with a letter or digit"
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME_RULE = "letters, digits and '_', not starting with a digit"
 
 
 # Text limits: roomy for real use, and small enough that a stored config always makes a command line
@@ -28,6 +30,11 @@ MAX_DESCRIPTION = 4096
 MAX_COMMAND_BYTES = 256 * 1024  # extra_args and env together, in bytes as the engine's command line holds them
 MAX_GPU_ID = 255
 MAX_GPUS = 64
+# Every number has a bound a machine can reach (SQLite and JSON both care), which also keeps out Infinity
+# and NaN: counts and seconds up to MAX_INT, sizes in GiB up to MAX_GIB.
+MAX_INT = 2**31 - 1
+MAX_GIB = 1 << 20  # a mebibyte of GiB: larger than any machine, small enough to stay exact in bytes
+MAX_BYTES = MAX_GIB << 30
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # tab, newline and CR are allowed
@@ -59,8 +66,9 @@ ShortText = Annotated[str, StringConstraints(max_length=MAX_SHORT), AfterValidat
 Argument = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_ARG), AfterValidator(single_line), _SINGLE_LINE_SCHEMA
 ]
-# Its characters are checked by the config's own rule (letters, digits and '_'), which no control passes.
+# Its characters are checked by the config's own validator, which names the key; ENV_NAMES states the rule.
 EnvName = Annotated[str, StringConstraints(max_length=MAX_SHORT)]
+ENV_NAMES: dict[str, Any] = {"propertyNames": {"maxLength": MAX_SHORT, "pattern": ENV_NAME.pattern}}
 EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE), AfterValidator(single_line), _SINGLE_LINE_SCHEMA]
 Description = Annotated[
     str, StringConstraints(max_length=MAX_DESCRIPTION), AfterValidator(multi_line), _MULTI_LINE_SCHEMA
@@ -68,25 +76,31 @@ Description = Annotated[
 
 
 GpuId = Annotated[int, Field(ge=0, le=MAX_GPU_ID)]
+# Distinct items: checked by validators whose messages name the repeats; the schema states it too.
+UNIQUE_ITEMS: dict[str, Any] = {"uniqueItems": True}
 
 
-def _takes_numbers(annotation: Any) -> bool:
-    """int, float, or a list of them, optional or not."""
+def _takes(annotation: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether a field takes a value of one of these types (or a list of them), optional or not."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType, list):
-        return any(_takes_numbers(a) for a in typing.get_args(annotation) if a is not type(None))
+        return any(_takes(a, kinds) for a in typing.get_args(annotation) if a is not type(None))
     if typing.get_origin(annotation) is typing.Annotated:
-        return _takes_numbers(typing.get_args(annotation)[0])
-    return annotation in (int, float)
+        return _takes(typing.get_args(annotation)[0], kinds)
+    return annotation in kinds
 
 
-def refuse_bools_as_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-    """A field validator (mode="before", all fields): JSON true would otherwise be taken for 1
-    (``lora_pool_gib: true`` stored as 1.0, ``gpu_ids: [true]`` as GPU 1)."""
-    given = value if isinstance(value, list) else [value]
-    if not any(isinstance(v, bool) for v in given) or not info.field_name:
+def keep_bools_and_numbers_apart(cls, value: Any, info: ValidationInfo) -> Any:
+    """A field validator (mode="before", all fields), for what the schema says of JSON's types: true is
+    not the number 1 (``lora_pool_gib: true`` would be stored as 1.0, ``gpu_ids: [true]`` as GPU 1), and
+    0 or "no" is not false."""
+    if not info.field_name:
         return value
-    if _takes_numbers(cls.model_fields[info.field_name].annotation):
+    annotation = cls.model_fields[info.field_name].annotation
+    given = value if isinstance(value, list) else [value]
+    if any(isinstance(v, bool) for v in given) and _takes(annotation, (int, float)):
         raise ValueError("must be a number, not true or false")
+    if value is not None and not isinstance(value, bool) and annotation in (bool, bool | None):
+        raise ValueError("must be true or false")
     return value
 
 
@@ -96,9 +110,19 @@ def command_bytes(extra_args: list[str], env: dict[str, str]) -> int:
 
 
 def check_slug(value: str) -> str:
-    if not SLUG.match(value):
+    if not SLUG.fullmatch(value):
         raise ValueError(f"must be a slug ({SLUG_RULE}), got {value!r}")
     return value
+
+
+# A name that requests and URLs use (model configs, profiles, adapters, aliases). The validator's message
+# says the rule in words; the schema states the pattern.
+Slug = Annotated[
+    str,
+    StringConstraints(max_length=MAX_NAME),
+    AfterValidator(check_slug),
+    Field(json_schema_extra={"pattern": SLUG.pattern}),
+]
 
 
 def expand_home(path: str) -> Path:
@@ -115,20 +139,3 @@ def expand_home(path: str) -> Path:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-MAX_INT = 2**31 - 1
-MAX_GIB = 1 << 20  # a mebibyte of GiB: larger than any machine, small enough to stay exact in bytes
-
-
-def check_numbers(model) -> None:
-    """Every number must be finite and of a size a machine can have (SQLite and JSON both care)."""
-    import math
-
-    for name, value in model.__dict__.items():
-        if isinstance(value, bool):
-            continue
-        if isinstance(value, float) and (not math.isfinite(value) or abs(value) > MAX_GIB):
-            raise ValueError(f"{name} must be a finite number up to {MAX_GIB}, got {value}")
-        if isinstance(value, int) and abs(value) > MAX_INT:
-            raise ValueError(f"{name} must be at most {MAX_INT}, got {value}")

@@ -14,7 +14,7 @@ from pydantic import field_validator
 from sqlalchemy import JSON, Column, Index, text
 from sqlmodel import Field, SQLModel
 
-from manager.schemas.common import Name, check_slug, utcnow
+from manager.schemas.common import UNIQUE_ITEMS, Slug, utcnow
 
 MAX_KEY_MODELS = 256
 PREFIX_CHARS = 12  # "vmk_" and 8 characters of the random part
@@ -38,17 +38,13 @@ class InferenceKey(SQLModel, table=True):
 
 
 class InferenceKeyCreate(SQLModel):
-    name: Name = Field(description="A label for the key: who or what uses it")
-    models: list[Name] = Field(
+    name: Slug = Field(description="A label for the key: who or what uses it")
+    models: list[Slug] = Field(
         default_factory=list,
         max_length=MAX_KEY_MODELS,
         description="Model configs the key may use (with their aliases and LoRA adapters); empty: all",
+        schema_extra={"json_schema_extra": UNIQUE_ITEMS},
     )
-
-    @field_validator("name")
-    @classmethod
-    def _slug(cls, v: str) -> str:
-        return check_slug(v)
 
     @field_validator("models")
     @classmethod

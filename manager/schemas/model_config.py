@@ -9,10 +9,15 @@ from sqlalchemy import JSON, Column
 from sqlmodel import Field, SQLModel
 
 from manager.schemas.common import (
+    ENV_NAME,
+    ENV_NAME_RULE,
+    ENV_NAMES,
     MAX_ARGS,
     MAX_COMMAND_BYTES,
     MAX_ENV,
     MAX_GPUS,
+    MAX_INT,
+    UNIQUE_ITEMS,
     Argument,
     EnvName,
     EnvValue,
@@ -20,15 +25,12 @@ from manager.schemas.common import (
     Name,
     PathText,
     ShortText,
-    check_numbers,
-    check_slug,
+    Slug,
     command_bytes,
     expand_home,
-    refuse_bools_as_numbers,
+    keep_bools_and_numbers_apart,
     utcnow,
 )
-
-ENV_NAME_RULE = "letters, digits and '_', not starting with a digit"
 
 
 class ModelConfigFields(SQLModel):
@@ -36,36 +38,52 @@ class ModelConfigFields(SQLModel):
     served_model_name: ShortText | None = None
     dtype: ShortText = "auto"
     quantization: ShortText | None = None
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    gpu_ids: list[GpuId] = Field(default_factory=list, max_length=MAX_GPUS, sa_column=Column(JSON, nullable=False))
+    tensor_parallel_size: int = Field(default=1, ge=1, le=MAX_INT, description="At most as many as gpu_ids lists")
+    gpu_ids: list[GpuId] = Field(
+        default_factory=list,
+        max_length=MAX_GPUS,
+        sa_column=Column(JSON, nullable=False),
+        schema_extra={"json_schema_extra": UNIQUE_ITEMS},
+    )
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    max_model_len: int | None = Field(default=None, gt=0)
-    max_num_seqs: int | None = Field(default=None, gt=0)
+    max_model_len: int | None = Field(default=None, gt=0, le=MAX_INT)
+    max_num_seqs: int | None = Field(default=None, gt=0, le=MAX_INT)
     kv_cache_dtype: ShortText = "auto"
     enforce_eager: bool = False
     enable_prefix_caching: bool | None = None
     enable_lora: bool = False
-    max_loras: int | None = Field(default=None, gt=0)
-    max_lora_rank: int | None = Field(default=None, gt=0)
-    max_cpu_loras: int | None = Field(default=None, gt=0)
+    max_loras: int | None = Field(default=None, gt=0, le=MAX_INT)
+    max_lora_rank: int | None = Field(default=None, gt=0, le=MAX_INT)
+    max_cpu_loras: int | None = Field(default=None, gt=0, le=MAX_INT)
     extra_args: list[Argument] = Field(
-        default_factory=list, max_length=MAX_ARGS, sa_column=Column(JSON, nullable=False)
+        default_factory=list,
+        max_length=MAX_ARGS,
+        sa_column=Column(JSON, nullable=False),
+        description=f"With env, at most {MAX_COMMAND_BYTES} bytes of the engine's command line",
     )
     env: dict[EnvName, EnvValue] = Field(
-        default_factory=dict, max_length=MAX_ENV, sa_column=Column(JSON, nullable=False)
+        default_factory=dict,
+        max_length=MAX_ENV,
+        sa_column=Column(JSON, nullable=False),
+        schema_extra={"json_schema_extra": ENV_NAMES},
     )
     autostart: bool = False
-    start_timeout_s: int = Field(default=900, gt=0)
+    start_timeout_s: int = Field(default=900, gt=0, le=MAX_INT)
     port: int | None = Field(default=None, ge=1, le=65535)
     # The front door (/v1): other names a request's "model" may use, when to unload an idle worker,
     # which workers are never evicted for another, and whether eviction puts the worker to sleep.
-    aliases: list[str] = Field(
+    aliases: list[Slug] = Field(
         default_factory=list,
         sa_column=Column(JSON, nullable=False),
-        description="Other names /v1 requests may use for this model (slugs, unique across all models)",
+        description="Other names /v1 requests may use for this model (unique across all models, and not its "
+        "served_model_name)",
+        schema_extra={"json_schema_extra": UNIQUE_ITEMS},
     )
     idle_timeout_s: int | None = Field(
-        default=None, gt=0, description="Stop (or put to sleep) the worker after this long without a /v1 request"
+        default=None,
+        gt=0,
+        le=MAX_INT,
+        description="Stop (or put to sleep) the worker after this long without a /v1 request",
     )
     persistent: bool = Field(default=False, description="Never stopped or put to sleep to make room for another")
     sleep_level: int | None = Field(
@@ -75,7 +93,7 @@ class ModelConfigFields(SQLModel):
         description="vLLM sleep mode: 1 keeps the weights in host RAM, 2 drops them; empty: off",
     )
 
-    _numbers_are_not_bools = field_validator("*", mode="before")(refuse_bools_as_numbers)
+    _json_types = field_validator("*", mode="before")(keep_bools_and_numbers_apart)
 
     @field_validator("model")
     @classmethod
@@ -97,18 +115,13 @@ class ModelConfigFields(SQLModel):
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for key in v:
-            if not key or key[0].isdigit() or not all(c.isalnum() or c == "_" for c in key):
+            if not ENV_NAME.fullmatch(key):
                 raise ValueError(f"environment variable name {key!r} is invalid ({ENV_NAME_RULE})")
         return v
 
     @field_validator("aliases")
     @classmethod
     def _aliases(cls, v: list[str]) -> list[str]:
-        for alias in v:
-            try:
-                check_slug(alias)
-            except ValueError as exc:
-                raise ValueError(f"each alias {exc}") from None
         repeated = sorted({a for a in v if v.count(a) > 1})
         if repeated:
             raise ValueError(f"aliases repeat: {', '.join(repeated)}")
@@ -116,7 +129,6 @@ class ModelConfigFields(SQLModel):
 
     @model_validator(mode="after")
     def _gpus_match_tp(self):
-        check_numbers(self)
         size = command_bytes(self.extra_args, self.env)
         if size > MAX_COMMAND_BYTES:
             raise ValueError(
@@ -147,12 +159,7 @@ class ModelConfigIn(ModelConfigFields):
 
 
 class ModelConfigCreate(ModelConfigIn):
-    name: Name
-
-    @field_validator("name")
-    @classmethod
-    def _slug(cls, v: str) -> str:
-        return check_slug(v)
+    name: Slug
 
 
 class ModelConfigUpdate(ModelConfigIn):

@@ -3,37 +3,65 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from pydantic import field_validator, model_validator
+from pydantic import ConfigDict, field_validator, model_validator
 from sqlmodel import Field, SQLModel
 
 from manager.schemas.common import (
+    MAX_GIB,
+    MAX_INT,
     Description,
-    Name,
     ShortText,
-    check_numbers,
-    check_slug,
-    refuse_bools_as_numbers,
+    Slug,
+    keep_bools_and_numbers_apart,
     utcnow,
 )
 
 EVICTION_POLICIES = ("lru", "arc")
 
 
+def _when_on(switch: str, needs: str) -> dict[str, Any]:
+    return {
+        "if": {"required": [switch], "properties": {switch: {"const": True}}},
+        "then": {"required": [needs], "properties": {needs: {"type": "number"}}},
+    }
+
+
+# The rules between fields that _rules checks, as the schema states them.
+RULES: dict[str, Any] = {
+    "allOf": [
+        {
+            "not": {
+                "required": ["kv_offload_gib", "kv_offload_num_cpu_blocks"],
+                "properties": {"kv_offload_gib": {"type": "number"}, "kv_offload_num_cpu_blocks": {"type": "integer"}},
+            }
+        },
+        _when_on("lora_cpu_pooling", "lora_pool_gib"),
+        _when_on("moe_expert_offload", "moe_gpu_cache_gib"),
+    ]
+}
+
+
 class OffloadProfileFields(SQLModel):
+    model_config = ConfigDict(json_schema_extra=RULES)  # type: ignore[assignment]
+
     # CPU KV offload: prefix-cache capacity in host RAM. It does not raise max_model_len.
-    kv_offload_gib: float | None = Field(default=None, gt=0)
+    kv_offload_gib: float | None = Field(default=None, gt=0, le=MAX_GIB)
     # The same as a count of KV blocks; converted to bytes with the model's real page size at launch.
-    kv_offload_num_cpu_blocks: int | None = Field(default=None, gt=0)
-    kv_eviction_policy: ShortText = "lru"
+    kv_offload_num_cpu_blocks: int | None = Field(default=None, gt=0, le=MAX_INT)
+    # A plain text column; the validator's message lists the choices, the schema states them.
+    kv_eviction_policy: ShortText = Field(
+        default="lru", schema_extra={"json_schema_extra": {"enum": EVICTION_POLICIES}}
+    )
     lora_cpu_pooling: bool = False
-    lora_pool_gib: float | None = Field(default=None, gt=0)
+    lora_pool_gib: float | None = Field(default=None, gt=0, le=MAX_GIB)
     moe_expert_offload: bool = False
-    moe_gpu_cache_gib: float | None = Field(default=None, ge=0)
-    pinned_budget_gib: float | None = Field(default=None, gt=0)
+    moe_gpu_cache_gib: float | None = Field(default=None, ge=0, le=MAX_GIB)
+    pinned_budget_gib: float | None = Field(default=None, gt=0, le=MAX_GIB)
     description: Description = ""
 
-    _numbers_are_not_bools = field_validator("*", mode="before")(refuse_bools_as_numbers)
+    _json_types = field_validator("*", mode="before")(keep_bools_and_numbers_apart)
 
     @field_validator("kv_eviction_policy")
     @classmethod
@@ -43,8 +71,7 @@ class OffloadProfileFields(SQLModel):
         return v
 
     @model_validator(mode="after")
-    def _one_kv_size(self):
-        check_numbers(self)
+    def _rules(self):
         if self.kv_offload_gib is not None and self.kv_offload_num_cpu_blocks is not None:
             raise ValueError(
                 "give the KV offload size either as kv_offload_gib or as kv_offload_num_cpu_blocks, not both"
@@ -65,12 +92,7 @@ class OffloadProfile(OffloadProfileFields, table=True):
 
 
 class OffloadProfileCreate(OffloadProfileFields):
-    name: Name
-
-    @field_validator("name")
-    @classmethod
-    def _slug(cls, v: str) -> str:
-        return check_slug(v)
+    name: Slug
 
 
 class OffloadProfileUpdate(OffloadProfileFields):

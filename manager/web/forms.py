@@ -35,18 +35,21 @@ class FormErrors:
         return self.by_field.get(name, [])
 
 
+TRISTATE_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+
+
 def _bare(annotation: Any) -> Any:
     """The type under Annotated[...] (a GPU id is an int with bounds)."""
     return typing.get_args(annotation)[0] if typing.get_origin(annotation) is typing.Annotated else annotation
 
 
 def _kind(annotation: Any) -> str:
-    """'bool', 'list_int', 'list_str', 'dict' or 'scalar' for a field's annotation."""
+    """'bool', 'tristate', 'list_int', 'list_str', 'dict' or 'scalar' for a field's annotation."""
     args = [_bare(a) for a in typing.get_args(annotation) if a is not type(None)]
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType) and len(args) == 1:
         # bool | None is three-state (on, off, the engine's default): a text field, not a checkbox.
-        return "scalar" if args[0] is bool else _kind(args[0])
+        return "tristate" if args[0] is bool else _kind(args[0])
     if annotation is bool:
         return "bool"
     if origin is list:
@@ -97,6 +100,8 @@ def parse_form(form: Mapping[str, Any], schema: type[BaseModel], errors: FormErr
                 data[name] = shlex.split(raw)
             except ValueError as exc:
                 errors.add(name, f"cannot split into arguments: {exc}; check the quotes")
+        elif kind == "tristate":
+            data[name] = TRISTATE_WORDS.get(raw.lower(), raw)  # other text: the schema says what it takes
         elif kind == "dict":
             env: dict[str, str] = {}
             for number, line in enumerate(raw.splitlines(), 1):

@@ -10,9 +10,11 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
 from fastapi.concurrency import run_in_threadpool
+from pydantic import Field
 from sse_starlette.sse import EventSourceResponse
 
 from manager.deps import LiveViewsDep, MetricsDep, RuntimeDep, SettingsDep
+from manager.openapi import EVENT_STREAM, errors
 from manager.web.live import worker_signature
 
 router = APIRouter(tags=["metrics"])
@@ -21,6 +23,10 @@ WINDOWS = {"15m": 900, "1h": 3600, "24h": 86400}
 MAX_SERIES = 64  # a chart with more lines is unreadable; a glob that matches more is a mistake
 _WINDOW = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+# What the schema states of a window and a series pattern; parse_window and the route check them with
+# messages that say what is accepted.
+WINDOW_FORMAT = r"^\s*\d+(\.\d+)?[smhdSMHD]?\s*$"
+SeriesPattern = Annotated[str, Field(json_schema_extra={"pattern": r"[^,\s]"})]
 
 
 def parse_window(text: str, longest_s: float) -> float:
@@ -59,7 +65,7 @@ def prometheus(runtime: RuntimeDep) -> Response:
     return Response(exposition.render(), media_type=exposition.content_type)
 
 
-@router.get("/api/metrics")
+@router.get("/api/metrics", responses=errors(503, _503="The first metrics sample is not taken yet"))
 def snapshot(collector: MetricsDep) -> Response:
     """The latest sample of every GPU, the host and each worker, as one JSON object."""
     latest = collector.latest
@@ -78,8 +84,17 @@ async def series_names(collector: MetricsDep) -> list[str]:
 async def history(
     collector: MetricsDep,
     settings: SettingsDep,
-    series: Annotated[list[str], Query(description="names or globs, e.g. worker.*.kv_cache_usage_pct")],
-    window: str = "15m",
+    series: Annotated[
+        list[SeriesPattern],
+        Query(description="names or globs, e.g. worker.*.kv_cache_usage_pct; several in one, comma-separated"),
+    ],
+    window: Annotated[
+        str,
+        Query(
+            description="15m, 1h, 24h, 7d or seconds: longer than 0 and at most the history kept",
+            json_schema_extra={"pattern": WINDOW_FORMAT},
+        ),
+    ] = "15m",
 ) -> dict:
     """Points of each series over the window: 1 s apart up to 1 h, one per minute beyond."""
     retention_s = settings.metrics_retention_days * 86400
@@ -104,7 +119,7 @@ async def history(
     return await run_in_threadpool(read)
 
 
-@router.get("/api/metrics/stream")
+@router.get("/api/metrics/stream", response_class=EventSourceResponse, responses=EVENT_STREAM)
 async def stream(
     collector: MetricsDep,
     views: LiveViewsDep,

@@ -41,9 +41,6 @@
     try {
       const body = JSON.parse(xhr.responseText);
       if (typeof body.detail === "string") return body.detail;
-      if (Array.isArray(body.detail)) {
-        return body.detail.map((d) => (d.loc ? d.loc.slice(1).join(".") + ": " : "") + d.msg).join("; ");
-      }
     } catch (e) { /* not JSON: fall through */ }
     return "The request failed (HTTP " + xhr.status + ")";
   }

@@ -15,7 +15,7 @@ YAML = {"content-type": "application/yaml"}
 
 def _refused_on(resp, field: str) -> str:
     assert resp.status_code == 422, resp.text[:300]
-    errors = resp.json()["detail"]
+    errors = resp.json()["errors"]
     hits = [e for e in errors if field in [str(p) for p in e["loc"]]]
     assert hits, errors
     return hits[0]["msg"]

@@ -10,7 +10,7 @@ YAML = {"content-type": "application/yaml"}
 
 def _field_error(resp, field: str) -> str:
     assert resp.status_code == 422, resp.text[:300]
-    messages = [e["msg"] for e in resp.json()["detail"] if e["loc"][-1] == field]
+    messages = [e["msg"] for e in resp.json()["errors"] if e["loc"][-1] == field]
     assert messages, resp.text[:300]
     return messages[0]
 

@@ -38,7 +38,7 @@ def test_what_a_key_may_be_is_checked(client):
     client.post("/api/models", json={"name": "a", "model": "/models/a"})
     bad = client.post("/api/keys", json={"name": "Not A Slug", "models": ["a", "a"]})
     assert bad.status_code == 422
-    fields = {e["loc"][-1]: e["msg"] for e in bad.json()["detail"]}
+    fields = {e["loc"][-1]: e["msg"] for e in bad.json()["errors"]}
     assert "slug" in fields["name"] and "models repeat: a" in fields["models"]
     unknown = client.post("/api/keys", json={"name": "app", "models": ["a", "gpt-4"]})
     assert unknown.status_code == 422

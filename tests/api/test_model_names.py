@@ -37,9 +37,9 @@ def test_the_new_fields_are_stored_and_shown(client):
 
 def test_field_rules_are_named(client):
     bad = client.post("/api/models", json=_model("x", aliases=["Not A Slug"], idle_timeout_s=0, sleep_level=3)).json()[
-        "detail"
+        "errors"
     ]
-    fields = {err["loc"][-1]: err["msg"] for err in bad}
+    fields = {err["loc"][1]: err["msg"] for err in bad}
     assert set(fields) == {"aliases", "idle_timeout_s", "sleep_level"}
     assert "slug" in fields["aliases"]
     repeated = client.post("/api/models", json=_model("x", aliases=["a", "a"]))

@@ -50,9 +50,9 @@ def test_invalid_fields_are_named(client):
         },
     )
     assert bad.status_code == 422
-    fields = {err["loc"][-1] for err in bad.json()["detail"]}
+    fields = {err["loc"][-1] for err in bad.json()["errors"]}
     assert {"name", "gpu_memory_utilization", "max_model_len", "tensor_parallel_size"} <= fields
-    rule = next(e["msg"] for e in bad.json()["detail"] if e["loc"][-1] == "name")
+    rule = next(e["msg"] for e in bad.json()["errors"] if e["loc"][-1] == "name")
     assert "slug" in rule
 
 

@@ -16,7 +16,6 @@ GETS = [
     f"/api/events?limit={HUGE}",
     f"/api/workers/{HUGE}",
     "/api/workers/0",
-    "/api/workers/-1",
     f"/api/workers/{TOO_BIG}/logs",
     "/api/workers/1/logs?tail=-1",
     f"/api/workers/1/logs?tail={HUGE}",
@@ -63,6 +62,15 @@ def test_worker_ids_in_range_that_do_not_exist_are_404(client):
     assert client.get(f"/api/workers/{2**63 - 1}").status_code == 404
     assert client.get(f"/api/events?worker_id={2**63 - 1}").json() == []
     assert client.delete(f"/api/workers/{HUGE}").status_code == 422
+
+
+def test_a_worker_path_takes_only_digits_for_the_id(client):
+    for path in ("/api/workers/-1", "/api/workers/abc", "/api/workers/1.5/logs"):
+        resp = client.get(path)
+        assert resp.status_code == 404 and "not a path of this manager" in resp.json()["detail"], path
+    # /api/workers/unmanaged is a path of its own, not worker "unmanaged": it takes GET only.
+    refused = client.delete("/api/workers/unmanaged")
+    assert refused.status_code == 405 and refused.headers["allow"] == "GET, HEAD"
 
 
 def test_the_ranges_are_in_the_openapi_schema(client):

@@ -95,7 +95,7 @@ def test_sleep_and_wake_through_the_api_and_a_clear_refusal_without_sleep_mode(d
     assert "started without sleep mode" in refused.json()["detail"]
     assert worker(door, "b")["state"] == "ready"
     bad = door.post(f"/api/workers/{b['id']}/sleep?level=3")
-    assert bad.status_code == 422 and "1 or 2" in bad.json()["detail"]
+    assert bad.status_code == 422 and "level: Input should be less than or equal to 2" in bad.json()["detail"]
     not_asleep = door.post(f"/api/workers/{b['id']}/wake")
     assert not_asleep.status_code == 200 and not_asleep.json()["state"] == "ready"  # awake already
 
