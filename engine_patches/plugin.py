@@ -71,6 +71,7 @@ def _register() -> None:
         (settings.offload_config, "offload_config", _offload_config),
         (settings.lora_pool, "lora_pool", lambda: _lora_pool(settings, allocator)),
         (settings.moe_offload, "moe_offload", lambda: _moe(settings)),
+        (settings.sleep_pool, "sleep_pool", lambda: _sleep_pool(settings, allocator)),
     ]
     for enabled, name, install in steps:
         if not enabled:
@@ -136,6 +137,12 @@ def _moe(settings: PatchSettings) -> list[str]:
     from engine_patches.vllm_adapters import moe
 
     return moe.install(settings)
+
+
+def _sleep_pool(settings: PatchSettings, allocator) -> list[str]:
+    from engine_patches.vllm_adapters import sleep_pool
+
+    return sleep_pool.install(settings, allocator)
 
 
 def _route_logs_through_vllm() -> None:

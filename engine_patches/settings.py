@@ -35,6 +35,7 @@ class PatchSettings:
     offload_config: bool = True  # convert num_cpu_blocks (a size in blocks) to cpu_bytes_to_use
     lora_pool: bool = False  # CPU LoRA pool: adapters in bounded pinned host memory (engine_patches.lora_pool)
     moe_offload: bool = False  # MoE expert offload (engine_patches.moe)
+    sleep_pool: bool = False  # sleep level 1 backs weights up into a reusable pinned pool (engine_patches.sleep_pool)
 
     # Pinned allocator: None means no budget; above it allocations stay pageable.
     pin_budget_bytes: int | None = None

@@ -33,11 +33,13 @@ from manager.frontdoor.metering import Meter, stream_options_to_send
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.scheduler import Lease, ModelStatus, Placement, Scheduler, SchedulerOptions
 from manager.frontdoor.usage import UsageRecorder
+from manager.launch.command import sleep_pool_on
 from manager.launch.preflight import sleep_host_bytes
 from manager.lora import workers as lora_workers
 from manager.lora.records import LoraAdapter
 from manager.planner.gpus import GPU, NoGPU, detect_gpu
 from manager.schemas.model_config import ModelConfig
+from manager.services import models
 from manager.settings import Settings
 from manager.supervisor.supervisor import Supervisor
 
@@ -49,7 +51,9 @@ class Limits:
     max_body_bytes: int
 
 
-def placement_of(config: ModelConfig, gpu: GPU | NoGPU, sleep_bytes: int | None = None) -> Placement:
+def placement_of(
+    config: ModelConfig, gpu: GPU | NoGPU, sleep_bytes: int | None = None, *, pooled: bool = False
+) -> Placement:
     """A stored config in the scheduler's terms. Without gpu_ids a worker gets vLLM's default devices
     (0 .. tensor_parallel_size-1); it takes gpu_memory_utilization of each GPU it uses."""
     gpus = tuple(config.gpu_ids) or tuple(range(config.tensor_parallel_size))
@@ -63,6 +67,7 @@ def placement_of(config: ModelConfig, gpu: GPU | NoGPU, sleep_bytes: int | None 
         persistent=config.persistent,
         sleep_level=config.sleep_level,
         sleep_host_bytes=sleep_bytes,
+        sleep_pooled=pooled,
     )
 
 
@@ -99,7 +104,7 @@ class FrontDoor:
             host_available=lambda: psutil.virtual_memory().available,
         )
         # What each config's sleep keeps in host RAM, by (config, when it was last changed).
-        self._sleep_bytes: dict[tuple[str, object], int | None] = {}
+        self._sleep_bytes: dict[tuple[str, object, bool], int | None] = {}
         # Adapters known to be loaded, per engine process (worker id, pid): a restart forgets them.
         self._adapters: dict[tuple[int, int | None], set[str]] = {}
         self._adapter_locks: dict[tuple[int, str], asyncio.Lock] = {}
@@ -130,13 +135,13 @@ class FrontDoor:
     def placements(self) -> dict[str, Placement]:
         gpu = self.gpu()
         with session(self.engine) as db:
-            configs = list(db.exec(select(ModelConfig)))
-        return {c.name: placement_of(c, gpu, self._sleep_bytes_of(c)) for c in configs}
+            configs = [(c, sleep_pool_on(c, models.profile_of(db, c))) for c in db.exec(select(ModelConfig))]
+        return {c.name: placement_of(c, gpu, self._sleep_bytes_of(c, pooled), pooled=pooled) for c, pooled in configs}
 
-    def _sleep_bytes_of(self, config: ModelConfig) -> int | None:
-        key = (config.name, config.updated_at)
+    def _sleep_bytes_of(self, config: ModelConfig, pooled: bool) -> int | None:
+        key = (config.name, config.updated_at, pooled)
         if key not in self._sleep_bytes:
-            self._sleep_bytes[key] = sleep_host_bytes(config)
+            self._sleep_bytes[key] = sleep_host_bytes(config, pooled=pooled)
         return self._sleep_bytes[key]
 
     def name_table(self, caller: Caller = ANYONE) -> names.NameTable:

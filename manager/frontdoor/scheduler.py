@@ -78,6 +78,7 @@ class Placement:
     persistent: bool = False
     sleep_level: int | None = None  # vLLM sleep mode: 1 or 2; None: off
     sleep_host_bytes: int | None = None  # host RAM its sleep keeps (level 1: the weights); None: unknown
+    sleep_pooled: bool = False  # level 1 through the sleep pool, whose RAM its start already counted
 
 
 @dataclass(frozen=True)
@@ -365,6 +366,8 @@ class Scheduler:
             return False
         if placement.sleep_level >= 2:
             return True  # level 2 keeps nothing in host RAM
+        if placement.sleep_pooled:
+            return True  # the pre-start check counted its pool: the sleep takes no RAM beyond it
         available = self._host_available()
         return (
             placement.sleep_host_bytes is not None

@@ -71,11 +71,18 @@ def kv_offload_bytes(config: ModelConfig, profile: OffloadProfile) -> tuple[int 
     return total, note
 
 
+def sleep_pool_on(config: ModelConfig, profile: OffloadProfile | None) -> bool:
+    """Sleep level 1 goes through the sleep pool: on unless the worker's offload profile turns it off."""
+    return config.sleep_level == 1 and (profile is None or profile.sleep_pool)
+
+
 def patch_settings(profile: OffloadProfile | None, config: ModelConfig, run_dir: Path | None) -> PatchSettings:
+    pool = sleep_pool_on(config, profile)
     if profile is None:
-        return PatchSettings(run_dir=str(run_dir) if run_dir else None)
+        return PatchSettings(run_dir=str(run_dir) if run_dir else None, sleep_pool=pool)
     return PatchSettings(
         run_dir=str(run_dir) if run_dir else None,
+        sleep_pool=pool,
         pin_budget_bytes=int(profile.pinned_budget_gib * GIB) if profile.pinned_budget_gib else None,
         lora_pool=profile.lora_cpu_pooling,
         lora_pool_bytes=int(profile.lora_pool_gib * GIB) if profile.lora_pool_gib else None,

@@ -18,7 +18,7 @@ from typing import Any
 from sqlmodel import Session
 
 from manager.errors import Invalid
-from manager.launch.command import kv_offload_bytes
+from manager.launch.command import kv_offload_bytes, sleep_pool_on
 from manager.launch.flags import flag_value
 from manager.planner import Plan, PlanError, PlanRequest, make_plan, model_files
 from manager.planner.engine_report import compare, parse_engine_kv_report
@@ -53,6 +53,7 @@ class HostClaims:
 
     profile_bytes: int = 0  # what the active workers' offload profiles claim
     sleepers: tuple[Sleeper, ...] = ()
+    pool_bytes: int = 0  # sleep pools of awake workers: taken at their first sleep, kept
 
     @property
     def sleeping_bytes(self) -> int:
@@ -68,9 +69,10 @@ class HostRamHeldBySleepers(Invalid):
         self.sleepers = sleepers
 
 
-def sleep_host_bytes(config: ModelConfig, level: int | None = None) -> int | None:
-    """Host RAM a sleep at ``level`` (the config's own by default) keeps: level 1 the weights, pinned;
-    level 2 nothing; None: sleep mode off, or the model's files cannot be read."""
+def sleep_host_bytes(config: ModelConfig, level: int | None = None, *, pooled: bool = False) -> int | None:
+    """Host RAM a sleep at ``level`` (the config's own by default) keeps: level 1 the weights, pinned
+    (their exact size through the sleep pool, else up to twice); level 2 nothing; None: sleep mode
+    off, or the model's files cannot be read."""
     level = config.sleep_level if level is None else level
     if level is None:
         return None
@@ -81,7 +83,7 @@ def sleep_host_bytes(config: ModelConfig, level: int | None = None) -> int | Non
         weights = estimate_weights(found.config, found.weights, config.dtype)
     except (model_files.ModelNotFound, OSError, ValueError, KeyError):
         return None
-    return int(weights.total_bytes * PINNED_ROUNDING)
+    return int(weights.total_bytes * (1.0 if pooled else PINNED_ROUNDING))
 
 
 def host_now(claims: HostClaims, host: HostMemory | None = None) -> HostMemory:
@@ -95,6 +97,16 @@ def host_now(claims: HostClaims, host: HostMemory | None = None) -> HostMemory:
                 "Claimed by running workers",
                 claims.profile_bytes,
                 "their offload profiles: CPU KV offload, LoRA pool, pinned budget",
+            )
+        )
+    if claims.pool_bytes:
+        held.append(
+            HeldRam(
+                "ram_held_sleep_pools",
+                "Sleep pools of running workers",
+                claims.pool_bytes,
+                "one pinned copy of the weights per running worker with sleep level 1, taken at its first "
+                "sleep and kept",
             )
         )
     if claims.sleepers:
@@ -128,6 +140,7 @@ def plan_request(config: ModelConfig, profile: OffloadProfile | None, gpu: str) 
         cpu_offload_gb=float(cpu_offload) if cpu_offload else 0,
         lora_pool_bytes=int((profile.lora_pool_gib or 0) * GIB) if profile and profile.lora_cpu_pooling else 0,
         pinned_budget_bytes=int((profile.pinned_budget_gib or 0) * GIB) if profile else 0,
+        sleep_pool=sleep_pool_on(config, profile),
         gpu=gpu,
         kv_cache_memory_gib=float(cpu_kv) if gpu == "cpu" and cpu_kv else None,
     )

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Per-process figures that must not be summed over processes: ratios and flags.
-_NOT_SUMMED = ("rate", "per_token", "pct")
+# Per-process figures that must not be summed over processes: ratios, flags and speeds.
+_NOT_SUMMED = ("rate", "per_token", "pct", "gbps")
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,9 @@ class ProcessPools:
 
 @dataclass(frozen=True)
 class PoolReport:
-    """``totals`` holds, per section ("pinned", "lora_pool", "expert_cache"), the numeric fields
-    summed over the worker's processes, plus ``hit_rate`` recomputed from summed hits and misses."""
+    """``totals`` holds, per section ("pinned", "lora_pool", "expert_cache", "sleep_pool"), the numeric
+    fields summed over the worker's processes (durations: the longest), plus ``hit_rate`` and the
+    sleep pool's GB/s recomputed from the sums."""
 
     available: bool
     reason: str | None = None
@@ -92,7 +93,15 @@ def _totals(processes: tuple[ProcessPools, ...]) -> dict[str, dict[str, float]]:
                     continue
                 if any(tag in key for tag in _NOT_SUMMED):
                     continue
+                if key.endswith("_s"):  # a duration: the processes (TP ranks) work side by side
+                    out[key] = max(out.get(key, 0), value)
+                    continue
                 out[key] = out.get(key, 0) + value
+    sleep = totals.get("sleep_pool", {})
+    for what in ("sleep", "wake"):
+        seconds, moved = sleep.get(f"last_{what}_s"), sleep.get(f"last_{what}_bytes")
+        if seconds and moved:
+            sleep[f"last_{what}_gbps"] = moved / seconds / 1e9
     for out in totals.values():
         if "hits" in out and "misses" in out:
             looked_up = out["hits"] + out["misses"]

@@ -191,6 +191,13 @@ def _host_lines(
             "vLLM pins each adapter with pin_memory(): up to 2x the adapter bytes",
         ),
         ("pinned", "Other pinned buffers", req.pinned_budget_bytes, "as given"),
+        (
+            "sleep_pool",
+            "Sleep pool",
+            w.total_bytes if req.sleep_pool and req.gpu != "cpu" else 0,
+            "sleep level 1 copies the weights into pinned host memory taken at the first sleep and kept "
+            "for the engine's life: their exact size",
+        ),
     ]
     total = sum(n[2] for n in needs)
     lines = [

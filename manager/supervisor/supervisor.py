@@ -17,7 +17,7 @@ from sqlmodel import Session, col, select
 
 from manager.db import session
 from manager.errors import Conflict, NotFound
-from manager.launch.command import build_command, served_name
+from manager.launch.command import build_command, served_name, sleep_pool_on
 from manager.launch.preflight import HostClaims, Sleeper, host_bytes_of, sleep_host_bytes
 from manager.launch.refusals import check_launch_fields
 from manager.launch.secrets import Redactor
@@ -221,6 +221,7 @@ class Supervisor:
     def _host_claims(self, db: Session, worker_id: int | None) -> HostClaims:
         """Host RAM the active workers other than ``worker_id`` hold."""
         profile_bytes = 0
+        pool_bytes = 0
         sleepers = []
         for runner in sorted(self._runners.values(), key=lambda r: r.id):
             life = runner.life
@@ -230,12 +231,17 @@ class Supervisor:
                 config = models.get_model(db, life.model)
             except NotFound:
                 continue
-            profile_bytes += host_bytes_of(models.profile_of(db, config))
+            profile = models.profile_of(db, config)
+            profile_bytes += host_bytes_of(profile)
+            pooled = sleep_pool_on(config, profile)
             # Waking, it holds the RAM until its weights are back on the GPU.
             if life.state in (State.SLEEPING, State.WAKING):
                 level = life.sleep_level or config.sleep_level or 1
-                sleepers.append(Sleeper(runner.id, life.model, level, sleep_host_bytes(config, level)))
-        return HostClaims(profile_bytes, tuple(sleepers))
+                held = sleep_host_bytes(config, 1 if pooled else level, pooled=pooled)
+                sleepers.append(Sleeper(runner.id, life.model, level, held))
+            elif pooled:
+                pool_bytes += sleep_host_bytes(config, 1, pooled=True) or 0
+        return HostClaims(profile_bytes, tuple(sleepers), pool_bytes)
 
     # ---- ports -----------------------------------------------------------------------------------
     def _ports_in_use(self) -> set[int]:

@@ -126,14 +126,25 @@ def test_a_level_one_sleepers_ram_counts_for_the_next_start_and_shows_on_the_pla
         config = ModelConfig(name="a", model=str(tiny_llama), sleep_level=1)
         (sleeper,) = supervisor.host_claims().sleepers
         assert (sleeper.worker_id, sleeper.config, sleeper.level) == (a["id"], "a", 1)
-        assert sleeper.host_bytes == sleep_host_bytes(config) and sleeper.host_bytes > 0
+        # through the sleep pool (on by default): one copy of the weights, exactly
+        assert sleeper.host_bytes == sleep_host_bytes(config, pooled=True) and sleeper.host_bytes > 0
 
         plan = client.post("/api/plan", json={"model": str(tiny_llama), "gpu": "h100-80"})
         assert plan.status_code == 200, plan.text
         held = next(line for line in plan.json()["lines"] if line["key"] == "ram_held_sleeping")
         assert f"a (worker {a['id']}, level 1, " in held["explanation"]
 
-        chat(client, "a")  # woken: its weights are back on the GPU
-        assert supervisor.host_claims().sleepers == ()
+        chat(client, "a")  # woken: its weights are back on the GPU, its pool stays for the next sleep
+        claims = supervisor.host_claims()
+        assert claims.sleepers == () and claims.pool_bytes == sleeper.host_bytes
         lines = client.post("/api/plan", json={"model": str(tiny_llama), "gpu": "h100-80"}).json()["lines"]
-        assert "ram_held_sleeping" not in [line["key"] for line in lines]
+        keys = [line["key"] for line in lines]
+        assert "ram_held_sleeping" not in keys and "ram_held_sleep_pools" in keys
+
+        # An offload profile that turns the pool off: vLLM's own path, up to twice the weights, only while asleep.
+        client.post("/api/profiles", json={"name": "no-pool", "sleep_pool": False}).raise_for_status()
+        client.put("/api/models/a", json={**client.get("/api/models/a").json(), "offload_profile": "no-pool"})
+        assert supervisor.host_claims().pool_bytes == 0
+        chat(client, "b")
+        (sleeper,) = supervisor.host_claims().sleepers
+        assert sleeper.host_bytes == sleep_host_bytes(config) == 2 * sleep_host_bytes(config, pooled=True)

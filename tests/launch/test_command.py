@@ -169,3 +169,15 @@ def test_sleep_mode_is_the_configs_field_not_an_extra_arg():
 
     with pytest.raises(Invalid, match="use the config field sleep_level instead"):
         check_extra_args(["--enable-sleep-mode"], allow_code_flags=False)
+
+
+def test_sleep_level_one_engines_get_the_sleep_pool_unless_their_profile_turns_it_off():
+    def pool(config: ModelConfig, profile: OffloadProfile | None = None) -> bool:
+        return _patches(_build(config, profile).env)["sleep_pool"]
+
+    base = ModelConfig(name="s", model="/models/llama")
+    assert pool(base.model_copy(update={"sleep_level": 1}))
+    assert pool(base.model_copy(update={"sleep_level": 1}), OffloadProfile(name="p", kv_offload_gib=4))
+    assert not pool(base.model_copy(update={"sleep_level": 1}), OffloadProfile(name="p", sleep_pool=False))
+    assert not pool(base.model_copy(update={"sleep_level": 2}))  # level 2 keeps nothing in host RAM
+    assert not pool(base)

@@ -234,3 +234,30 @@ def test_the_api_refuses_the_start_with_the_sizes(settings, tmp_path, rtx_4090, 
         assert resp.status_code == 422
         assert resp.json()["detail"].startswith("/dev/shm has 0.50 GiB free; offload profile 'kv-4g' needs 4.00 GiB")
         assert client.get("/api/workers").json() == []
+
+
+def test_through_the_sleep_pool_a_sleep_keeps_exactly_the_weights_and_the_start_counts_them(coder_awq, tiny_llama):
+    config = ModelConfig(name="tiny", model=str(tiny_llama), sleep_level=1)
+    found = model_files.read_model(str(tiny_llama))
+    weights = estimate_weights(found.config, found.weights, "auto").total_bytes
+    assert preflight.sleep_host_bytes(config, pooled=True) == weights
+
+    # The pool is on by default for sleep level 1 and an offload profile can turn it off.
+    coder = _coder_config(coder_awq, max_model_len=8192, sleep_level=1)
+    pooled = preflight.plan_request(coder, None, "rtx-4090")
+    off = preflight.plan_request(coder, OffloadProfile(name="no-pool", sleep_pool=False), "rtx-4090")
+    level2 = preflight.plan_request(coder.model_copy(update={"sleep_level": 2}), None, "rtx-4090")
+    assert pooled.sleep_pool and not off.sleep_pool and not level2.sleep_pool
+    host = HostMemory(ram_total=64 * G, ram_available=60 * G, shm_total=32 * G, shm_free=32 * G, cgroup_limit=None)
+    with_pool, without = (make_plan(r, host=host) for r in (pooled, off))
+    line = with_pool.line("sleep_pool")
+    coder_weights = with_pool.line("weights_total").value
+    assert line.value == coder_weights and "exact size" in line.explanation
+    assert with_pool.host_ram_needed_bytes - without.host_ram_needed_bytes == pytest.approx(coder_weights * G, rel=1e-3)
+
+
+def test_running_workers_sleep_pools_count_against_a_start(coder_awq, host_64g):
+    request = preflight.plan_request(_coder_config(coder_awq, max_model_len=8192), None, "rtx-4090")
+    plan = preflight.plan_now(request, HostClaims(pool_bytes=30 * G))
+    assert plan.line("ram_held_sleep_pools").value == 30.0
+    assert plan.line("ram_usable").value == 34.0

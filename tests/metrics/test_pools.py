@@ -58,3 +58,24 @@ def test_a_failing_reader_does_not_raise(tmp_path):
 
     report = PoolsReader(broken).sample(tmp_path)
     assert not report.available and "permission denied" in report.reason
+
+
+def test_a_sleep_over_two_ranks_shows_the_bytes_of_both_and_the_time_of_the_slower(tmp_path):
+    gb = 10**9
+    for pid, seconds in ((os.getpid(), 0.5), (os.getppid(), 0.8)):
+        _write(
+            tmp_path,
+            pid,
+            sleep_pool={
+                "pool_bytes": 28 * gb,
+                "slept_bytes": 28 * gb,
+                "sleeps": 2,
+                "last_sleep_s": seconds,
+                "last_sleep_bytes": 28 * gb,
+                "last_sleep_gbps": 28 / seconds,
+            },
+        )
+    sleep = PoolsReader.from_plugin().sample(tmp_path).totals["sleep_pool"]
+    assert sleep["slept_bytes"] == 56 * gb
+    assert sleep["last_sleep_s"] == 0.8  # the ranks copy side by side: the sleep took the longer one
+    assert sleep["last_sleep_gbps"] == 70.0  # 56 GB in 0.8 s, not 56 + 35 summed
