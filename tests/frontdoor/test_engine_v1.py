@@ -99,7 +99,8 @@ def test_a_request_starts_its_model_and_the_openai_client_works_streaming_and_no
         model="tiny-a", prompt="hello world", max_tokens=8, stream=True, extra_body={"ignore_eos": True}
     )
     pieces = [chunk.choices[0].text for chunk in stream if chunk.choices]
-    assert len(pieces) >= 8
+    # all 8 tokens arrive, in more than one chunk (a busy engine may put several tokens in one)
+    assert len("".join(pieces).split()) == 8 and len([p for p in pieces if p]) >= 2
     chat_stream = client.chat.completions.create(
         model="tiny-a", messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True,
         extra_body={"ignore_eos": True},
