@@ -36,6 +36,7 @@ class PatchSettings:
     lora_pool: bool = False  # CPU LoRA pool: adapters in bounded pinned host memory (engine_patches.lora_pool)
     moe_offload: bool = False  # MoE expert offload (engine_patches.moe)
     sleep_pool: bool = False  # sleep level 1 backs weights up into a reusable pinned pool (engine_patches.sleep_pool)
+    sleep_pool_prepare: bool = True  # take the pool right after the weights load, not at the first sleep
 
     # Pinned allocator: None means no budget; above it allocations stay pageable.
     pin_budget_bytes: int | None = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Protocol
@@ -111,9 +112,14 @@ def _fit(start: int, end: int, n: int, chunk_bytes: int) -> int | None:
 
 
 class Mover(Protocol):
-    """Copies between host and device memory and waits for them; pointers are plain integers."""
+    """Copies between host and device memory; pointers are plain integers.
 
-    def copy(self, pieces: Sequence[tuple[int, int, int]]) -> None: ...  # (dst, src, nbytes)
+    ``start`` queues one copy and returns at once, so the caller can map or unmap other memory
+    while it runs; ``wait`` returns when every queued copy is done.
+    """
+
+    def start(self, dst: int, src: int, nbytes: int) -> None: ...
+    def wait(self) -> None: ...
 
 
 class CudaMover:
@@ -141,15 +147,16 @@ class CudaMover:
             self._fn, self._stream = fn, torch.cuda.Stream()
         return self._fn, self._stream
 
-    def copy(self, pieces: Sequence[tuple[int, int, int]]) -> None:
+    def start(self, dst: int, src: int, nbytes: int) -> None:
         fn, stream = self._ready()
-        handle = ctypes.c_void_p(stream.cuda_stream)
-        for dst, src, nbytes in pieces:
-            code = fn(dst, src, nbytes, self._DEFAULT_KIND, handle)
-            if code != 0:
-                stream.synchronize()
-                raise RuntimeError(f"cudaMemcpyAsync of {nbytes} bytes failed with CUDA error {code}")
-        stream.synchronize()
+        code = fn(dst, src, nbytes, self._DEFAULT_KIND, ctypes.c_void_p(stream.cuda_stream))
+        if code != 0:
+            stream.synchronize()
+            raise RuntimeError(f"cudaMemcpyAsync of {nbytes} bytes failed with CUDA error {code}")
+
+    def wait(self) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()
 
 
 @dataclass
@@ -278,15 +285,25 @@ class SleepPool:
         )
         return None
 
-    def save(self, pieces: Sequence[tuple[int, int, int]]) -> None:
-        """Copy (host dst, device src, nbytes) and wait."""
-        self.mover.copy(pieces)
+    def prepare(self, nbytes: int) -> None:
+        """Take ``nbytes`` now (after the weights load, off the engine's path), so that even the first
+        sleep only copies. A refusal here is logged; the first sleep then tries again or falls back."""
+        with self._lock:
+            missing = nbytes - sum(int(r.numel()) for r in self.regions)
+            if missing <= 0:
+                return
+            t0 = time.perf_counter()
+            why = self._grow(_round_up(missing, ALIGN))
+        if why:
+            logger.warning("sleep pool: not prepared ahead of the first sleep: %s", why)
+        else:
+            logger.info("sleep pool: prepared %.2f GiB in %.1f s", missing / GIB, time.perf_counter() - t0)
+        self._publish()
 
     # -- waking -----------------------------------------------------------------------------
 
-    def restore(self, pieces: Sequence[tuple[int, int, int]], keys: Sequence[int]) -> None:
-        """Copy (device dst, host src, nbytes) back, wait, and free the slices of ``keys``."""
-        self.mover.copy(pieces)
+    def release(self, keys: Sequence[int]) -> None:
+        """The backups of ``keys`` are back on the device: their slices are free."""
         with self._lock:
             for key in keys:
                 self.live.pop(key, None)

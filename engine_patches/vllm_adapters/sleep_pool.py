@@ -13,10 +13,12 @@ there (placeholder reservations, zeroed pages).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -87,10 +89,19 @@ def pooled_sleep(
         return
 
     _synchronize()
-    pool.save([(b.data_ptr(), ptr, data.handle[1]) for (ptr, data), b in zip(keep, backups, strict=True)])
+    for (ptr, data), backup in zip(keep, backups, strict=True):
+        pool.mover.start(backup.data_ptr(), ptr, data.handle[1])
+    kept_ids = {id(data) for _, data in keep}
+    # What is only discarded (the KV cache) goes while the copies run; what is kept, after them.
+    for data in drop:
+        if id(data) not in kept_ids:
+            try:
+                ops.unmap_and_release(data.handle)
+            finally:
+                data.is_asleep = True
+    pool.mover.wait()
     for (_, data), backup in zip(keep, backups, strict=True):
         data.cpu_backup_tensor = backup
-    for data in drop:
         try:
             ops.unmap_and_release(data.handle)
         finally:
@@ -118,7 +129,7 @@ def pooled_wake_up(allocator: Any, tags: list[str] | None, pool: SleepPool, ops:
     t0 = time.perf_counter()
     gc.collect()
     _empty_device_cache()
-    pieces: list[tuple[int, int, int]] = []
+    moved = 0
     restored: list[Any] = []
     keys: list[int] = []
     for ptr, data in allocator.pointer_to_data.items():
@@ -129,15 +140,37 @@ def pooled_wake_up(allocator: Any, tags: list[str] | None, pool: SleepPool, ops:
             data.is_asleep = False
             backup = data.cpu_backup_tensor
             if backup is not None:
-                pieces.append((ptr, backup.data_ptr(), backup.numel() * backup.element_size()))
+                # copied while the next allocations are mapped
+                nbytes = backup.numel() * backup.element_size()
+                pool.mover.start(ptr, backup.data_ptr(), nbytes)
+                moved += nbytes
                 restored.append(data)
                 keys.append(ptr)
-    pool.restore(pieces, keys)
+    pool.mover.wait()
+    pool.release(keys)
     for data in restored:
         data.cpu_backup_tensor = None
-    moved = sum(n for *_, n in pieces)
     pool.record("wake", moved, time.perf_counter() - t0)
     logger.info("sleep pool: wake restored %.2f GiB in %.2f s", moved / GIB, time.perf_counter() - t0)
+
+
+def prepare_in_background(allocator: Any, pool: SleepPool) -> threading.Thread:
+    """Take the pool for the weights just loaded on a thread of its own, while vLLM profiles memory
+    and captures graphs, so that the first sleep only copies."""
+    nbytes = sum(d.handle[1] for d in allocator.pointer_to_data.values() if d.tag == "weights" and not d.is_asleep)
+    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+    def run() -> None:
+        try:
+            if device is not None:
+                torch.cuda.set_device(device)
+            pool.prepare(nbytes)
+        except Exception:  # the first sleep then takes the memory itself
+            logger.exception("sleep pool: preparing the pool failed")
+
+    thread = threading.Thread(target=run, name="sleep-pool-prepare", daemon=True)
+    thread.start()
+    return thread
 
 
 def install(settings: PatchSettings, allocator: PinnedAllocator) -> list[str]:
@@ -174,6 +207,18 @@ def install(settings: PatchSettings, allocator: PinnedAllocator) -> list[str]:
 
         return wake_up
 
+    def make_use(original: Callable[..., Any]) -> Callable[..., Any]:
+        @contextlib.contextmanager
+        def use_memory_pool(self: Any, tag: str | None = None) -> Iterator[None]:
+            with original(self, tag):
+                yield
+            if tag == "weights" and settings.sleep_pool_prepare:
+                prepare_in_background(self, pool)
+
+        return use_memory_pool
+
+    if wrap(cumem.CuMemAllocator, "use_memory_pool", make_use):
+        patched.append("CuMemAllocator.use_memory_pool")
     if wrap(cumem.CuMemAllocator, "sleep", make_sleep):
         patched.append("CuMemAllocator.sleep")
     if wrap(cumem.CuMemAllocator, "wake_up", make_wake):

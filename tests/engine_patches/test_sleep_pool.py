@@ -29,18 +29,21 @@ MIB = 1 << 20
 
 
 class HostMover:
-    """Copies with memmove and counts them; can be told to fail."""
+    """Copies with memmove and counts the waits; can be told to fail."""
 
     def __init__(self) -> None:
-        self.calls: list[int] = []
+        self.started = 0
+        self.waits = 0
         self.fail = False
 
-    def copy(self, pieces):
+    def start(self, dst, src, n):
         if self.fail:
             raise RuntimeError("cudaMemcpyAsync failed with CUDA error 700")
-        self.calls.append(len(pieces))
-        for dst, src, n in pieces:
-            ctypes.memmove(dst, src, n)
+        self.started += 1
+        ctypes.memmove(dst, src, n)
+
+    def wait(self):
+        self.waits += 1
 
 
 class FakeDevice:
@@ -116,7 +119,7 @@ def test_a_slept_engine_wakes_with_its_weights_and_the_second_sleep_takes_no_new
     assert pool.stats.slept_bytes == weights
     # exact size: only the 4 KiB alignment of each slice on top of the bytes kept
     assert weights <= pool.stats.pool_bytes <= weights + 4 * 4096
-    assert mover.calls == [4]  # one batch, one wait
+    assert (mover.started, mover.waits) == (4, 1)  # every copy queued, one wait
 
     adapter.pooled_wake_up(dev.allocator, None, pool, dev.ops)
     assert dev.intact("weights") and dev.intact("runtime")
@@ -247,3 +250,17 @@ def test_place_never_overlaps_never_crosses_a_chunk_and_sizes_the_new_region_exa
         for a, b in used.setdefault(s.region, []):
             assert s.offset >= b or s.offset + n <= a
         used[s.region].append((s.offset, s.offset + n))
+
+
+def test_a_pool_prepared_after_the_weights_load_makes_the_first_sleep_take_no_memory():
+    dev = FakeDevice({"weights": [3 * MIB, 2 * MIB], "kv_cache": [4 * MIB]})
+    pool, _, _ = make_pool()
+    adapter.prepare_in_background(dev.allocator, pool).join()
+    assert pool.stats.pool_bytes >= 5 * MIB and pool.stats.grown == 1
+    pinned = pool.allocator.stats().pinned_bytes
+    sleep(dev, pool, ("weights",))
+    assert pool.stats.grown == 1 and pool.allocator.stats().pinned_bytes == pinned
+    adapter.pooled_wake_up(dev.allocator, None, pool, dev.ops)
+    assert dev.intact("weights")
+    pool.prepare(5 * MIB)  # already there: nothing more is taken
+    assert pool.stats.grown == 1
