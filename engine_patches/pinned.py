@@ -178,14 +178,23 @@ class PinnedAllocator:
 
     def allocate_bytes(self, nbytes: int, *, pin: bool = True) -> torch.Tensor:
         """A flat uint8 tensor of ``nbytes`` over its own mapping."""
+        return self._allocate(nbytes, pin)[0]
+
+    def allocate_pinned(self, nbytes: int) -> tuple[torch.Tensor | None, str | None]:
+        """``nbytes`` of pinned memory, or None and why (the pin budget, a refused registration,
+        no CUDA); nothing is kept pageable."""
+        tensor, why = self._allocate(nbytes, True)
+        return (tensor, None) if why is None else (None, why)
+
+    def _allocate(self, nbytes: int, pin: bool) -> tuple[torch.Tensor, str | None]:
         mapped = -(-nbytes // PAGE) * PAGE
         mm = mmap.mmap(-1, mapped, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         root = np.frombuffer(mm, dtype=np.uint8).view(_Region)
         ptr = root.ctypes.data
-        chunks = self._pin_range(ptr, mapped, nbytes) if pin else None
+        chunks, why = self._pin_range(ptr, mapped, nbytes) if pin else (None, "not asked to pin")
         self._account(nbytes, mapped, chunks, +1)
         root._release = _Release(self, nbytes, mapped, chunks)
-        return torch.from_numpy(root[:nbytes].view(np.ndarray))
+        return torch.from_numpy(root[:nbytes].view(np.ndarray)), why
 
     def stats(self) -> PinnedStats:
         with self._lock:
@@ -196,10 +205,10 @@ class PinnedAllocator:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _pin_range(self, ptr: int, mapped: int, nbytes: int) -> list[int] | None:
-        """Register ``[ptr, ptr+mapped)`` chunk by chunk; None means it stays pageable."""
+    def _pin_range(self, ptr: int, mapped: int, nbytes: int) -> tuple[list[int] | None, str | None]:
+        """Register ``[ptr, ptr+mapped)`` chunk by chunk; None (and why) means it stays pageable."""
         if not self.registrar.available():
-            return None  # no CUDA here: pageable by design, not a fallback
+            return None, "no CUDA runtime to pin host memory"  # pageable by design, not a fallback
         with self._lock:
             over = self.budget_bytes is not None and self._stats.pinned_bytes + mapped > self.budget_bytes
             if over:
@@ -212,7 +221,7 @@ class PinnedAllocator:
                 "slower to copy to the GPU); raise pin_budget_bytes in the offload profile",
                 self.budget_bytes,
             )
-            return None
+            return None, f"over the pin budget of {self.budget_bytes} bytes"
         done: list[int] = []
         for start in range(0, mapped, self.chunk_bytes):
             size = min(self.chunk_bytes, mapped - start)
@@ -230,9 +239,9 @@ class PinnedAllocator:
                     size,
                     code,
                 )
-                return None
+                return None, f"cudaHostRegister refused it (code {code})"
             done.append(ptr + start)
-        return done
+        return done, None
 
     def _account(self, nbytes: int, mapped: int, chunks: list[int] | None, sign: int) -> None:
         with self._lock:

@@ -133,6 +133,7 @@ class CudaMover:
 
     def __init__(self) -> None:
         self._fn: Callable[..., int] | None = None
+        self._lib: ctypes.CDLL | None = None
         self._stream: torch.cuda.Stream | None = None
 
     def _ready(self) -> tuple[Callable[..., int], torch.cuda.Stream]:
@@ -141,7 +142,10 @@ class CudaMover:
                 paths = sorted({line.split()[-1] for line in maps if "libcudart" in line})
             if not paths:
                 raise RuntimeError("no CUDA runtime is loaded in this process")
-            fn = ctypes.CDLL(paths[0]).cudaMemcpyAsync
+            major = (torch.version.cuda or "").split(".")[0]
+            paths.sort(key=lambda p: f"libcudart.so.{major}" not in p)  # torch's own runtime first
+            self._lib = ctypes.CDLL(paths[0])
+            fn = self._lib.cudaMemcpyAsync
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
             fn.restype = ctypes.c_int
             self._fn, self._stream = fn, torch.cuda.Stream()
@@ -152,6 +156,8 @@ class CudaMover:
         code = fn(dst, src, nbytes, self._DEFAULT_KIND, ctypes.c_void_p(stream.cuda_stream))
         if code != 0:
             stream.synchronize()
+            if self._lib is not None:
+                self._lib.cudaGetLastError()  # else torch's next error check would report this one
             raise RuntimeError(f"cudaMemcpyAsync of {nbytes} bytes failed with CUDA error {code}")
 
     def wait(self) -> None:
@@ -268,13 +274,9 @@ class SleepPool:
                 f"the pool needs {nbytes / GIB:.2f} GiB more host RAM and only {available / GIB:.2f} GiB is "
                 f"available ({self.ram_reserve_bytes / GIB:.0f} GiB is kept free)"
             )
-        before = self.allocator.stats()
-        region = self.allocator.allocate_bytes(nbytes, pin=True)
-        after = self.allocator.stats()
-        if after.pinned_bytes - before.pinned_bytes < nbytes:
-            del region  # it stayed pageable: give it back at once
-            reason = "over the pin budget" if after.over_budget > before.over_budget else "cudaHostRegister refused"
-            return f"{nbytes / GIB:.2f} GiB could not be pinned ({reason})"
+        region, why = self.allocator.allocate_pinned(nbytes)
+        if region is None:
+            return f"{nbytes / GIB:.2f} GiB could not be pinned ({why})"
         self.regions.append(region)
         self.stats.pool_bytes += nbytes
         self.stats.grown += 1

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -89,19 +90,16 @@ def pooled_sleep(
         return
 
     _synchronize()
-    for (ptr, data), backup in zip(keep, backups, strict=True):
-        pool.mover.start(backup.data_ptr(), ptr, data.handle[1])
-    kept_ids = {id(data) for _, data in keep}
-    # What is only discarded (the KV cache) goes while the copies run; what is kept, after them.
-    for data in drop:
-        if id(data) not in kept_ids:
-            try:
-                ops.unmap_and_release(data.handle)
-            finally:
-                data.is_asleep = True
-    pool.mover.wait()
+    # Every copy is done before anything is unmapped (cuMemUnmap waits for the device anyway):
+    # a copy that fails leaves the engine awake and whole.
+    try:
+        for (ptr, data), backup in zip(keep, backups, strict=True):
+            pool.mover.start(backup.data_ptr(), ptr, data.handle[1])
+    finally:
+        pool.mover.wait()
     for (_, data), backup in zip(keep, backups, strict=True):
         data.cpu_backup_tensor = backup
+    for data in drop:
         try:
             ops.unmap_and_release(data.handle)
         finally:
@@ -132,24 +130,27 @@ def pooled_wake_up(allocator: Any, tags: list[str] | None, pool: SleepPool, ops:
     moved = 0
     restored: list[Any] = []
     keys: list[int] = []
-    for ptr, data in allocator.pointer_to_data.items():
-        if not data.is_asleep:
-            continue
-        if tags is None or data.tag in tags or data.tag not in DEFERRABLE:
-            ops.create_and_map(data.handle)
-            data.is_asleep = False
-            backup = data.cpu_backup_tensor
-            if backup is not None:
-                # copied while the next allocations are mapped
-                nbytes = backup.numel() * backup.element_size()
-                pool.mover.start(ptr, backup.data_ptr(), nbytes)
-                moved += nbytes
-                restored.append(data)
-                keys.append(ptr)
-    pool.mover.wait()
-    pool.release(keys)
-    for data in restored:
-        data.cpu_backup_tensor = None
+    try:
+        for ptr, data in allocator.pointer_to_data.items():
+            if not data.is_asleep:
+                continue
+            if tags is None or data.tag in tags or data.tag not in DEFERRABLE:
+                ops.create_and_map(data.handle)
+                data.is_asleep = False
+                backup = data.cpu_backup_tensor
+                if backup is not None:
+                    # copied while the next allocations are mapped
+                    nbytes = backup.numel() * backup.element_size()
+                    pool.mover.start(ptr, backup.data_ptr(), nbytes)
+                    moved += nbytes
+                    restored.append(data)
+                    keys.append(ptr)
+    finally:
+        # Whatever happened, the copies queued so far finish, and what they restored is settled.
+        pool.mover.wait()
+        pool.release(keys)
+        for data in restored:
+            data.cpu_backup_tensor = None
     pool.record("wake", moved, time.perf_counter() - t0)
     logger.info("sleep pool: wake restored %.2f GiB in %.2f s", moved / GIB, time.perf_counter() - t0)
 
@@ -170,7 +171,21 @@ def prepare_in_background(allocator: Any, pool: SleepPool) -> threading.Thread:
 
     thread = threading.Thread(target=run, name="sleep-pool-prepare", daemon=True)
     thread.start()
+    _threads.append(thread)
     return thread
+
+
+_threads: list[threading.Thread] = []
+
+
+def wait_for_prepare() -> None:
+    """Block until every background prepare has finished (before vLLM captures CUDA graphs)."""
+    while _threads:
+        thread = _threads.pop()
+        if thread.is_alive():
+            t0 = time.perf_counter()
+            thread.join()
+            logger.info("sleep pool: waited %.1f s for the pool before CUDA graph capture", time.perf_counter() - t0)
 
 
 def install(settings: PatchSettings, allocator: PinnedAllocator) -> list[str]:
@@ -217,6 +232,23 @@ def install(settings: PatchSettings, allocator: PinnedAllocator) -> list[str]:
 
         return use_memory_pool
 
+    def make_warm_up(original: Callable[..., Any]) -> Callable[..., Any]:
+        def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+            wait_for_prepare()  # pinning while CUDA graphs are captured would break the capture
+            return original(self, *args, **kwargs)
+
+        return compile_or_warm_up_model
+
+    try:
+        from vllm.v1.worker.gpu_worker import Worker
+    except Exception as exc:  # without the hook a background prepare could meet a graph capture
+        logger.warning(
+            "sleep pool: vLLM's GPU worker cannot be imported (%s); the pool is taken at the first sleep", exc
+        )
+        settings = replace(settings, sleep_pool_prepare=False)
+    else:
+        if wrap(Worker, "compile_or_warm_up_model", make_warm_up):
+            patched.append("Worker.compile_or_warm_up_model")
     if wrap(cumem.CuMemAllocator, "use_memory_pool", make_use):
         patched.append("CuMemAllocator.use_memory_pool")
     if wrap(cumem.CuMemAllocator, "sleep", make_sleep):

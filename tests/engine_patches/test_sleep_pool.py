@@ -35,6 +35,7 @@ class HostMover:
         self.started = 0
         self.waits = 0
         self.fail = False
+        self.fail_on_wait = False
 
     def start(self, dst, src, n):
         if self.fail:
@@ -44,6 +45,8 @@ class HostMover:
 
     def wait(self):
         self.waits += 1
+        if self.fail_on_wait:
+            raise RuntimeError("an asynchronous copy failed: CUDA error 700")
 
 
 class FakeDevice:
@@ -264,3 +267,66 @@ def test_a_pool_prepared_after_the_weights_load_makes_the_first_sleep_take_no_me
     assert dev.intact("weights")
     pool.prepare(5 * MIB)  # already there: nothing more is taken
     assert pool.stats.grown == 1
+
+
+def test_a_copy_that_fails_while_it_runs_also_leaves_the_engine_awake_and_whole():
+    dev = FakeDevice({"weights": [2 * MIB], "kv_cache": [2 * MIB]})
+    pool, mover, _ = make_pool()
+    mover.fail_on_wait = True
+    with pytest.raises(RuntimeError, match="asynchronous copy failed"):
+        sleep(dev, pool, ("weights",))
+    assert dev.unmapped == []  # not even the KV cache
+    assert not any(d.is_asleep or d.cpu_backup_tensor is not None for d in dev.allocator.pointer_to_data.values())
+
+
+def test_a_wake_that_fails_half_way_settles_what_it_restored_and_leaves_the_rest_asleep():
+    dev = FakeDevice({"weights": [2 * MIB, 2 * MIB, 2 * MIB]})
+    pool, mover, _ = make_pool()
+    sleep(dev, pool, ("weights",))
+    calls = {"n": 0}
+
+    def map_until_out_of_memory(handle):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("CUDA_ERROR_OUT_OF_MEMORY")
+        dev.buffers[handle[2]].fill_(0x11)
+
+    dev.ops.create_and_map = map_until_out_of_memory
+    waits = mover.waits
+    with pytest.raises(RuntimeError, match="OUT_OF_MEMORY"):
+        adapter.pooled_wake_up(dev.allocator, None, pool, dev.ops)
+    assert mover.waits == waits + 1  # the two queued copies were waited for
+    datas = list(dev.allocator.pointer_to_data.items())
+    for ptr, data in datas[:2]:
+        assert not data.is_asleep and data.cpu_backup_tensor is None
+        assert torch.equal(dev.buffers[ptr], dev.original[ptr])
+    assert datas[2][1].is_asleep and datas[2][1].cpu_backup_tensor is not None
+    assert pool.stats.slept_bytes == 2 * MIB  # only the one still asleep holds its slice
+    dev.ops.create_and_map = dev._map
+    adapter.pooled_wake_up(dev.allocator, None, pool, dev.ops)  # a later wake finishes the job
+    assert dev.intact("weights")
+
+
+def test_graph_capture_waits_for_a_prepare_still_running():
+    import threading
+
+    release = threading.Event()
+    done = []
+
+    class SlowPool:
+        def prepare(self, nbytes):
+            release.wait(5)
+            done.append(nbytes)
+
+    dev = FakeDevice({"weights": [1 * MIB]})
+    adapter.prepare_in_background(dev.allocator, SlowPool())
+    threading.Timer(0.2, release.set).start()
+    adapter.wait_for_prepare()
+    assert done == [1 * MIB]
+
+
+def test_the_pool_says_why_memory_could_not_be_pinned():
+    alloc = PinnedAllocator(registrar=RecordingRegistrar(fail_after=0))
+    tensor, why = alloc.allocate_pinned(1 * MIB)
+    assert tensor is None and "cudaHostRegister refused" in (why or "")
+    assert alloc.stats().mapped_bytes == 0  # nothing kept pageable
