@@ -140,9 +140,13 @@ def _moe(settings: PatchSettings) -> list[str]:
 
 
 def _sleep_pool(settings: PatchSettings, allocator) -> list[str]:
+    from engine_patches import pinned
     from engine_patches.vllm_adapters import sleep_pool
 
-    return sleep_pool.install(settings, allocator)
+    # The pool is sized by the weights and counted on a plan line of its own: the profile's pin
+    # budget (for LoRA, UVA offload and the like) does not cap it.
+    own = pinned.PinnedAllocator(chunk_bytes=settings.pin_chunk_bytes, registrar=allocator.registrar)
+    return sleep_pool.install(settings, own)
 
 
 def _route_logs_through_vllm() -> None:

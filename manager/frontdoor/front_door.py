@@ -39,6 +39,7 @@ from manager.lora import workers as lora_workers
 from manager.lora.records import LoraAdapter
 from manager.planner.gpus import GPU, NoGPU, detect_gpu
 from manager.schemas.model_config import ModelConfig
+from manager.schemas.offload_profile import OffloadProfile
 from manager.services import models
 from manager.settings import Settings
 from manager.supervisor.supervisor import Supervisor
@@ -102,9 +103,10 @@ class FrontDoor:
             ),
             metrics,
             host_available=lambda: psutil.virtual_memory().available,
+            sleep_pool_held=supervisor.sleep_pool_held,
         )
         # What each config's sleep keeps in host RAM, by (config, when it was last changed).
-        self._sleep_bytes: dict[tuple[str, object, bool], int | None] = {}
+        self._sleep_bytes: dict[tuple[str, object, object, bool], int | None] = {}
         # Adapters known to be loaded, per engine process (worker id, pid): a restart forgets them.
         self._adapters: dict[tuple[int, int | None], set[str]] = {}
         self._adapter_locks: dict[tuple[int, str], asyncio.Lock] = {}
@@ -135,13 +137,17 @@ class FrontDoor:
     def placements(self) -> dict[str, Placement]:
         gpu = self.gpu()
         with session(self.engine) as db:
-            configs = [(c, sleep_pool_on(c, models.profile_of(db, c))) for c in db.exec(select(ModelConfig))]
-        return {c.name: placement_of(c, gpu, self._sleep_bytes_of(c, pooled), pooled=pooled) for c, pooled in configs}
+            configs = [(c, models.profile_of(db, c)) for c in db.exec(select(ModelConfig))]
+        out = {}
+        for c, profile in configs:
+            pooled = sleep_pool_on(c, profile)
+            out[c.name] = placement_of(c, gpu, self._sleep_bytes_of(c, profile, pooled), pooled=pooled)
+        return out
 
-    def _sleep_bytes_of(self, config: ModelConfig, pooled: bool) -> int | None:
-        key = (config.name, config.updated_at, pooled)
+    def _sleep_bytes_of(self, config: ModelConfig, profile: OffloadProfile | None, pooled: bool) -> int | None:
+        key = (config.name, config.updated_at, profile.updated_at if profile else None, pooled)
         if key not in self._sleep_bytes:
-            self._sleep_bytes[key] = sleep_host_bytes(config, pooled=pooled)
+            self._sleep_bytes[key] = sleep_host_bytes(config, pooled=pooled, profile=profile)
         return self._sleep_bytes[key]
 
     def name_table(self, caller: Caller = ANYONE) -> names.NameTable:

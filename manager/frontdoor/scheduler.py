@@ -168,6 +168,7 @@ class Scheduler:
         metrics: FrontDoorMetrics | None = None,
         host_available: Callable[[], int | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        sleep_pool_held: Callable[[int], int] = lambda worker_id: 0,
     ) -> None:
         self.workers = workers
         self.options = options or SchedulerOptions()
@@ -175,6 +176,7 @@ class Scheduler:
         self._placements = placements
         self._gpu_capacity = gpu_capacity
         self._host_available = host_available
+        self._sleep_pool_held = sleep_pool_held
         self._clock = clock
         self._slots: dict[str, _Slot] = {}
         self._placing = asyncio.Lock()  # one decision to evict and start at a time
@@ -339,7 +341,7 @@ class Scheduler:
                     # Requests waiting for its start count as in flight: evicting it would strand them.
                     in_flight=slot.in_flight + slot.joined,
                     persistent=placement.persistent if placement else False,
-                    may_sleep=self._may_sleep(placement),
+                    may_sleep=self._may_sleep(placement, view.id),
                 )
             )
         return running
@@ -360,20 +362,21 @@ class Scheduler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._released.wait(), timeout=min(left, 1.0))
 
-    def _may_sleep(self, placement: Placement | None) -> bool:
-        """Sleep mode is on, and host RAM has room for what the sleep keeps there."""
+    def _may_sleep(self, placement: Placement | None, worker_id: int) -> bool:
+        """Sleep mode is on, and host RAM has room for what the sleep keeps there (beyond what the
+        worker's sleep pool already holds)."""
         if placement is None or placement.sleep_level is None:
             return False
         if placement.sleep_level >= 2:
             return True  # level 2 keeps nothing in host RAM
-        if placement.sleep_pooled:
-            return True  # the pre-start check counted its pool: the sleep takes no RAM beyond it
+        if placement.sleep_host_bytes is None:
+            return False
+        held = self._sleep_pool_held(worker_id) if placement.sleep_pooled else 0
+        need = max(0, placement.sleep_host_bytes - held)
+        if need == 0:
+            return True
         available = self._host_available()
-        return (
-            placement.sleep_host_bytes is not None
-            and available is not None
-            and (available >= placement.sleep_host_bytes)
-        )
+        return available is not None and available >= need
 
     async def _evict(self, decision: eviction.MakeRoom, why: str) -> None:
         views = [self.workers.view(i) for i in decision.sleep + decision.stop]
@@ -578,7 +581,7 @@ class Scheduler:
                 idle = now - (_latest(slot.last_done, slot.ready_seen) or now)
                 if idle < placement.idle_timeout_s:
                     continue
-                level = placement.sleep_level if self._may_sleep(placement) else None
+                level = placement.sleep_level if self._may_sleep(placement, view.id) else None
                 kind = "idle_slept" if level is not None else "idle_stopped"
                 await self._unload(view, level, f": idle {idle:.0f} s", kind=kind, idle_s=round(idle, 1))
                 stopped.append(view.model)

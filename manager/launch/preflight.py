@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,9 @@ from manager.launch.command import kv_offload_bytes, sleep_pool_on
 from manager.launch.flags import flag_value
 from manager.planner import Plan, PlanError, PlanRequest, make_plan, model_files
 from manager.planner.engine_report import compare, parse_engine_kv_report
+from manager.planner.gpu_side import moe_offload
 from manager.planner.gpus import NoGPU, detect_gpu
+from manager.planner.hf_config import text_config
 from manager.planner.host import HeldRam, HostMemory, read_host_memory
 from manager.planner.weights import estimate_weights
 from manager.schemas.model_config import ModelConfig
@@ -69,7 +72,9 @@ class HostRamHeldBySleepers(Invalid):
         self.sleepers = sleepers
 
 
-def sleep_host_bytes(config: ModelConfig, level: int | None = None, *, pooled: bool = False) -> int | None:
+def sleep_host_bytes(
+    config: ModelConfig, level: int | None = None, *, pooled: bool = False, profile: OffloadProfile | None = None
+) -> int | None:
     """Host RAM a sleep at ``level`` (the config's own by default) keeps: level 1 the weights, pinned
     (their exact size through the sleep pool, else up to twice); level 2 nothing; None: sleep mode
     off, or the model's files cannot be read."""
@@ -83,7 +88,14 @@ def sleep_host_bytes(config: ModelConfig, level: int | None = None, *, pooled: b
         weights = estimate_weights(found.config, found.weights, config.dtype)
     except (model_files.ModelNotFound, OSError, ValueError, KeyError):
         return None
-    return int(weights.total_bytes * (1.0 if pooled else PINNED_ROUNDING))
+    on_gpu = weights.total_bytes  # a sleep backs up what is on the GPU, not what offload keeps in RAM
+    if profile is not None and profile.moe_expert_offload:
+        freed = moe_offload(weights, text_config(found.config), profile.moe_gpu_cache_gib or 0).gpu_bytes_freed
+        on_gpu -= freed
+    cpu_offload = flag_value(config.extra_args, "--cpu-offload-gb")
+    with suppress(ValueError):
+        on_gpu -= int(float(cpu_offload or 0) * GIB) * config.tensor_parallel_size
+    return int(max(0, on_gpu) * (1.0 if pooled else PINNED_ROUNDING))
 
 
 def host_now(claims: HostClaims, host: HostMemory | None = None) -> HostMemory:
@@ -105,8 +117,8 @@ def host_now(claims: HostClaims, host: HostMemory | None = None) -> HostMemory:
                 "ram_held_sleep_pools",
                 "Sleep pools of running workers",
                 claims.pool_bytes,
-                "one pinned copy of the weights per running worker with sleep level 1, taken at its first "
-                "sleep and kept",
+                "one pinned copy of the weights on the GPU per running worker with sleep level 1, taken "
+                "while it starts and kept",
             )
         )
     if claims.sleepers:

@@ -93,7 +93,8 @@ def _totals(processes: tuple[ProcessPools, ...]) -> dict[str, dict[str, float]]:
                     continue
                 if any(tag in key for tag in _NOT_SUMMED):
                     continue
-                if key.endswith("_s"):  # a duration: the processes (TP ranks) work side by side
+                if section == "sleep_pool" and not key.endswith("bytes"):
+                    # each rank sleeps at the same calls, side by side: counts and times are per worker
                     out[key] = max(out.get(key, 0), value)
                     continue
                 out[key] = out.get(key, 0) + value
@@ -107,3 +108,17 @@ def _totals(processes: tuple[ProcessPools, ...]) -> dict[str, dict[str, float]]:
             looked_up = out["hits"] + out["misses"]
             out["hit_rate"] = out["hits"] / looked_up if looked_up else 0.0
     return totals
+
+
+def launched_with_sleep_pool(report: PoolReport) -> bool | None:
+    """Whether the engine's plugin installed the sleep pool (its published settings); None: unknown."""
+    for proc in report.processes:
+        settings = proc.sections.get("plugin", {}).get("settings")
+        if isinstance(settings, dict) and "sleep_pool" in settings:
+            return bool(settings["sleep_pool"])
+    return None
+
+
+def sleep_pool_bytes(report: PoolReport) -> int:
+    """Host bytes the engine's sleep pools hold now (all ranks)."""
+    return int(report.totals.get("sleep_pool", {}).get("pool_bytes", 0)) if report.available else 0

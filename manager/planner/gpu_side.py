@@ -73,15 +73,21 @@ def rope_cache_bytes(cfg: dict[str, Any], dtype_bytes: int = 2) -> int:
     Linear scaling stretches the table by its factor (Gemma 3's global layers: 8x, 0.5 GiB); Gemma 3's
     local layers keep a second, unscaled table. vLLM counts these in "Model loading took".
     """
-    positions = int(cfg.get("max_position_embeddings") or 0)
-    heads = int(cfg.get("num_attention_heads") or 1)
-    head_dim = int(cfg.get("head_dim") or (int(cfg.get("hidden_size") or 0) // max(1, heads)))
-    rotary = int(cfg.get("qk_rope_head_dim") or head_dim * float(cfg.get("partial_rotary_factor") or 1.0))
-    scaling = cfg.get("rope_scaling") or {}
-    kind = str(scaling.get("rope_type") or scaling.get("type") or "")
-    factor = float(scaling.get("factor") or 1.0) if kind == "linear" else 1.0
+    try:
+        positions = int(cfg.get("max_position_embeddings") or 0)
+        heads = int(cfg.get("num_attention_heads") or 1)
+        head_dim = int(cfg.get("head_dim") or (int(cfg.get("hidden_size") or 0) // max(1, heads)))
+        rotary = int(cfg.get("qk_rope_head_dim") or head_dim * float(cfg.get("partial_rotary_factor") or 1.0))
+        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        if isinstance(scaling, dict) and isinstance(scaling.get("full_attention"), dict):
+            scaling = scaling["full_attention"]  # newer transformers: per layer type
+        scaling = scaling if isinstance(scaling, dict) else {}
+        kind = str(scaling.get("rope_type") or scaling.get("type") or "")
+        factor = float(scaling.get("factor") or 1.0) if kind == "linear" else 1.0
+    except (TypeError, ValueError):
+        return 0  # a config this estimate cannot read: the cache is small next to the weights
     tables = int(positions * factor) + (positions if "rope_local_base_freq" in cfg else 0)
-    return tables * rotary * dtype_bytes
+    return max(0, tables * rotary * dtype_bytes)
 
 
 def overhead_estimate(cfg: dict[str, Any], weights: WeightEstimate, req: PlanRequest, batched: int) -> int:
@@ -98,8 +104,9 @@ def overhead_estimate(cfg: dict[str, Any], weights: WeightEstimate, req: PlanReq
         inter = int(cfg.get("intermediate_size") or 4 * hidden)
         activations = batched * (4 * hidden + 2 * inter) * 2
     logits = req.max_num_seqs * int(cfg.get("vocab_size") or 0) * 4 * SAMPLER_COPIES
-    graphs = 0 if req.enforce_eager else CUDA_GRAPH_BYTES
-    return NON_TORCH_BYTES + activations + logits + rope_cache_bytes(cfg) + graphs
+    graphs = 0 if req.enforce_eager or req.moe_expert_offload else CUDA_GRAPH_BYTES  # MoE offload runs eager
+    dtype_bytes = 4 if str(req.dtype) in ("float32", "float") else 2
+    return NON_TORCH_BYTES + activations + logits + rope_cache_bytes(cfg, dtype_bytes) + graphs
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The GPU a plan is for: the one in this machine (NVML) or a model picked from a catalogue.
 
-Catalogue memory is the total the driver reports (nvidia-smi's "MiB" figure), which is what
-vLLM multiplies by gpu_memory_utilization; the marketing "24 GB" of an RTX 4090 is 24,564 MiB.
+Catalogue memory is the total the driver reports (nvidia-smi's "MiB" figure); the marketing
+"24 GB" of an RTX 4090 is 24,564 MiB. vLLM multiplies CUDA's own total by gpu_memory_utilization,
+which is about 0.6 GiB less (measured on an H200; the plan takes that off, gpu_side.py).
 """
 
 from __future__ import annotations

@@ -194,9 +194,9 @@ def _host_lines(
         (
             "sleep_pool",
             "Sleep pool",
-            w.total_bytes if req.sleep_pool and req.gpu != "cpu" else 0,
-            "sleep level 1 copies the weights into pinned host memory taken at the first sleep and kept "
-            "for the engine's life: their exact size",
+            side.weights_bytes * req.tensor_parallel_size if req.sleep_pool and req.gpu != "cpu" else 0,
+            "sleep level 1 copies the weights on the GPU into pinned host memory taken while the engine "
+            "starts and kept for its life: their exact size",
         ),
     ]
     total = sum(n[2] for n in needs)
@@ -352,7 +352,10 @@ def _make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMe
             value=gib(side.usable_bytes),
             unit="GiB",
             section="gpu",
-            explanation=f"total x gpu_memory_utilization {req.gpu_memory_utilization:g}",
+            explanation=f"(total - 0.6 GiB the driver keeps out of CUDA's total) x gpu_memory_utilization "
+            f"{req.gpu_memory_utilization:g}"
+            if device is not None
+            else f"total x gpu_memory_utilization {req.gpu_memory_utilization:g}",
         ),
         PlanLine(
             key="weights_on_device",

@@ -61,7 +61,11 @@ class OffloadProfileFields(SQLModel):
     pinned_budget_gib: float | None = Field(default=None, gt=0, le=MAX_GIB)
     # Sleep level 1 backs the weights up into one pinned pool kept for the engine's life (about a
     # second per sleep on an H200) instead of vLLM's fresh pinned allocation at every sleep.
-    sleep_pool: bool = True
+    sleep_pool: bool = Field(
+        default=True,
+        description="sleep level 1 through one pinned copy of the weights, taken at start and kept (on); "
+        "off: vLLM's own path, fresh pinned memory at every sleep",
+    )
     description: Description = ""
 
     _json_types = field_validator("*", mode="before")(keep_bools_and_numbers_apart)

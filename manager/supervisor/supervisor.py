@@ -21,6 +21,7 @@ from manager.launch.command import build_command, served_name, sleep_pool_on
 from manager.launch.preflight import HostClaims, Sleeper, host_bytes_of, sleep_host_bytes
 from manager.launch.refusals import check_launch_fields
 from manager.launch.secrets import Redactor
+from manager.metrics.pools import PoolsReader, launched_with_sleep_pool, sleep_pool_bytes
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.schemas.worker import Worker
@@ -51,6 +52,7 @@ class Supervisor:
         self._preflight = preflight
         self._runners: dict[int, WorkerRunner] = {}
         self._lock = asyncio.Lock()
+        self._pools = PoolsReader.from_plugin()  # what each engine's plugin publishes (its sleep pool)
 
     # ---- life cycle ----------------------------------------------------------------------------
     async def start_up(self) -> None:
@@ -233,15 +235,21 @@ class Supervisor:
                 continue
             profile = models.profile_of(db, config)
             profile_bytes += host_bytes_of(profile)
-            pooled = sleep_pool_on(config, profile)
+            launched = launched_with_sleep_pool(self._pools.sample(runner.run_dir))
+            pooled = sleep_pool_on(config, profile) if launched is None else launched
             # Waking, it holds the RAM until its weights are back on the GPU.
             if life.state in (State.SLEEPING, State.WAKING):
                 level = life.sleep_level or config.sleep_level or 1
-                held = sleep_host_bytes(config, 1 if pooled else level, pooled=pooled)
+                held = sleep_host_bytes(config, 1 if pooled else level, pooled=pooled, profile=profile)
                 sleepers.append(Sleeper(runner.id, life.model, level, held))
             elif pooled:
-                pool_bytes += sleep_host_bytes(config, 1, pooled=True) or 0
+                pool_bytes += sleep_host_bytes(config, 1, pooled=True, profile=profile) or 0
         return HostClaims(profile_bytes, tuple(sleepers), pool_bytes)
+
+    def sleep_pool_held(self, worker_id: int) -> int:
+        """Host bytes worker ``worker_id``'s sleep pools hold now (0: none, or not known)."""
+        runner = self._runners.get(worker_id)
+        return sleep_pool_bytes(self._pools.sample(runner.run_dir)) if runner is not None else 0
 
     # ---- ports -----------------------------------------------------------------------------------
     def _ports_in_use(self) -> set[int]:

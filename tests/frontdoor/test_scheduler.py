@@ -557,3 +557,24 @@ def test_the_snapshot_shows_each_models_state_requests_and_last_swap():
         assert b.state == "stopped" and b.last_swap is not None and b.last_swap.kind == "cold"
 
     run(body)
+
+
+def test_a_pooled_worker_sleeps_on_the_ram_its_pool_already_holds_and_otherwise_needs_room():
+    async def body(held_gib: float, host_gib: float) -> State:
+        workers = FakeWorkers()
+        a = workers.add_ready("a")
+        table = placements(a={"sleep_level": 1, "sleep_host_bytes": 16 * G, "sleep_pooled": True})
+        scheduler = Scheduler(
+            workers,
+            lambda: table,
+            options=FAST,
+            metrics=FrontDoorMetrics(),
+            host_available=lambda: int(host_gib * G),
+            sleep_pool_held=lambda worker_id: int(held_gib * G) if worker_id == a else 0,
+        )
+        (await scheduler.acquire("b")).release()
+        return workers.state(a)
+
+    assert run(lambda: body(held_gib=16, host_gib=1)) == State.SLEEPING  # its pool holds the weights already
+    assert run(lambda: body(held_gib=0, host_gib=1)) == State.STOPPED  # no pool taken, no room: stopped
+    assert run(lambda: body(held_gib=10, host_gib=8)) == State.SLEEPING  # 6 GiB more needed, 8 free

@@ -261,3 +261,24 @@ def test_running_workers_sleep_pools_count_against_a_start(coder_awq, host_64g):
     plan = preflight.plan_now(request, HostClaims(pool_bytes=30 * G))
     assert plan.line("ram_held_sleep_pools").value == 30.0
     assert plan.line("ram_usable").value == 34.0
+
+
+def test_the_sleep_pool_holds_only_the_weights_that_sit_on_the_gpu(tmp_path):
+    folder = tmp_path / "Qwen3-30B-A3B"
+    folder.mkdir()
+    shutil.copy(FIXTURES / "Qwen3-30B-A3B.json", folder / "config.json")
+    config = ModelConfig(name="moe", model=str(folder), sleep_level=1)
+    whole = preflight.sleep_host_bytes(config, pooled=True)
+    offload = OffloadProfile(name="experts", moe_expert_offload=True, moe_gpu_cache_gib=8)
+    with_offload = preflight.sleep_host_bytes(config, pooled=True, profile=offload)
+    assert whole is not None and with_offload is not None
+    assert with_offload < whole / 2  # the experts live in host RAM already: not backed up again
+    uva = config.model_copy(update={"extra_args": ["--cpu-offload-gb", "10"]})
+    assert preflight.sleep_host_bytes(uva, pooled=True) == whole - 10 * G
+
+    # The plan's pool line follows the weights left on the GPU too, and offload means no CUDA graphs.
+    host = HostMemory(ram_total=256 * G, ram_available=250 * G, shm_total=64 * G, shm_free=64 * G, cgroup_limit=None)
+    request = preflight.plan_request(config, offload, "h100-80")
+    plan = make_plan(request, host=host)
+    assert plan.line("sleep_pool").value == pytest.approx(plan.line("weights_on_device").value, abs=0.01)
+    assert "CUDA graphs" not in plan.line("overhead").explanation

@@ -79,3 +79,21 @@ def test_a_sleep_over_two_ranks_shows_the_bytes_of_both_and_the_time_of_the_slow
     assert sleep["slept_bytes"] == 56 * gb
     assert sleep["last_sleep_s"] == 0.8  # the ranks copy side by side: the sleep took the longer one
     assert sleep["last_sleep_gbps"] == 70.0  # 56 GB in 0.8 s, not 56 + 35 summed
+
+
+def test_a_workers_own_plugin_says_whether_it_runs_the_sleep_pool(tmp_path):
+    from manager.metrics.pools import launched_with_sleep_pool, sleep_pool_bytes
+
+    reader = PoolsReader.from_plugin()
+    assert launched_with_sleep_pool(reader.sample(tmp_path)) is None  # nothing published yet
+    _write(tmp_path, os.getpid(), plugin={"settings": {"sleep_pool": False}})
+    assert launched_with_sleep_pool(reader.sample(tmp_path)) is False
+    _write(
+        tmp_path,
+        os.getppid(),
+        plugin={"settings": {"sleep_pool": True}},
+        sleep_pool={"pool_bytes": 5 << 30, "sleeps": 3, "wakes": 3},
+    )
+    report = reader.sample(tmp_path)
+    assert sleep_pool_bytes(report) == 5 << 30
+    assert report.totals["sleep_pool"]["sleeps"] == 3  # counted once per worker, not per rank

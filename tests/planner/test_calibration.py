@@ -71,3 +71,22 @@ def test_cuda_graphs_take_kv_memory_and_eager_gives_it_back(tmp_path):
     )
     assert eager.kv_budget_bytes - graphs.kv_budget_bytes == pytest.approx(1.3 * G, rel=0.01)
     assert "CUDA graphs" in graphs.line("overhead").explanation
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_scaling": ["linear", 8]},
+        {"rope_scaling": "linear"},
+        {"rope_scaling": {"rope_type": "linear", "factor": "eight"}},
+        {"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0}}},
+        {"max_position_embeddings": None},
+    ],
+)
+def test_odd_rotary_settings_never_break_a_plan(rope):
+    from manager.planner.gpu_side import rope_cache_bytes
+
+    cfg = {"max_position_embeddings": 1024, "hidden_size": 256, "num_attention_heads": 2, **rope}
+    assert rope_cache_bytes(cfg) >= 0
+    if "rope_parameters" in rope:
+        assert rope_cache_bytes(cfg) == 8 * 1024 * 128 * 2  # the linear-scaled table of newer configs
