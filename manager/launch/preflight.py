@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from manager.launch.command import kv_offload_bytes, sleep_pool_on
 from manager.launch.flags import flag_value
 from manager.planner import Plan, PlanError, PlanRequest, make_plan, model_files
 from manager.planner.engine_report import compare, parse_engine_kv_report
-from manager.planner.gpu_side import moe_offload
+from manager.planner.gpu_side import weights_on_gpu
 from manager.planner.gpus import NoGPU, detect_gpu
 from manager.planner.hf_config import text_config
 from manager.planner.host import HeldRam, HostMemory, read_host_memory
@@ -86,16 +85,12 @@ def sleep_host_bytes(
     try:
         found = model_files.read_model(config.model)
         weights = estimate_weights(found.config, found.weights, config.dtype)
+        request = plan_request(config, profile, "detected")
     except (model_files.ModelNotFound, OSError, ValueError, KeyError):
         return None
-    on_gpu = weights.total_bytes  # a sleep backs up what is on the GPU, not what offload keeps in RAM
-    if profile is not None and profile.moe_expert_offload:
-        freed = moe_offload(weights, text_config(found.config), profile.moe_gpu_cache_gib or 0).gpu_bytes_freed
-        on_gpu -= freed
-    cpu_offload = flag_value(config.extra_args, "--cpu-offload-gb")
-    with suppress(ValueError):
-        on_gpu -= int(float(cpu_offload or 0) * GIB) * config.tensor_parallel_size
-    return int(max(0, on_gpu) * (1.0 if pooled else PINNED_ROUNDING))
+    # A sleep backs up what is on the GPU, not what offload keeps in host RAM.
+    per_gpu, _ = weights_on_gpu(request, text_config(found.config), weights)
+    return int(per_gpu * config.tensor_parallel_size * (1.0 if pooled else PINNED_ROUNDING))
 
 
 def host_now(claims: HostClaims, host: HostMemory | None = None) -> HostMemory:

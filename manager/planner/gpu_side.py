@@ -109,6 +109,20 @@ def overhead_estimate(cfg: dict[str, Any], weights: WeightEstimate, req: PlanReq
     return NON_TORCH_BYTES + activations + logits + rope_cache_bytes(cfg, dtype_bytes) + graphs
 
 
+def weights_on_gpu(req: PlanRequest, cfg: dict[str, Any], weights: WeightEstimate) -> tuple[int, int]:
+    """Per GPU: the weights left on it, and those MoE offload or --cpu-offload-gb keep in host memory."""
+    tp = req.tensor_parallel_size
+    offloaded = 0
+    if req.moe_expert_offload:
+        offloaded += moe_offload(weights, cfg, req.moe_gpu_cache_gib).gpu_bytes_freed // tp
+    if req.cpu_offload_gb:
+        on_gpu = (weights.total_bytes // tp) - offloaded
+        if req.cpu_offload_params.strip() == "experts":
+            on_gpu = max(0, weights.expert_bytes // tp - offloaded)
+        offloaded += min(int(req.cpu_offload_gb * GiB), on_gpu)
+    return weights.total_bytes // tp - offloaded, offloaded
+
+
 @dataclass(frozen=True)
 class GpuSide:
     """One GPU (one tensor-parallel rank) after weights and overhead."""
@@ -142,15 +156,7 @@ def gpu_side(
     block_size = req.block_size or (128 if on_cpu else 16)
     layout = rank_layout(kv_layout(hf_config, req.kv_cache_dtype, req.dtype), tp)
 
-    offloaded = 0
-    if req.moe_expert_offload:
-        offloaded += moe_offload(weights, cfg, req.moe_gpu_cache_gib).gpu_bytes_freed // tp
-    if req.cpu_offload_gb:
-        on_gpu = (weights.total_bytes // tp) - offloaded
-        if req.cpu_offload_params.strip() == "experts":
-            on_gpu = max(0, weights.expert_bytes // tp - offloaded)
-        offloaded += min(int(req.cpu_offload_gb * GiB), on_gpu)
-    weights_gpu = weights.total_bytes // tp - offloaded
+    weights_gpu, offloaded = weights_on_gpu(req, cfg, weights)
 
     # vLLM applies the utilization to the total CUDA reports, which leaves out what the driver keeps.
     memory = host_ram_bytes if gpu is None else gpu.memory_bytes
