@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Protocol
 
 import torch
@@ -221,8 +221,16 @@ class SleepPool:
         self.publish = publish
         self.regions: list[torch.Tensor] = []
         self.live: dict[int, Slice] = {}  # device address -> its backup's slice
-        self.stats = SleepStats()
+        self._counts = SleepStats()  # counters and last times; the byte figures come from the pool
         self._lock = threading.Lock()
+
+    @property
+    def stats(self) -> SleepStats:
+        return replace(
+            self._counts,
+            pool_bytes=sum(int(r.numel()) for r in self.regions),
+            slept_bytes=sum(s.nbytes for s in list(self.live.values())),  # list(): one step under the GIL
+        )
 
     # -- sleeping ---------------------------------------------------------------------------
 
@@ -237,32 +245,26 @@ class SleepPool:
             held: list[list[tuple[int, int]]] = [[] for _ in self.regions]
             for s in self.live.values():
                 held[s.region].append((s.offset, s.nbytes))
+
+            def layout() -> tuple[list[Slice | None], int]:
+                sizes = [n for _, n in wanted]
+                return place(sizes, [int(r.numel()) for r in self.regions], held, self.allocator.chunk_bytes)
+
             try:
-                spots, extra = place(
-                    [n for _, n in wanted],
-                    [int(r.numel()) for r in self.regions],
-                    held,
-                    self.allocator.chunk_bytes,
-                )
+                spots, extra = layout()
             except ValueError as exc:
                 return str(exc)
             if extra:
                 why = self._grow(extra)
                 if why:
                     return why
-                spots, extra = place(
-                    [n for _, n in wanted],
-                    [int(r.numel()) for r in self.regions],
-                    held,
-                    self.allocator.chunk_bytes,
-                )
+                spots, extra = layout()  # the new region, last, takes what did not fit before
                 assert extra == 0
             out = []
             for (key, _), spot in zip(wanted, spots, strict=True):
                 assert spot is not None
                 self.live[key] = spot
                 out.append(self.regions[spot.region][spot.offset : spot.offset + spot.nbytes])
-            self.stats.slept_bytes = sum(s.nbytes for s in self.live.values())
             return out
 
     def _grow(self, nbytes: int) -> str | None:
@@ -278,8 +280,7 @@ class SleepPool:
         if region is None:
             return f"{nbytes / GIB:.2f} GiB could not be pinned ({why})"
         self.regions.append(region)
-        self.stats.pool_bytes += nbytes
-        self.stats.grown += 1
+        self._counts.grown += 1
         logger.info(
             "sleep pool: took %.2f GiB of pinned host memory (%.2f GiB in all)",
             nbytes / GIB,
@@ -309,19 +310,18 @@ class SleepPool:
         with self._lock:
             for key in keys:
                 self.live.pop(key, None)
-            self.stats.slept_bytes = sum(s.nbytes for s in self.live.values())
 
     def fell_back(self, reason: str) -> None:
         with self._lock:
-            self.stats.fallbacks += 1
-            self.stats.last_fallback = reason
+            self._counts.fallbacks += 1
+            self._counts.last_fallback = reason
         logger.warning("sleep pool: this sleep goes vLLM's own way (pinned memory allocated now): %s", reason)
         self._publish()
 
     def record(self, what: str, nbytes: int, seconds: float) -> None:
         """A whole sleep or wake: its time and the bytes it copied."""
         with self._lock:
-            s = self.stats
+            s = self._counts
             if what == "sleep":
                 s.sleeps += 1
                 s.last_sleep_s, s.last_sleep_bytes, s.last_sleep_gbps = (
@@ -337,6 +337,6 @@ class SleepPool:
     def _publish(self) -> None:
         if self.publish is not None:
             try:
-                self.publish(SleepStats(**asdict(self.stats)))
+                self.publish(self.stats)
             except Exception:  # stats must never break a sleep
                 logger.exception("sleep pool stats callback failed")
