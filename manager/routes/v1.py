@@ -78,24 +78,19 @@ def _multipart_route(path: str):
     return forward
 
 
-for _path in JSON_ENDPOINTS:
-    router.add_api_route(
-        _path,
-        _json_route(_path),
-        methods=["POST"],
-        summary=f"Forwarded to the model's {_path}",
-        responses={**ENGINE_ANSWER, **FORWARD_ERRORS},
-        openapi_extra={"requestBody": JSON_BODY},
-    )
-for _path in MULTIPART_ENDPOINTS:
-    router.add_api_route(
-        _path,
-        _multipart_route(_path),
-        methods=["POST"],
-        summary=f"Forwarded to the model's {_path}",
-        responses={**ENGINE_ANSWER, **FORWARD_ERRORS},
-        openapi_extra={"requestBody": MULTIPART_BODY},
-    )
+for _paths, _make_route, _body in (
+    (JSON_ENDPOINTS, _json_route, JSON_BODY),
+    (MULTIPART_ENDPOINTS, _multipart_route, MULTIPART_BODY),
+):
+    for _path in _paths:
+        router.add_api_route(
+            _path,
+            _make_route(_path),
+            methods=["POST"],
+            summary=f"Forwarded to the model's {_path}",
+            responses={**ENGINE_ANSWER, **FORWARD_ERRORS},
+            openapi_extra={"requestBody": _body},
+        )
 
 
 @router.get(MODELS, responses=openai_errors(400, 401, 429, 503))
