@@ -11,7 +11,7 @@ from manager import __version__, error_responses, openapi, web
 from manager.deps import require_admin_access
 from manager.frontdoor.endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS
 from manager.middleware import BodyLimit, FramingForbidden, HeadAsGet, TrustedHosts
-from manager.routes import docs, health, keys, loras, models, plan, profiles, transfer, usage, v1, workers
+from manager.routes import docs, health, keys, loras, models, nodes, plan, profiles, transfer, usage, v1, workers
 from manager.runtime import Runtime
 from manager.settings import Settings
 
@@ -55,7 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(FramingForbidden)  # the outermost: every answer carries it, refusals included
 
     error_responses.install(app)
-    for module in (health, docs, models, profiles, transfer, workers, plan, loras, keys, usage, v1):
+    for module in (health, docs, models, profiles, transfer, workers, nodes, plan, loras, keys, usage, v1):
         app.include_router(module.router)
     web.install(app)
     openapi.install(app, settings)

@@ -101,6 +101,13 @@ def serve(
             "(or VLLM_MANAGER_OPEN_READS=1). Without it, once a token exists, reading needs it too.",
         ),
     ] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="Run workers across a Ray cluster: 'auto' (the cluster this box joined with `ray start`) or the "
+            "head's host:port (or VLLM_MANAGER_RAY_ADDRESS). Needs the 'cluster' extra. Unset: this box only.",
+        ),
+    ] = None,
 ) -> None:
     """Run the manager's web server and API."""
     import uvicorn
@@ -108,7 +115,7 @@ def serve(
     from manager.app import create_app
     from manager.services import tokens
 
-    overrides: dict = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    overrides: dict = {k: v for k, v in (("host", host), ("port", port), ("ray_address", ray_address)) if v}
     if open_reads:
         overrides["open_reads"] = True
     try:
@@ -128,7 +135,24 @@ def serve(
             "or bind 127.0.0.1.",
             code=2,
         )
+    if settings.ray_address:
+        _join_cluster(settings.ray_address)
     uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+
+
+def _join_cluster(address: str) -> None:
+    """Join the Ray cluster before serving; an address that does not answer ends the start (exit 2)
+    instead of a silent single-box manager."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        _fail("--ray-address needs Ray: pip install 'vllm-manager[cluster]'", code=2)
+    from manager.cluster.ray_cluster import RayUnreachable, connect
+
+    try:
+        connect(address)
+    except RayUnreachable as exc:
+        _fail(str(exc), code=2)
 
 
 @token_app.command("create")

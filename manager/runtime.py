@@ -20,6 +20,7 @@ from sqlmodel import select
 
 from manager.auth.sessions import BrowserSessions
 from manager.auth.throttle import WrongTokenThrottle
+from manager.cluster.ray_cluster import RayCluster
 from manager.db import make_engine, migrate, session
 from manager.frontdoor.front_door import FrontDoor
 from manager.frontdoor.metrics import FrontDoorMetrics
@@ -61,10 +62,14 @@ class Runtime:
         migrate(engine)
         # Many streams at once go through /v1: more connections than httpx's default 100.
         http = httpx.AsyncClient(limits=httpx.Limits(max_connections=2048, max_keepalive_connections=256))
-        supervisor = Supervisor(settings, engine, http, preflight=refuse_if_it_cannot_fit)
+        cluster = open_cluster(settings)
+        supervisor = Supervisor(settings, engine, http, preflight=refuse_if_it_cannot_fit, cluster=cluster)
         await supervisor.start_up()
+        if cluster is not None:
+            cluster.start()
         collector = MetricsCollector(
             lambda: [worker_info(v) for v in supervisor.views()],
+            remote=cluster.remote_readings if cluster is not None else None,
             disks=watched_disks(settings, engine),
             history=HistoryStore(engine, retention_days=settings.metrics_retention_days),
         )
@@ -99,6 +104,9 @@ class Runtime:
         return runtime
 
     async def close(self) -> None:
+        cluster = self.supervisor.cluster
+        if cluster is not None:
+            await cluster.stop()
         await self.front_door.stop()
         await self.usage.stop()
         await self.pin_keeper.stop()
@@ -106,6 +114,22 @@ class Runtime:
         await self.supervisor.shut_down()
         await self.http.aclose()
         self.engine.dispose()
+        if cluster is not None:
+            cluster.close()
+
+
+def open_cluster(settings: Settings) -> RayCluster | None:
+    """The Ray cluster the manager runs workers on, joined now unless ``serve`` already did; None
+    without a Ray address (Ray is then never imported)."""
+    if not settings.ray_address:
+        return None
+    import ray
+
+    from manager.cluster.ray_cluster import RayCluster, connect
+
+    if not ray.is_initialized():
+        connect(settings.ray_address)
+    return RayCluster(settings.ray_address, settings.data_dir)
 
 
 def open_browser_sessions(settings: Settings) -> BrowserSessions:
@@ -141,6 +165,8 @@ def worker_info(view: WorkerView) -> WorkerInfo:
         run_dir=view.run_path,
         restarts=view.restart_count,
         started_at=started_at,
+        address=view.address,
+        node=view.node if view.address != "127.0.0.1" else None,
     )
 
 

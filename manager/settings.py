@@ -40,7 +40,10 @@ class Settings(BaseSettings):
     engine_python: str = Field(default_factory=lambda: sys.executable)
     worker_ports: str = "8100-8199"
     # Where workers listen. Loopback by default; a container sets 0.0.0.0 so published ports reach them.
+    # Workers on other nodes of a Ray cluster listen on their node's address, where the manager reaches them.
     worker_host: str = "127.0.0.1"
+    # A Ray cluster to run workers on ("auto", or the head's host:port). Unset: this box only, no Ray.
+    ray_address: str | None = None
     # Engine flags that load code of the user's choosing are refused unless this is on.
     allow_code_flags: bool = False
     stop_grace_s: float = 20.0

@@ -259,7 +259,7 @@ class FrontDoor:
                     added.waited += time.perf_counter() - asked
             body, content_type = encoded()
             upstream = await proxy.send_upstream(
-                self.http, lease.port, request.method, path, body, request, content_type, added
+                self.http, lease.port, request.method, path, body, request, content_type, added, lease.address
             )
         except BaseException:
             lease.release()

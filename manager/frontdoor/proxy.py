@@ -171,14 +171,15 @@ async def send_upstream(
     request: Request,
     content_type: str,
     added: AddedTime | None = None,
+    address: str = "127.0.0.1",
 ) -> httpx.Response:
-    """Send to the engine on loopback and return as soon as its status and headers are in."""
+    """Send to the engine on loopback (or on its node) and return as soon as its status and headers are in."""
     headers = {name: request.headers[name] for name in FORWARD_HEADERS if name in request.headers}
     headers["content-type"] = content_type
     # Uncompressed on loopback, so that the answer's usage can be read as it passes.
     headers["accept-encoding"] = "identity"
     upstream = http.build_request(
-        method, f"http://127.0.0.1:{port}{path}", content=body, headers=headers, timeout=UPSTREAM_TIMEOUT
+        method, f"http://{address}:{port}{path}", content=body, headers=headers, timeout=UPSTREAM_TIMEOUT
     )
     if added is not None:
         added.sent = time.perf_counter()

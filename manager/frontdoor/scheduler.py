@@ -103,6 +103,7 @@ class Lease:
     _on_release: Callable[[Lease], None]
     released: bool = False
     queued: bool = False  # it waited (for a start, a swap or a drain) rather than being served at once
+    address: str = "127.0.0.1"  # where the engine answers (another node's address in a cluster)
 
     def release(self) -> None:
         if not self.released:
@@ -233,7 +234,9 @@ class Scheduler:
             self.metrics.in_flight.labels(config).inc()
             self.metrics.queue_wait.observe(waited)
         served = view.served_model_name or config
-        return Lease(config, view.id, view.pid, view.port, served, waited, self._release, queued=queued)
+        return Lease(
+            config, view.id, view.pid, view.port, served, waited, self._release, queued=queued, address=view.address
+        )
 
     def _release(self, lease: Lease) -> None:
         slot = self._slot(lease.config)

@@ -13,13 +13,15 @@ import httpx
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.lora.records import LoadedAdapter
 
+LOOPBACK = "127.0.0.1"
+
 
 class EngineUnreachable(ManagerError):
     status = 502
 
 
-def _url(port: int, path: str) -> str:
-    return f"http://127.0.0.1:{port}{path}"
+def _url(port: int, path: str, address: str) -> str:
+    return f"http://{address}:{port}{path}"
 
 
 def _engine_message(resp: httpx.Response) -> str:
@@ -33,17 +35,21 @@ def _engine_message(resp: httpx.Response) -> str:
     return str(body.get("message") or body.get("detail") or body)[:500]
 
 
-async def _post(http: httpx.AsyncClient, port: int, path: str, body: dict, timeout: float) -> httpx.Response:
+async def _post(
+    http: httpx.AsyncClient, port: int, path: str, body: dict, timeout: float, address: str
+) -> httpx.Response:
     try:
-        return await http.post(_url(port, path), json=body, timeout=timeout)
+        return await http.post(_url(port, path, address), json=body, timeout=timeout)
     except httpx.HTTPError as exc:
         raise EngineUnreachable(f"the worker on port {port} did not answer {path} ({exc})") from exc
 
 
-async def load(http: httpx.AsyncClient, port: int, name: str, path: str, timeout: float = 600.0) -> float:
+async def load(
+    http: httpx.AsyncClient, port: int, name: str, path: str, timeout: float = 600.0, address: str = LOOPBACK
+) -> float:
     """Load the adapter; returns the seconds the engine took (read from disk into its cache)."""
     started = time.perf_counter()
-    resp = await _post(http, port, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout)
+    resp = await _post(http, port, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout, address)
     seconds = time.perf_counter() - started
     if resp.status_code == 404:
         raise Invalid(
@@ -59,8 +65,10 @@ async def load(http: httpx.AsyncClient, port: int, name: str, path: str, timeout
     return seconds
 
 
-async def unload(http: httpx.AsyncClient, port: int, name: str, timeout: float = 120.0) -> None:
-    resp = await _post(http, port, "/v1/unload_lora_adapter", {"lora_name": name}, timeout)
+async def unload(
+    http: httpx.AsyncClient, port: int, name: str, timeout: float = 120.0, address: str = LOOPBACK
+) -> None:
+    resp = await _post(http, port, "/v1/unload_lora_adapter", {"lora_name": name}, timeout, address)
     if resp.status_code == 404 and "cannot be found" not in resp.text:
         raise Invalid(f"the worker on port {port} has no runtime LoRA endpoints (enable_lora off?)")
     if resp.status_code >= 400:
@@ -70,10 +78,12 @@ async def unload(http: httpx.AsyncClient, port: int, name: str, timeout: float =
         raise Invalid(f"vLLM refused to unload adapter {name!r}: {message}")
 
 
-async def loaded(http: httpx.AsyncClient, port: int, timeout: float = 10.0) -> list[LoadedAdapter]:
+async def loaded(
+    http: httpx.AsyncClient, port: int, timeout: float = 10.0, address: str = LOOPBACK
+) -> list[LoadedAdapter]:
     """The adapters the worker serves now (entries of /v1/models that have a parent)."""
     try:
-        resp = await http.get(_url(port, "/v1/models"), timeout=timeout)
+        resp = await http.get(_url(port, "/v1/models", address), timeout=timeout)
         resp.raise_for_status()
         entries = resp.json().get("data", [])
     except (httpx.HTTPError, ValueError) as exc:

@@ -53,16 +53,16 @@ class PinKeeper:
             for view in views:
                 if (worker_id is not None and view.id != worker_id) or not view.ready or not view.port:
                     continue
-                done += await self._restore(view.id, view.port, view.model)
+                done += await self._restore(view.id, view.port, view.model, view.address)
         return done
 
-    async def _restore(self, worker_id: int, port: int, model_config: str) -> list[str]:
+    async def _restore(self, worker_id: int, port: int, model_config: str, address: str) -> list[str]:
         with session(self.engine) as db:
             pinned = [a for a in registry.list_adapters(db, model_config) if a.pinned]
         if not pinned:
             return []
         try:
-            present = {a.name for a in await engine_api.loaded(self.http, port)}
+            present = {a.name for a in await engine_api.loaded(self.http, port, address=address)}
         except ManagerError as exc:
             log.warning("worker %s: cannot list its adapters (%s)", worker_id, exc.message)
             return []
@@ -71,7 +71,7 @@ class PinKeeper:
             if adapter.name in present:
                 continue
             try:
-                seconds = await engine_api.load(self.http, port, adapter.name, adapter.path)
+                seconds = await engine_api.load(self.http, port, adapter.name, adapter.path, address=address)
             except ManagerError as exc:
                 self.supervisor.events.record(
                     "lora_pin_failed",

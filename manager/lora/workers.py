@@ -32,6 +32,7 @@ class WorkerTarget:
     port: int
     model_config: str
     run_dir: str | None
+    address: str = "127.0.0.1"
 
 
 @dataclass
@@ -61,7 +62,7 @@ def ready_worker(supervisor: Supervisor, worker_id: int) -> WorkerTarget:
             f"worker {worker_id} is {view.state}, not ready: adapters load into a "
             f"serving worker (start it, or wait until it is ready)"
         )
-    return WorkerTarget(worker_id, view.port, view.model, view.run_dir)
+    return WorkerTarget(worker_id, view.port, view.model, view.run_dir, view.address)
 
 
 def _check_base(adapter_config: str, target: WorkerTarget, name: str) -> None:
@@ -78,7 +79,7 @@ async def load_on_worker(
     adapter = registry.get_adapter(db, name)
     target = ready_worker(supervisor, worker_id)
     _check_base(adapter.base_config, target, name)
-    seconds = await engine_api.load(http, target.port, adapter.name, adapter.path)
+    seconds = await engine_api.load(http, target.port, adapter.name, adapter.path, address=target.address)
     registry.record_load(db, adapter.name, seconds)
     supervisor.events.record(
         "lora_loaded",
@@ -94,7 +95,7 @@ async def unload_from_worker(
     db: Session, supervisor: Supervisor, http: httpx.AsyncClient, worker_id: int, name: str
 ) -> dict[str, Any]:
     target = ready_worker(supervisor, worker_id)
-    await engine_api.unload(http, target.port, name)
+    await engine_api.unload(http, target.port, name, address=target.address)
     pinned = False
     with contextlib.suppress(NotFound):  # loaded by hand, never registered: unloading it is still fine
         pinned = registry.get_adapter(db, name).pinned
@@ -109,7 +110,7 @@ async def worker_loras(
     db: Session, supervisor: Supervisor, http: httpx.AsyncClient, worker_id: int, pools: PoolsReader | None = None
 ) -> WorkerLoras:
     target = ready_worker(supervisor, worker_id)
-    loaded = await engine_api.loaded(http, target.port)
+    loaded = await engine_api.loaded(http, target.port, address=target.address)
     registered = [
         {
             "name": a.name,
@@ -122,7 +123,7 @@ async def worker_loras(
     ]
     result = WorkerLoras(worker_id, target.model_config, loaded, registered)
     try:
-        resp = await http.get(f"http://127.0.0.1:{target.port}/metrics", timeout=10)
+        resp = await http.get(f"http://{target.address}:{target.port}/metrics", timeout=10)
         lora = parse_metrics(resp.text, time.monotonic()).lora
         if lora is not None:
             result.running, result.waiting = list(lora.running), list(lora.waiting)

@@ -47,6 +47,27 @@ class WorkerInfo:
     run_dir: Path | None = None
     restarts: int = 0
     started_at: float | None = None  # unix time the current process started
+    address: str = "127.0.0.1"  # where its HTTP server answers
+    node: str | None = None  # another node of a Ray cluster: its figures come from that node's agent
+
+
+@dataclass(frozen=True)
+class NodeMetrics:
+    """Another node of the Ray cluster, as its agent read it with these same collectors."""
+
+    name: str
+    state: str  # alive | lost
+    host: HostSample | None
+    gpu: GpuReport | None
+
+
+@dataclass(frozen=True)
+class RemoteReading:
+    """What the cluster's heartbeat last read on another node (``sample``: a ``NodeSample``)."""
+
+    name: str
+    state: str
+    sample: Any
 
 
 @dataclass(frozen=True)
@@ -70,6 +91,7 @@ class Snapshot:
     gpu: GpuReport
     host: HostSample
     workers: tuple[WorkerMetrics, ...]
+    nodes: tuple[NodeMetrics, ...] = ()  # the other nodes of a Ray cluster (none on one box)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -90,6 +112,16 @@ class Snapshot:
             out[p + "power_w"] = g.power_w
             out[p + "pcie_rx_bytes_per_s"] = g.pcie_rx_bytes_per_s
             out[p + "pcie_tx_bytes_per_s"] = g.pcie_tx_bytes_per_s
+        for node in self.nodes:
+            if node.gpu is not None:
+                for g in node.gpu.gpus:
+                    # gpu.<node>/<index>.*: the same charts (gpu.*.memory_used_bytes) show every node's GPUs
+                    p = f"gpu.{node.name}/{g.index}."
+                    out[p + "utilization_pct"] = g.utilization_pct
+                    out[p + "memory_used_bytes"] = g.memory_used_bytes
+            if node.host is not None:
+                out[f"node.{node.name}.cpu_pct"] = node.host.cpu_pct
+                out[f"node.{node.name}.ram_used_bytes"] = node.host.ram_used_bytes
         h = self.host
         out["host.cpu_pct"] = h.cpu_pct
         out["host.ram_used_bytes"] = h.ram_used_bytes
@@ -134,6 +166,8 @@ def _json_default(value: Any) -> Any:
 
 
 WorkerLister = Callable[[], Iterable[WorkerInfo] | Awaitable[Iterable[WorkerInfo]]]
+# The other nodes' latest readings, from the Ray cluster's heartbeat.
+RemoteReadings = Callable[[], list[RemoteReading]]
 
 
 class MetricsCollector:
@@ -157,8 +191,10 @@ class MetricsCollector:
         interval_s: float = 1.0,
         scraped_states: frozenset[str] = SCRAPED_STATES,
         clock: Callable[[], float] = time.time,
+        remote: RemoteReadings | None = None,
     ) -> None:
         self._list_workers = list_workers
+        self._remote = remote
         self._disks = tuple(disks)
         self.gpu = gpu or GpuCollector()
         self.host = host or HostCollector()
@@ -184,17 +220,30 @@ class MetricsCollector:
         if inspect.isawaitable(workers):
             workers = await workers
         workers = list(workers)
-        # worker id -> port of the workers whose HTTP server answers /metrics now
-        scraped = {w.id: w.port for w in workers if w.state in self._scraped_states and w.port}
+        # worker id -> (address, port) of the workers whose HTTP server answers /metrics now
+        scraped = {w.id: (w.address, w.port) for w in workers if w.state in self._scraped_states and w.port}
+        here = [w for w in workers if w.node is None]
         local, engines = await asyncio.gather(
             # psutil and NVML block; a thread keeps the event loop (and the SSE streams) moving.
-            asyncio.to_thread(self._sample_local, workers),
-            asyncio.gather(*(self.engine.scrape(wid, port) for wid, port in scraped.items())),
+            asyncio.to_thread(self._sample_local, here),
+            asyncio.gather(*(self.engine.scrape(wid, port, address) for wid, (address, port) in scraped.items())),
         )
         self.engine.forget_except(set(scraped))
         host, gpu, trees, pools = local
+        readings = self._remote() if self._remote is not None else []
+        nodes = tuple(
+            NodeMetrics(r.name, r.state, r.sample.host if r.sample else None, r.sample.gpu if r.sample else None)
+            for r in readings
+        )
+        for r in readings:
+            if r.sample is not None:
+                trees = {**trees, **{pid: t for pid, t in r.sample.trees.items() if pid not in trees}}
+                pools = {**pools, **{wid: p for wid, p in r.sample.pools.items() if wid not in pools}}
         by_worker = dict(zip(scraped, engines, strict=True))
         gpu_mem = worker_gpu_memory(gpu)
+        for r in readings:
+            if r.sample is not None:
+                gpu_mem.update(worker_gpu_memory(r.sample.gpu))
         now = self._clock()
         self._seq += 1
         snapshot = Snapshot(
@@ -202,6 +251,7 @@ class MetricsCollector:
             taken_at=now,
             gpu=gpu,
             host=host,
+            nodes=nodes,
             workers=tuple(
                 WorkerMetrics(
                     id=w.id,
@@ -211,7 +261,7 @@ class MetricsCollector:
                     restarts=w.restarts,
                     uptime_s=None if w.started_at is None else max(0.0, now - w.started_at),
                     process=trees.get(w.root_pid) if w.root_pid else None,
-                    gpu_memory_bytes=gpu_mem.get(w.id) if gpu.available else None,
+                    gpu_memory_bytes=gpu_mem.get(w.id) if gpu.available or w.id in gpu_mem else None,
                     engine=by_worker.get(w.id),
                     pools=pools.get(w.id),
                 )

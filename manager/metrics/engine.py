@@ -300,8 +300,8 @@ class EngineScraper:
         self._clock = clock
         self._history: dict[str, _History] = {}
 
-    async def scrape(self, worker_id: str, port: int) -> EngineSample:
-        url = f"http://{self._host}:{port}/metrics"
+    async def scrape(self, worker_id: str, port: int, address: str | None = None) -> EngineSample:
+        url = f"http://{address or self._host}:{port}/metrics"
         try:
             resp = await self._client.get(url)
             resp.raise_for_status()

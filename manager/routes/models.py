@@ -1,7 +1,7 @@
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from manager.deps import SessionDep, SettingsDep, is_authorized
+from manager.deps import SessionDep, SettingsDep, SupervisorDep, is_authorized
 from manager.errors import Invalid
 from manager.launch.command import preview_command
 from manager.launch.secrets import Redactor, without_secrets
@@ -28,10 +28,10 @@ def list_models(request: Request, db: SessionDep, settings: SettingsDep):
     "",
     response_model=ModelConfigPublic,
     status_code=201,
-    responses=errors(404, 409, 422, _404="No offload profile of that name"),
+    responses=errors(404, 409, 422, _404="No offload profile of that name", _422="Also: a node the Ray cluster lacks"),
 )
-def create_model(data: ModelConfigCreate, db: SessionDep, settings: SettingsDep):
-    config = models.create_model(db, data, allow_code_flags=settings.allow_code_flags)
+def create_model(data: ModelConfigCreate, db: SessionDep, settings: SettingsDep, supervisor: SupervisorDep):
+    config = models.create_model(db, data, allow_code_flags=settings.allow_code_flags, check_node=supervisor.check_node)
     return models.to_public(db, config)
 
 
@@ -41,8 +41,10 @@ def get_model(name: str, request: Request, db: SessionDep, settings: SettingsDep
 
 
 @router.put("/{name}", response_model=ModelConfigPublic, responses=errors(404, 409, 422))
-def replace_model(name: str, data: ModelConfigUpdate, db: SessionDep, settings: SettingsDep):
-    config = models.replace_model(db, name, data, allow_code_flags=settings.allow_code_flags)
+def replace_model(name: str, data: ModelConfigUpdate, db: SessionDep, settings: SettingsDep, supervisor: SupervisorDep):
+    config = models.replace_model(
+        db, name, data, allow_code_flags=settings.allow_code_flags, check_node=supervisor.check_node
+    )
     return models.to_public(db, config)
 
 

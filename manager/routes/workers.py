@@ -14,7 +14,7 @@ from manager.deps import MAX_EVENTS, MAX_ROW_ID, LogTail, Pid, SessionDep, Super
 from manager.launch.preflight import worker_kv_check
 from manager.launch.secrets import hide_flag_values
 from manager.openapi import EVENT_STREAM, errors
-from manager.schemas.common import MAX_GPUS, UNIQUE_ITEMS, GpuId, Name, keep_bools_and_numbers_apart
+from manager.schemas.common import MAX_GPUS, UNIQUE_ITEMS, GpuId, Name, ShortText, keep_bools_and_numbers_apart
 from manager.supervisor.view import WorkerView
 
 router = APIRouter(prefix="/api", tags=["workers"])
@@ -32,6 +32,11 @@ class WorkerStart(BaseModel):
     )
     port: int | None = Field(default=None, ge=1, le=65535)
     force: bool = Field(default=False, description="Start even if the memory plan says it will not fit")
+    node: ShortText | None = Field(
+        default=None,
+        description="With a Ray cluster: the node this start runs on (default the config's node, else the first "
+        "that fits); a worker whose config names no node may later move if that node is lost",
+    )
 
     _json_types = field_validator("*", mode="before")(keep_bools_and_numbers_apart)
 
@@ -61,7 +66,7 @@ def list_workers(sup: SupervisorDep) -> list[WorkerView]:
 
 @router.post("/workers", status_code=201, responses=errors(404, 409, 422, _404="No model config of that name"))
 async def start_worker(body: WorkerStart, sup: SupervisorDep, response: Response) -> WorkerView:
-    view, created = await sup.create_worker(body.model, body.gpus, body.port, body.force)
+    view, created = await sup.create_worker(body.model, body.gpus, body.port, body.force, body.node)
     if not created:
         response.status_code = 200
     return view

@@ -92,6 +92,12 @@ class ModelConfigFields(SQLModel):
         le=2,
         description="vLLM sleep mode: 1 keeps the weights in host RAM, 2 drops them; empty: off",
     )
+    node: ShortText | None = Field(
+        default=None,
+        description="With a Ray cluster: the node to run on (its name, hostname, address, Ray node id, a custom "
+        "resource or a label value). Empty: the first node that fits; a worker on a lost node then restarts on "
+        "another one",
+    )
 
     _json_types = field_validator("*", mode="before")(keep_bools_and_numbers_apart)
 

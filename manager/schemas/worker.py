@@ -16,6 +16,8 @@ class Worker(SQLModel, table=True):
     model_name: str
     gpus: list[int] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     port: int | None = None
+    node: str | None = None  # the Ray node it runs on; None on a single box
+    run_dir: str | None = None  # its engine's run folder on that node (None: the local default)
     # What the manager wants: "running" or "stopped". Re-adoption and autostart read it.
     desired: str = "running"
     state: str = "stopped"

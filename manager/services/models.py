@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from sqlmodel import Session, col, select
 
@@ -89,6 +89,10 @@ def profile_of(db: Session, config: ModelConfig) -> OffloadProfile | None:
     return db.get(OffloadProfile, config.offload_profile_id)
 
 
+# Raises Invalid, naming the nodes there are, for a node the Ray cluster does not have.
+NodeCheck = Callable[[str], object]
+
+
 def _fields(db: Session, data: ModelConfigIn, allow_code_flags: bool, stored: ModelConfig | None = None) -> dict:
     # A hidden value sent back as it was shown (a reader without the token, the edit page) stays as stored.
     extra_args, env = keep_stored(
@@ -100,7 +104,11 @@ def _fields(db: Session, data: ModelConfigIn, allow_code_flags: bool, stored: Mo
     return fields
 
 
-def create_model(db: Session, data: ModelConfigCreate, *, allow_code_flags: bool = False) -> ModelConfig:
+def create_model(
+    db: Session, data: ModelConfigCreate, *, allow_code_flags: bool = False, check_node: NodeCheck | None = None
+) -> ModelConfig:
+    if data.node and check_node is not None:
+        check_node(data.node)
     if db.exec(select(ModelConfig).where(ModelConfig.name == data.name)).first():
         raise Conflict(f"a model config named {data.name!r} already exists")
     check_names(db, data.name, data)
@@ -111,8 +119,17 @@ def create_model(db: Session, data: ModelConfigCreate, *, allow_code_flags: bool
     return config
 
 
-def replace_model(db: Session, name: str, data: ModelConfigIn, *, allow_code_flags: bool = False) -> ModelConfig:
+def replace_model(
+    db: Session,
+    name: str,
+    data: ModelConfigIn,
+    *,
+    allow_code_flags: bool = False,
+    check_node: NodeCheck | None = None,
+) -> ModelConfig:
     config = get_model(db, name)
+    if data.node and data.node != config.node and check_node is not None:
+        check_node(data.node)
     check_names(db, name, data)
     for key, value in _fields(db, data, allow_code_flags, stored=config).items():
         setattr(config, key, value)

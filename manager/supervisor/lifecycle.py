@@ -26,10 +26,14 @@ class State(StrEnum):
     # weights in host RAM, level 2 drops them); waking takes seconds instead of a cold start.
     SLEEPING = "sleeping"
     WAKING = "waking"
+    # Its node dropped out of the Ray cluster: the engine may still run there, out of reach.
+    LOST = "lost"
 
 
 # A worker in these states holds (or is about to hold) its engine, its GPUs and its config.
-ACTIVE = frozenset({State.STARTING, State.READY, State.STOPPING, State.CRASHED, State.SLEEPING, State.WAKING})
+ACTIVE = frozenset(
+    {State.STARTING, State.READY, State.STOPPING, State.CRASHED, State.SLEEPING, State.WAKING, State.LOST}
+)
 # States in which the engine serves its endpoints and is watched for health.
 SERVING = frozenset({State.READY, State.SLEEPING})
 
@@ -70,6 +74,7 @@ class StartKind(StrEnum):
     SWITCH = "switch"
     CRASH_RESTART = "restart after crash"
     ROLLBACK = "roll back"
+    MOVE = "move to another node"
 
 
 @dataclass(frozen=True)
@@ -147,7 +152,15 @@ class Adopted:
 
 @dataclass(frozen=True)
 class FoundGone:
-    """After a manager restart, the engine this worker had is no longer there."""
+    """After a manager restart, or when its lost node came back, the engine this worker had is gone."""
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    """The worker's node dropped out of the Ray cluster (Ray says so, or its agent stopped answering)."""
+
+    node: str
+    can_move: bool  # the config names no node: another node that fits may take the worker
 
 
 @dataclass(frozen=True)
@@ -245,6 +258,7 @@ Event = (
     | DeleteRequested
     | Adopted
     | FoundGone
+    | NodeLost
     | Launched
     | LaunchRefused
     | GroupStopped
@@ -356,10 +370,17 @@ def step(life: Life, event: Event, policy: Policy) -> Step:
         case Adopted():
             return _adopted(life, event)
         case FoundGone():
+            if life.state == State.LOST and life.desired == "running":
+                gone = replace(life, engine=None, sleep_level=None)
+                return _launch(
+                    gone, StartKind.CRASH_RESTART, life.model, "its engine was gone when its node came back", False
+                )
             if life.state == State.STOPPED:
                 return replace(life, engine=None), []
             new = replace(life, state=State.STOPPED, engine=None)
             return new, [_moved(life, new, "stopped", "its process was gone after a manager restart; marked stopped")]
+        case NodeLost():
+            return _node_lost(life, event)
         case Launched():
             return _launched(life, event)
         case LaunchRefused(error=error):
@@ -469,6 +490,7 @@ def _launched(life: Life, event: Launched) -> Step:
         detail="process started",
         deadline=event.now + event.start_timeout_s,
         health_failures=0,
+        sleep_level=None,
     )
     effects: list[Effect] = []
     if event.removed_stale:
@@ -483,7 +505,25 @@ def _launched(life: Life, event: Launched) -> Step:
     return new, effects
 
 
+def _node_lost(life: Life, event: NodeLost) -> Step:
+    if life.state in (State.STOPPED, State.FAILED, State.LOST):
+        return life, []
+    # Its engine stays recorded: if the node comes back with it still running, it is re-adopted.
+    asleep = life.sleep_level if life.state in (State.SLEEPING, State.WAKING) else None
+    new = replace(life, state=State.LOST, next_restart_at=None, switch_from=None, start_kind=None, sleep_level=asleep)
+    effects: list[Effect] = [_moved(life, new, "lost", f"node {event.node} is lost: {life.model} is out of reach")]
+    if event.can_move and life.desired == "running":
+        launched, more = _launch(
+            new, StartKind.MOVE, life.model, f"node {event.node} lost: restarting elsewhere", False
+        )
+        return launched, effects + more
+    return new, effects
+
+
 def _launch_refused(life: Life, error: ManagerError) -> Step:
+    if life.start_kind == StartKind.MOVE:
+        stay = replace(life, start_kind=None)
+        return stay, [record("move_refused", f"{life.model} stays lost: {error.message}")]
     if life.start_kind == StartKind.CRASH_RESTART:
         return _failed(replace(life, start_kind=None), f"restart refused: {error.message}")
     if life.start_kind == StartKind.ROLLBACK:

@@ -14,8 +14,8 @@ class Probe:
     detail: str
 
 
-async def probe(client: httpx.AsyncClient, port: int, served_name: str) -> Probe:
-    base = f"http://127.0.0.1:{port}"
+async def probe(client: httpx.AsyncClient, port: int, served_name: str, address: str = "127.0.0.1") -> Probe:
+    base = f"http://{address}:{port}"
     try:
         health = await client.get(f"{base}/health", timeout=5)
     except httpx.TransportError as exc:

@@ -223,6 +223,18 @@ def stale_offload_files(shm: Path = Path("/dev/shm")) -> list[Path]:
     return [c for c in candidates if str(c) not in in_use]
 
 
+def remove_stale_offload_files() -> list[str]:
+    """Remove the stale KV-offload files (``stale_offload_files``); the paths removed."""
+    removed = []
+    for path in stale_offload_files():
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            continue
+        removed.append(str(path))
+    return removed
+
+
 def _fds(pid: int) -> list[str]:
     targets: list[str] = []
     try:

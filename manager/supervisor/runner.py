@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy.engine import Engine as DbEngine
 
+from manager.cluster.hosts import LocalHost, ProcessHost
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.launch.command import LaunchCommand
@@ -30,7 +30,7 @@ from manager.launch.validation import cannot_run
 from manager.schemas.worker import Worker
 from manager.settings import Settings
 from manager.supervisor import lifecycle as lc
-from manager.supervisor import process, sleep_mode
+from manager.supervisor import sleep_mode
 from manager.supervisor.events import EventLog
 from manager.supervisor.logs import LogTail, meaningful_error, new_log_file
 from manager.supervisor.probe import probe
@@ -41,24 +41,28 @@ log = logging.getLogger("vllm_manager.runner")
 
 @dataclass
 class Prepared:
-    """What the supervisor prepared for one start: the command and the limits that go with it."""
+    """What the supervisor prepared for one start: the command, where it runs and its limits."""
 
     served_name: str
     command: LaunchCommand
     start_timeout_s: float
     secrets: Redactor = field(default_factory=Redactor)  # the config's, hidden in its events and log lines
+    host: ProcessHost = field(default_factory=LocalHost)  # the box it runs on
+    run_dir: Path | None = None  # its run folder on that box (None: the worker's local one)
+    log_dir: Path | None = None  # its log folder on that box, when that is another box
 
 
-# Builds the launch for a model config: (worker id, config name, port, gpus, run dir, force).
-Prepare = Callable[[int, str, int, list[int], Path, bool], Prepared]
+# Builds the launch for a model config: (worker id, config name, port, gpus, force).
+Prepare = Callable[[int, str, int, list[int], bool], Prepared]
 
 
 @dataclass
 class Command:
-    kind: str  # start | stop | restart | switch | delete | sleep | wake
+    kind: str  # start | stop | restart | switch | delete | sleep | wake | event
     model: str | None = None
     force: bool = False
     level: int | None = None  # sleep: vLLM's sleep level
+    event: lc.Event | None = None  # event: what the supervisor saw of the worker's node
     future: asyncio.Future[WorkerView] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -69,8 +73,10 @@ class RunnerDeps:
     events: EventLog
     http: httpx.AsyncClient
     prepare: Prepare
-    # After a stop: end engine processes still on the GPUs (gpus, engine pids) -> notes.
-    after_stop: Callable[[list[int], list[int]], list[str]] = lambda gpus, pids: []
+    # The box a worker stored on node N runs on (None: this one, without a cluster).
+    host_of: Callable[[str | None], ProcessHost] = lambda node: LocalHost()
+    # A lost node's engine that its worker let go of (stopped, or moved elsewhere): ended when it returns.
+    abandon: Callable[[str, lc.Engine], None] = lambda node, engine: None
 
 
 def policy_of(settings: Settings) -> lc.Policy:
@@ -115,21 +121,29 @@ class WorkerRunner:
         self.logs = LogTail()
         self.secrets = Redactor()  # of the config the engine was started with
         self._row = row
-        self._popen: subprocess.Popen[bytes] | None = None
+        self.node: str | None = row.node
+        self.host: ProcessHost = deps.host_of(row.node)
+        self._run_dir: Path | None = Path(row.run_dir) if row.run_dir else None
+        self._remote_log: tuple[Path, Path, int] | None = None  # (on its node, local copy, bytes copied)
+        self._lost_node: str | None = None
+        self.wanted_node: str | None = None  # the node its next start must run on (asked for at creation)
         self._queue: asyncio.Queue[Command] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._forgotten = False
 
     @property
     def run_dir(self) -> Path:
-        return self.deps.settings.run_dir / f"worker-{self.id}"
+        """The engine's run folder, on the box it runs on."""
+        return self._run_dir or self.deps.settings.run_dir / f"worker-{self.id}"
 
     @property
     def log_dir(self) -> Path:
         return self.deps.settings.logs_dir / f"worker-{self.id}"
 
     # ---- used by the supervisor ----------------------------------------------------------------
-    async def begin(self, first: lc.Adopted | lc.FoundGone | None = None, secrets: Redactor | None = None) -> None:
+    async def begin(
+        self, first: lc.Adopted | lc.FoundGone | lc.NodeLost | None = None, secrets: Redactor | None = None
+    ) -> None:
         """Start the owner task; `first` reconciles the stored worker with what is running now, whose
         config's ``secrets`` its events and log lines hide."""
         self.secrets = secrets or Redactor()
@@ -137,6 +151,7 @@ class WorkerRunner:
             logs = sorted(self.log_dir.glob("start-*.log"))
             if logs:
                 self.logs.follow(logs[-1], from_start=True, secrets=self.secrets)
+                self._copy_log_from(logs[-1])
         if first is not None:
             await self._feed(first)
         self._task = asyncio.create_task(self._own(), name=f"worker-{self.id}")
@@ -149,11 +164,16 @@ class WorkerRunner:
                 await self._task
 
     async def send(
-        self, kind: str, model: str | None = None, force: bool = False, level: int | None = None
+        self,
+        kind: str,
+        model: str | None = None,
+        force: bool = False,
+        level: int | None = None,
+        event: lc.Event | None = None,
     ) -> WorkerView:
         if self._task is None or self._task.done():
             raise NotFound(f"worker {self.id} is gone (deleted)")
-        cmd = Command(kind, model, force, level)
+        cmd = Command(kind, model, force, level, event)
         await self._queue.put(cmd)
         return await cmd.future
 
@@ -172,6 +192,7 @@ class WorkerRunner:
             lc.State.STOPPING,
             lc.State.SLEEPING,
             lc.State.WAKING,
+            lc.State.LOST,
         )
         return WorkerView(
             id=self.id,
@@ -181,6 +202,8 @@ class WorkerRunner:
             detail=life.detail,
             pid=life.engine.pid if has_process and life.engine else None,
             port=life.port,
+            node=self.node,
+            address=self.host.address,
             gpus=self.gpus,
             uptime_s=uptime,
             restart_count=life.restart_count,
@@ -199,6 +222,7 @@ class WorkerRunner:
                 cmd: Command | None = await asyncio.wait_for(self._queue.get(), timeout=interval)
             except TimeoutError:
                 cmd = None
+            await self._pull_log()
             self.logs.poll()
             if cmd is not None:
                 try:
@@ -223,7 +247,10 @@ class WorkerRunner:
             late.future.set_exception(NotFound(f"worker {self.id} was deleted"))
 
     async def _handle(self, cmd: Command) -> None:
-        alive = self._alive()
+        if cmd.kind == "event" and cmd.event is not None:
+            await self._feed(cmd.event)
+            return
+        alive = bool(await self._alive())
         if cmd.kind == "start":
             await self._feed(lc.StartRequested(cmd.force))
         elif cmd.kind == "stop":
@@ -234,7 +261,7 @@ class WorkerRunner:
             if not cmd.model:
                 raise Conflict("switch needs the name of a model config")
             # Refuse a config that cannot be launched before the running one is stopped.
-            self.deps.prepare(self.id, cmd.model, self._port(), self.gpus, self.run_dir, cmd.force)
+            await asyncio.to_thread(self.deps.prepare, self.id, cmd.model, self._port(), self.gpus, cmd.force)
             await self._feed(lc.SwitchRequested(cmd.model, alive, cmd.force))
         elif cmd.kind == "delete":
             await self._feed(lc.DeleteRequested(alive))
@@ -251,12 +278,18 @@ class WorkerRunner:
         """Observe the engine as its state asks, and tell the machine what was seen."""
         state = self.life.state
         if state == lc.State.STARTING or state in lc.SERVING:
-            if not self._alive():
+            alive = await self._alive()
+            if alive is None:
+                return  # its node did not answer: the cluster's heartbeat decides whether it is lost
+            if not alive:
+                await self._pull_log()
                 await self._end_group(quick=True)
                 reason = meaningful_error(self.logs.tail(300))
                 await self._feed(lc.Exited(self._exit_text(), reason, time.monotonic()))
                 return
-            result = await probe(self.deps.http, self._port(), self.life.served_name or self.life.model)
+            result = await probe(
+                self.deps.http, self._port(), self.life.served_name or self.life.model, self.host.address
+            )
             await self._feed(
                 lc.Probed(result.healthy, result.serves, result.detail, self.logs.latest(), time.monotonic())
             )
@@ -269,6 +302,13 @@ class WorkerRunner:
     async def _feed(self, event: lc.Event) -> None:
         before = self.life
         self.life, effects = lc.step(before, event, self.policy)
+        if self.life.state == lc.State.LOST and before.state != lc.State.LOST:
+            self._lost_node = self.node
+        elif before.state == lc.State.LOST and self.life.state != lc.State.LOST:
+            let_go = before.engine is not None and self.life.engine != before.engine
+            if let_go and self._lost_node and before.engine is not None:
+                self.deps.abandon(self._lost_node, before.engine)
+            self._lost_node = None
         if self.life != before and not self._forgotten:
             self._store()
         for effect in effects:
@@ -285,11 +325,9 @@ class WorkerRunner:
             case lc.Launch():
                 return await self._launch(effect)
             case lc.StopGroup(pid=pid):
-                report = await asyncio.to_thread(
-                    process.stop_group, pid, self.deps.settings.stop_grace_s, self._popen_of(pid)
-                )
-                self._popen = None
-                notes = self.deps.after_stop(self.gpus, report.killed)
+                report = await asyncio.to_thread(self.host.stop_group, pid, self.deps.settings.stop_grace_s)
+                notes = await asyncio.to_thread(self.host.end_gpu_orphans, self.gpus, report.killed)
+                await self._pull_log()
                 self.logs.poll()
                 return lc.GroupStopped(
                     report.graceful, report.seconds, tuple(report.killed), tuple(report.leftover), tuple(notes)
@@ -298,10 +336,12 @@ class WorkerRunner:
                 await self._end_group(quick=False, pid=pid)
                 return lc.Killed(reason, time.monotonic())
             case lc.PutToSleep(level=level):
-                ok, seconds, detail = await sleep_mode.put_to_sleep(self.deps.http, self._port(), level)
+                ok, seconds, detail = await sleep_mode.put_to_sleep(
+                    self.deps.http, self._port(), level, self.host.address
+                )
                 return lc.Slept(ok, seconds, detail)
             case lc.WakeUp(level=level):
-                ok, seconds, detail = await sleep_mode.wake_up(self.deps.http, self._port(), level)
+                ok, seconds, detail = await sleep_mode.wake_up(self.deps.http, self._port(), level, self.host.address)
                 return lc.Woke(ok, seconds, detail, time.monotonic())
             case lc.Reject(error=error):
                 raise error
@@ -312,32 +352,34 @@ class WorkerRunner:
     async def _launch(self, effect: lc.Launch) -> lc.Event:
         port = self._port()
         try:
-            launch = self.deps.prepare(self.id, effect.model, port, self.gpus, self.run_dir, effect.force)
+            launch = await asyncio.to_thread(self.deps.prepare, self.id, effect.model, port, self.gpus, effect.force)
         except ManagerError as exc:
             return lc.LaunchRefused(exc)
-        removed = await asyncio.to_thread(_remove_stale_offload_files)
-        shutil.rmtree(self.run_dir, ignore_errors=True)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        host = launch.host
+        run_dir = launch.run_dir or self.deps.settings.run_dir / f"worker-{self.id}"
+        try:
+            removed = await asyncio.to_thread(host.remove_stale_offload_files)
+        except OSError:
+            removed = []
+        if isinstance(host, LocalHost):
+            shutil.rmtree(run_dir, ignore_errors=True)
+            run_dir.mkdir(parents=True, exist_ok=True)
         self.secrets = launch.secrets
         shown_argv = self.secrets.argv(launch.command.argv)
         log_path = new_log_file(self.log_dir)
         log_path.write_text(f"# vllm-manager: {effect.reason}: {effect.model}\n# argv: {shown_argv}\n")
         self.logs.follow(log_path, secrets=self.secrets)
+        engine_log = log_path if launch.log_dir is None else launch.log_dir / log_path.name
         try:
-            popen = await asyncio.to_thread(
-                process.spawn, launch.command.argv, launch.command.env, log_path, self.run_dir
-            )
+            spawned = await asyncio.to_thread(host.spawn, launch.command.argv, launch.command.env, engine_log, run_dir)
         except (OSError, ValueError) as exc:
             return lc.LaunchRefused(Invalid(cannot_run(launch.command.argv[0], exc)))
-        self._popen = popen
-        found = process.identity(popen.pid)
-        engine = lc.Engine(
-            popen.pid,
-            found.create_time if found else None,
-            tuple(found.cmdline) if found else tuple(launch.command.argv),
-        )
+        self.host, self.node, self._run_dir = host, host.node, run_dir
+        self._remote_log = (engine_log, log_path, 0) if engine_log != log_path else None
+        engine = lc.Engine(spawned.pid, spawned.create_time, spawned.cmdline)
+        where = f" on node {host.node}" if host.node else ""
         return lc.Launched(
-            reason=effect.reason,
+            reason=effect.reason + where,
             model=effect.model,
             served_name=launch.served_name,
             engine=engine,
@@ -353,20 +395,19 @@ class WorkerRunner:
         assert self.life.port is not None, "a worker always has a port"
         return self.life.port
 
-    def _popen_of(self, pid: int) -> subprocess.Popen[bytes] | None:
-        return self._popen if self._popen is not None and self._popen.pid == pid else None
-
-    def _alive(self) -> bool:
+    async def _alive(self) -> bool | None:
+        """Is the engine there; None when its node did not answer."""
         engine = self.life.engine
         if engine is None:
             return False
-        popen = self._popen_of(engine.pid)
-        if popen is not None:
-            return popen.poll() is None
-        return process.matches(engine.pid, engine.create_time, engine.cmdline)
+        try:
+            return await asyncio.to_thread(self.host.alive, engine.pid, engine.create_time, engine.cmdline)
+        except OSError:
+            return None
 
     def _exit_text(self) -> str:
-        code = self._popen.returncode if self._popen is not None else None
+        engine = self.life.engine
+        code = self.host.exit_code(engine.pid) if engine else None
         return f"exited with code {code}" if code is not None else "exited"
 
     async def _end_group(self, quick: bool, pid: int | None = None) -> None:
@@ -374,8 +415,32 @@ class WorkerRunner:
         pid = pid or (self.life.engine.pid if self.life.engine else None)
         if pid:
             grace = 2.0 if quick else self.deps.settings.stop_grace_s
-            await asyncio.to_thread(process.stop_group, pid, grace, self._popen_of(pid))
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(self.host.stop_group, pid, grace)
         self.logs.poll()
+
+    # ---- the log of an engine on another node ------------------------------------------------------
+    def _copy_log_from(self, local: Path) -> None:
+        """After a manager restart: go on copying a remote engine's log where the local copy ends."""
+        if isinstance(self.host, LocalHost) or self.node is None:
+            return
+        remote_dir = self.deps.settings.data_dir / "nodes" / self.node / "logs" / f"worker-{self.id}"
+        self._remote_log = (remote_dir / local.name, local, local.stat().st_size if local.exists() else 0)
+
+    async def _pull_log(self) -> None:
+        """Copy what a remote engine wrote since the last look into the local log file that the
+        worker's log tail, the API and the live stream read."""
+        if self._remote_log is None or self.life.state == lc.State.LOST:
+            return
+        remote, local, offset = self._remote_log
+        try:
+            chunk = await asyncio.to_thread(self.host.read_log, remote, offset)
+        except OSError:
+            return
+        if chunk:
+            with local.open("ab") as handle:
+                handle.write(chunk)
+            self._remote_log = (remote, local, offset + len(chunk))
 
     # ---- storage -----------------------------------------------------------------------------------
     def _store(self) -> None:
@@ -389,6 +454,8 @@ class WorkerRunner:
         row.desired = life.desired
         row.restart_count = life.restart_count
         row.last_error = life.last_error
+        row.node = self.node
+        row.run_dir = str(self._run_dir) if self._run_dir else None
         with session(self.deps.engine) as db:
             db.merge(row)
             db.commit()
@@ -400,14 +467,3 @@ class WorkerRunner:
             if row is not None:
                 db.delete(row)
                 db.commit()
-
-
-def _remove_stale_offload_files() -> list[str]:
-    removed = []
-    for path in process.stale_offload_files():
-        try:
-            path.unlink(missing_ok=True)
-        except OSError:
-            continue
-        removed.append(str(path))
-    return removed

@@ -16,17 +16,23 @@ import httpx
 SLEEP_TIMEOUT_S = 600.0  # moving a big model's weights to host RAM takes tens of seconds
 
 
-async def put_to_sleep(http: httpx.AsyncClient, port: int, level: int) -> tuple[bool, float, str]:
+async def put_to_sleep(
+    http: httpx.AsyncClient, port: int, level: int, address: str = "127.0.0.1"
+) -> tuple[bool, float, str]:
     started = time.perf_counter()
+    target = f"{address}:{port}"
     # mode=wait: were a request still running (the front door drains first), let it finish.
-    failure = await _post(http, port, f"/sleep?level={level}&mode=wait")
+    failure = await _post(http, target, f"/sleep?level={level}&mode=wait")
     if failure is None:
-        failure = await _expect_sleeping(http, port, True)
+        failure = await _expect_sleeping(http, target, True)
     return failure is None, time.perf_counter() - started, failure or ""
 
 
-async def wake_up(http: httpx.AsyncClient, port: int, level: int) -> tuple[bool, float, str]:
+async def wake_up(
+    http: httpx.AsyncClient, port: int, level: int, address: str = "127.0.0.1"
+) -> tuple[bool, float, str]:
     started = time.perf_counter()
+    target = f"{address}:{port}"
     if level >= 2:
         steps = ["/wake_up?tags=weights", "/collective_rpc", "/wake_up"]
     else:
@@ -34,18 +40,18 @@ async def wake_up(http: httpx.AsyncClient, port: int, level: int) -> tuple[bool,
     failure = None
     for path in steps:
         body = {"method": "reload_weights"} if path == "/collective_rpc" else None
-        failure = await _post(http, port, path, body)
+        failure = await _post(http, target, path, body)
         if failure is not None:
             break
     if failure is None:
-        failure = await _expect_sleeping(http, port, False)
+        failure = await _expect_sleeping(http, target, False)
     return failure is None, time.perf_counter() - started, failure or ""
 
 
-async def _post(http: httpx.AsyncClient, port: int, path: str, body: dict | None = None) -> str | None:
+async def _post(http: httpx.AsyncClient, target: str, path: str, body: dict | None = None) -> str | None:
     """None when the engine did it, else what it said."""
     try:
-        resp = await http.post(f"http://127.0.0.1:{port}{path}", json=body, timeout=SLEEP_TIMEOUT_S)
+        resp = await http.post(f"http://{target}{path}", json=body, timeout=SLEEP_TIMEOUT_S)
     except httpx.HTTPError as exc:
         return f"POST {path.split('?')[0]} did not answer ({type(exc).__name__}: {exc})"
     if resp.status_code == 404:
@@ -58,9 +64,9 @@ async def _post(http: httpx.AsyncClient, port: int, path: str, body: dict | None
     return None
 
 
-async def _expect_sleeping(http: httpx.AsyncClient, port: int, wanted: bool) -> str | None:
+async def _expect_sleeping(http: httpx.AsyncClient, target: str, wanted: bool) -> str | None:
     try:
-        resp = await http.get(f"http://127.0.0.1:{port}/is_sleeping", timeout=30)
+        resp = await http.get(f"http://{target}/is_sleeping", timeout=30)
         sleeping = resp.json().get("is_sleeping")
     except (httpx.HTTPError, ValueError, AttributeError) as exc:
         return f"GET /is_sleeping did not answer ({type(exc).__name__})"

@@ -9,29 +9,39 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from manager.cluster.hosts import LocalHost, ProcessHost
+from manager.cluster.nodes import NodeState, spans_nodes
+from manager.cluster.views import NodeView, node_view, this_box
 from manager.db import session
-from manager.errors import Conflict, NotFound
+from manager.errors import Conflict, Invalid, NotFound
 from manager.launch.command import build_command, served_name, sleep_pool_on
+from manager.launch.flags import flag_value
 from manager.launch.preflight import HostClaims, Sleeper, host_bytes_of, sleep_host_bytes
 from manager.launch.refusals import check_launch_fields
 from manager.launch.secrets import Redactor
+from manager.metrics.gpu import GpuReport
+from manager.metrics.host import HostSample
 from manager.metrics.pools import PoolsReader, launched_with_sleep_pool, sleep_pool_bytes
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.schemas.worker import Worker
 from manager.services import models
 from manager.settings import Settings
-from manager.supervisor import gpu_cleanup, process
+from manager.supervisor import lifecycle as lc
+from manager.supervisor import process
 from manager.supervisor.events import EventLog
-from manager.supervisor.lifecycle import Adopted, FoundGone, State
+from manager.supervisor.lifecycle import Adopted, FoundGone, NodeLost, State
 from manager.supervisor.runner import Prepared, RunnerDeps, WorkerRunner
 from manager.supervisor.view import WorkerView
+
+if TYPE_CHECKING:
+    from manager.cluster.ray_cluster import RayCluster
 
 # Refuses a start that cannot fit: (config, its profile, force, the host RAM other workers hold).
 Preflight = Callable[[ModelConfig, OffloadProfile | None, bool, HostClaims], None]
@@ -43,7 +53,12 @@ class Supervisor:
     """The set of workers: creates them, routes commands to their runners, publishes their views."""
 
     def __init__(
-        self, settings: Settings, engine: Engine, http: httpx.AsyncClient, preflight: Preflight | None
+        self,
+        settings: Settings,
+        engine: Engine,
+        http: httpx.AsyncClient,
+        preflight: Preflight | None,
+        cluster: RayCluster | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -51,8 +66,16 @@ class Supervisor:
         self._http = http
         self._preflight = preflight
         self._runners: dict[int, WorkerRunner] = {}
+        self._starting: dict[int, WorkerRunner] = {}  # created, first start not yet under way
         self._lock = asyncio.Lock()
         self._pools = PoolsReader.from_plugin()  # what each engine's plugin publishes (its sleep pool)
+        self._local = LocalHost()
+        self.cluster = cluster
+        self._orphans: dict[str, list[lc.Engine]] = {}  # engines on lost nodes that no worker holds now
+        if cluster is not None:
+            self._local = cluster.local
+            cluster.workers_on = self._workers_on
+            cluster.on_change(self._node_changed)
 
     # ---- life cycle ----------------------------------------------------------------------------
     async def start_up(self) -> None:
@@ -61,9 +84,13 @@ class Supervisor:
             rows = list(db.exec(select(Worker).order_by(col(Worker.id))))
         for row in rows:
             runner = self._make_runner(row)
-            first: Adopted | FoundGone | None = None
-            if row.pid and process.matches(row.pid, row.pid_create_time, row.cmdline):
-                first = self._adopted(runner, f"re-adopted pid {row.pid} after a manager restart")
+            first: Adopted | FoundGone | NodeLost | None = None
+            where = f" on node {row.node}" if row.node and self.cluster is not None else ""
+            running = await self._still_running(row)
+            if running is None:
+                first = NodeLost(row.node or "?", can_move=self._can_move(row.model_name))
+            elif running:
+                first = self._adopted(runner, f"re-adopted pid {row.pid}{where} after a manager restart")
             elif row.state != State.STOPPED.value:
                 first = FoundGone()
             await runner.begin(first, self._secrets_of(row.model_name, row.cmdline))
@@ -117,7 +144,12 @@ class Supervisor:
         return None
 
     async def create_worker(
-        self, model: str, gpus: list[int] | None = None, port: int | None = None, force: bool = False
+        self,
+        model: str,
+        gpus: list[int] | None = None,
+        port: int | None = None,
+        force: bool = False,
+        node: str | None = None,
     ) -> tuple[WorkerView, bool]:
         """Start a worker for a model config. One config runs at most once: a second call for the same
         config returns the worker already running it (created=False)."""
@@ -130,6 +162,13 @@ class Supervisor:
             chosen_gpus = gpus if gpus is not None else list(config.gpu_ids)
             chosen_port = port or config.port or self._free_port()
             self._check_port(chosen_port)
+            if node and self.cluster is None:
+                raise Invalid(
+                    f"a start on node {node!r} needs a Ray cluster: start the manager with --ray-address",
+                    field="node",
+                )
+            if node:
+                self.check_node(node)
             with session(self.engine) as db:
                 row = Worker(model_name=model, gpus=chosen_gpus, port=chosen_port, state=State.STOPPED.value)
                 db.add(row)
@@ -137,14 +176,17 @@ class Supervisor:
                 db.refresh(row)
             # Listed only once its start is under way: nobody sees a new worker as "stopped".
             runner = self._make_runner(row, listed=False)
+            runner.wanted_node = node
             await runner.begin()
             self.events.record("created", f"worker for {model} on port {chosen_port}", runner.id)
             try:
                 view = await runner.send("start", force=force)
             except Exception:
+                self._starting.pop(runner.id, None)
                 await runner.send("delete")
                 raise
             self._runners[runner.id] = runner
+            self._starting.pop(runner.id, None)
         return view, True
 
     async def command(
@@ -165,11 +207,13 @@ class Supervisor:
 
     def _make_runner(self, row: Worker, listed: bool = True) -> WorkerRunner:
         deps = RunnerDeps(
-            self.settings, self.engine, self.events, self._http, self._prepare, gpu_cleanup.end_gpu_orphans
+            self.settings, self.engine, self.events, self._http, self._prepare, self._host_of, self._abandon
         )
         runner = WorkerRunner(row, deps)
         if listed:
             self._runners[runner.id] = runner
+        else:
+            self._starting[runner.id] = runner
         return runner
 
     def _adopted(self, runner: WorkerRunner, message: str) -> Adopted:
@@ -179,23 +223,25 @@ class Supervisor:
             config = models.get_model(db, life.model)
             timeout, served, level = float(config.start_timeout_s), served_name(config), config.sleep_level
         # A worker stored as asleep (or waking) is asleep: the engine stays so until told otherwise.
-        sleeping = (level or 1) if life.state in (State.SLEEPING, State.WAKING) else None
+        asleep = life.state in (State.SLEEPING, State.WAKING) or (life.state == State.LOST and life.sleep_level)
+        sleeping = (life.sleep_level or level or 1) if asleep else None
         elapsed = 0.0
         if life.started_at is not None:
             elapsed = (datetime.now(UTC) - life.started_at).total_seconds()
         return Adopted(message, served, timeout, elapsed, time.monotonic(), sleeping)
 
-    def _prepare(
-        self, worker_id: int, model_name: str, port: int, gpus: list[int], run_dir: Path, force: bool
-    ) -> Prepared:
+    def _prepare(self, worker_id: int, model_name: str, port: int, gpus: list[int], force: bool) -> Prepared:
         with session(self.engine) as db:
             config = models.get_model(db, model_name)
             profile = models.profile_of(db, config)
-            claims = self._host_claims(db, worker_id)
-        # Written before a rule refused it, or imported under VLLM_MANAGER_ALLOW_CODE_FLAGS=1 since unset.
-        check_launch_fields(config.extra_args, config.env, self.settings.allow_code_flags)
-        if self._preflight is not None:
-            self._preflight(config, profile, force, claims)
+            # Written before a rule refused it, or imported under VLLM_MANAGER_ALLOW_CODE_FLAGS=1 since unset.
+            check_launch_fields(config.extra_args, config.env, self.settings.allow_code_flags)
+            node = self._place(db, worker_id, config, profile, force)
+        host = self._host_of(node)
+        run_dir, log_dir = self.settings.run_dir / f"worker-{worker_id}", None
+        if self.cluster is not None and node is not None and not isinstance(host, LocalHost):
+            root = self.cluster.run_root(node)
+            run_dir, log_dir = root / "run" / f"worker-{worker_id}", root / "logs" / f"worker-{worker_id}"
         cmd = build_command(
             config,
             profile,
@@ -203,9 +249,191 @@ class Supervisor:
             port=port,
             gpus=gpus or list(config.gpu_ids),
             run_dir=run_dir,
-            host=self.settings.worker_host,
+            host=self.settings.worker_host if isinstance(host, LocalHost) else host.address,
         )
-        return Prepared(served_name(config), cmd, float(config.start_timeout_s), Redactor.of_config(config))
+        if self.cluster is not None and spans_nodes(
+            config.tensor_parallel_size, config.extra_args, self.cluster.most_gpus()
+        ):
+            cmd.env.update(self.cluster.ray_env())  # vLLM's Ray executor joins this cluster
+            if flag_value(cmd.argv, "--distributed-executor-backend") is None:
+                cmd.argv.extend(["--distributed-executor-backend", "ray"])
+            cmd.notes.append("--distributed-executor-backend ray: the model needs more GPUs than any one node has")
+        return Prepared(
+            served_name(config),
+            cmd,
+            float(config.start_timeout_s),
+            Redactor.of_config(config),
+            host=host,
+            run_dir=run_dir,
+            log_dir=log_dir,
+        )
+
+    # ---- nodes -----------------------------------------------------------------------------------
+    def nodes(self, host: HostSample | None, gpu: GpuReport | None) -> list[NodeView]:
+        """Each node with its figures and workers; without a cluster, this box (``host``, ``gpu``: the
+        latest local readings)."""
+        if self.cluster is None:
+            return [this_box(host, gpu, sorted(self._runners))]
+        views = []
+        for status in self.cluster.statuses():
+            sample = status.sample
+            views.append(
+                node_view(
+                    name=status.name,
+                    node_id=status.ray.node_id,
+                    hostname=status.ray.hostname,
+                    address=status.ray.address,
+                    state=status.state.value,
+                    here=status.local,
+                    since=status.since,
+                    error=status.error,
+                    host=sample.host if sample else None,
+                    gpu=sample.gpu if sample else None,
+                    workers=sorted(r.id for r in self._runners.values() if r.node == status.name),
+                )
+            )
+        return views
+
+    def check_node(self, wanted: str) -> None:
+        """Invalid, naming the nodes there are, when the Ray cluster has no node called ``wanted``
+        (without a cluster a config may name one; its start says what is missing)."""
+        if self.cluster is not None:
+            self.cluster.resolve(wanted)
+
+    def _place(
+        self, db: Session, worker_id: int, config: ModelConfig, profile: OffloadProfile | None, force: bool
+    ) -> str | None:
+        """The node a start runs on, after the planner's check there: the config's node, else the
+        first live node that fits (the one it ran on before first). Invalid naming each node's refusal."""
+        if self.cluster is None:
+            if config.node:
+                raise Invalid(
+                    f"model config {config.name} asks for node {config.node!r}, but this manager runs without a Ray "
+                    "cluster: start it with --ray-address, or clear the config's node",
+                    field="node",
+                )
+            if self._preflight is not None:
+                self._preflight(config, profile, force, self._host_claims(db, worker_id))
+            return None
+        cluster = self.cluster
+        if spans_nodes(config.tensor_parallel_size, config.extra_args, cluster.most_gpus()):
+            # vLLM's Ray executor places the model's GPU workers across the cluster itself; the API
+            # server runs here. The per-node plan does not apply to a model larger than any node.
+            return cluster.local_name
+        runner = self._runners.get(worker_id) or self._starting.get(worker_id)
+        previous = runner.node if runner is not None else None
+        # The start's own node (this start only: a later move may go anywhere that fits), else the config's.
+        wanted = runner.wanted_node if runner is not None and runner.wanted_node else config.node
+        if runner is not None:
+            runner.wanted_node = None
+        if wanted:
+            candidates = cluster.resolve(wanted)
+            if not candidates:
+                raise Invalid(f"node {wanted!r} is lost: wait until it is back", field="node")
+        else:
+            candidates = cluster.alive_names()
+        candidates.sort(key=lambda name: (name != previous, not cluster.is_local(name), self._load_on(name), name))
+        refusals = []
+        for name in candidates:
+            claims = self._host_claims(db, worker_id, node=name)
+            try:
+                if cluster.is_local(name):
+                    if self._preflight is not None:
+                        self._preflight(config, profile, force, claims)
+                elif not force:
+                    refusal = cluster.agent_call(
+                        name,
+                        "check_fit",
+                        config.model_dump(),
+                        profile.model_dump() if profile is not None else None,
+                        claims,
+                    )
+                    if refusal:
+                        raise Invalid(refusal)
+            except (Invalid, OSError) as exc:
+                refusals.append(f"{name}: {exc.message if isinstance(exc, Invalid) else exc}")
+                continue
+            return name
+        if not candidates:
+            raise Invalid("no node of the Ray cluster is alive", field="node")
+        raise Invalid(f"{config.name} fits on no node: " + "; ".join(refusals), field="node", nodes=refusals)
+
+    def _load_on(self, node: str) -> int:
+        return sum(1 for r in self._runners.values() if r.node == node and r.life.active)
+
+    def _host_of(self, node: str | None) -> ProcessHost:
+        if self.cluster is None or node is None:
+            return self._local
+        return self.cluster.host(node)
+
+    def _can_move(self, model_name: str) -> bool:
+        with session(self.engine) as db:
+            try:
+                return not models.get_model(db, model_name).node
+            except NotFound:
+                return False
+
+    async def _still_running(self, row: Worker) -> bool | None:
+        """Is a stored worker's engine still there (None: its node is not reachable now)?"""
+        if not row.pid:
+            return False
+        if self.cluster is not None and row.node and not self.cluster.is_alive(row.node):
+            return None
+        host = self._host_of(row.node)
+        try:
+            return await asyncio.to_thread(host.alive, row.pid, row.pid_create_time, tuple(row.cmdline))
+        except OSError:
+            return None
+
+    def _workers_on(self, node: str) -> dict[str, tuple[int, str]]:
+        """The engines on ``node`` (worker id -> pid, run folder), for its agent's sample."""
+        return {
+            str(r.id): (r.life.engine.pid, str(r.run_dir))
+            for r in list(self._runners.values())
+            if r.node == node and r.life.engine is not None
+        }
+
+    def _abandon(self, node: str, engine: lc.Engine) -> None:
+        self._orphans.setdefault(node, []).append(engine)
+        self.events.record(
+            "orphaned", f"the engine pid {engine.pid} on lost node {node} is ended when the node comes back"
+        )
+
+    async def _node_changed(self, node: str, state: NodeState) -> None:
+        """A node was lost or came back: tell its workers, and end what was left behind there."""
+        assert self.cluster is not None
+        runners = [r for r in list(self._runners.values()) if r.node == node]
+        if state == NodeState.LOST:
+            self.events.record("node_lost", f"node {node} is lost", None, node=node)
+            for runner in runners:
+                if runner.life.active and runner.life.state != State.LOST:
+                    event = NodeLost(node, can_move=self._can_move(runner.life.model))
+                    with contextlib.suppress(Exception):
+                        await runner.send("event", event=event)
+            return
+        self.events.record("node_back", f"node {node} is back", None, node=node)
+        host = self._host_of(node)
+        for left in self._orphans.pop(node, []):
+            with contextlib.suppress(OSError):
+                if await asyncio.to_thread(host.alive, left.pid, left.create_time, left.cmdline):
+                    await asyncio.to_thread(host.stop_group, left.pid, self.settings.stop_grace_s)
+                    self.events.record("orphan_stopped", f"stopped engine pid {left.pid} left on node {node}")
+        for runner in runners:
+            if runner.life.state != State.LOST:
+                continue
+            engine = runner.life.engine
+            found = False
+            if engine is not None:
+                with contextlib.suppress(OSError):
+                    found = await asyncio.to_thread(host.alive, engine.pid, engine.create_time, engine.cmdline)
+            runner.host = host
+            back: Adopted | FoundGone = (
+                self._adopted(runner, f"re-adopted pid {engine.pid} on node {node}, which is back")
+                if found and engine is not None
+                else FoundGone()
+            )
+            with contextlib.suppress(Exception):
+                await runner.send("event", event=back)
 
     def _secrets_of(self, model_name: str, cmdline: list[str]) -> Redactor:
         """What a running engine's events and log lines hide: its config's secrets and its own argv's."""
@@ -216,18 +444,19 @@ class Supervisor:
                 return Redactor(cmdline)
 
     def host_claims(self) -> HostClaims:
-        """Host RAM the active workers hold: their offload profiles' claims and what sleepers keep."""
+        """Host RAM the active workers on this box hold: their offload profiles' claims and what
+        sleepers keep."""
         with session(self.engine) as db:
-            return self._host_claims(db, None)
+            return self._host_claims(db, None, self.cluster.local_name if self.cluster else None)
 
-    def _host_claims(self, db: Session, worker_id: int | None) -> HostClaims:
-        """Host RAM the active workers other than ``worker_id`` hold."""
+    def _host_claims(self, db: Session, worker_id: int | None, node: str | None = None) -> HostClaims:
+        """Host RAM the active workers other than ``worker_id`` hold on ``node`` (None: this box)."""
         profile_bytes = 0
         pool_bytes = 0
         sleepers = []
         for runner in sorted(self._runners.values(), key=lambda r: r.id):
             life = runner.life
-            if runner.id == worker_id or not life.active:
+            if runner.id == worker_id or not life.active or runner.node != node:
                 continue
             try:
                 config = models.get_model(db, life.model)
@@ -270,9 +499,10 @@ class Supervisor:
 
     # ---- engines the manager did not start -------------------------------------------------------
     def managed_pids(self) -> set[int]:
+        """The pids of this box's managed engines and their children."""
         pids: set[int] = set()
         for runner in self._runners.values():
-            if runner.life.engine is not None:
+            if runner.life.engine is not None and isinstance(runner.host, LocalHost):
                 pids.update(process.tree(runner.life.engine.pid))
         return pids
 

@@ -24,6 +24,8 @@ class WorkerView(BaseModel):
     detail: str | None = Field(description="What a start is doing now (the engine's latest log line)")
     pid: int | None = Field(description="The engine's process id while it has one")
     port: int | None
+    node: str | None = Field(default=None, description="The Ray node it runs on (none: this box, without a cluster)")
+    address: str = Field(default="127.0.0.1", description="Where the manager reaches the engine's HTTP server")
     gpus: list[int]
     uptime_s: float | None = Field(description="Seconds since the engine started, while ready")
     restart_count: int = Field(description="Crash restarts in a row (reset after a healthy while)")

@@ -14,7 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
-from manager.deps import SessionDep, SettingsDep, is_authorized
+from manager.deps import SessionDep, SettingsDep, SupervisorDep, is_authorized
 from manager.errors import ManagerError, NotFound
 from manager.launch.command import preview_command
 from manager.launch.secrets import MARKER, Redactor, without_secrets
@@ -164,7 +164,7 @@ def edit_model_page(name: str, request: Request, db: SessionDep, settings: Setti
     return _page("config_edit.html", page="models", title=f"Model config {name}", form=form, preview=name)
 
 
-async def _save_model(request: Request, db, settings, name: str | None) -> HTMLResponse:
+async def _save_model(request: Request, db, settings, supervisor, name: str | None) -> HTMLResponse:
     form = dict(await request.form())
     errors = FormErrors()
     schema: type[ModelConfigCreate | ModelConfigUpdate] = ModelConfigCreate if name is None else ModelConfigUpdate
@@ -172,10 +172,14 @@ async def _save_model(request: Request, db, settings, name: str | None) -> HTMLR
     if data is not None:
         try:
             if isinstance(data, ModelConfigCreate):
-                config = models.create_model(db, data, allow_code_flags=settings.allow_code_flags)
+                config = models.create_model(
+                    db, data, allow_code_flags=settings.allow_code_flags, check_node=supervisor.check_node
+                )
             else:
                 assert name is not None
-                config = models.replace_model(db, name, data, allow_code_flags=settings.allow_code_flags)
+                config = models.replace_model(
+                    db, name, data, allow_code_flags=settings.allow_code_flags, check_node=supervisor.check_node
+                )
         except ManagerError as exc:
             db.rollback()
             _service_error(exc, errors, creating=name is None)
@@ -191,13 +195,17 @@ async def _save_model(request: Request, db, settings, name: str | None) -> HTMLR
 
 
 @router.post("/ui/models/new", response_class=HTMLResponse)
-async def create_model(request: Request, db: SessionDep, settings: SettingsDep) -> HTMLResponse:
-    return await _save_model(request, db, settings, None)
+async def create_model(
+    request: Request, db: SessionDep, settings: SettingsDep, supervisor: SupervisorDep
+) -> HTMLResponse:
+    return await _save_model(request, db, settings, supervisor, None)
 
 
 @router.post("/ui/models/{name}", response_class=HTMLResponse)
-async def update_model(name: str, request: Request, db: SessionDep, settings: SettingsDep) -> HTMLResponse:
-    return await _save_model(request, db, settings, name)
+async def update_model(
+    name: str, request: Request, db: SessionDep, settings: SettingsDep, supervisor: SupervisorDep
+) -> HTMLResponse:
+    return await _save_model(request, db, settings, supervisor, name)
 
 
 @router.get("/ui/models/{name}/command", response_class=HTMLResponse)

@@ -58,7 +58,37 @@ def published(service: dict) -> dict[int, tuple[str, int]]:
 
 def test_the_example_env_file_gives_a_valid_configuration(docker_compose, tmp_path):
     config = resolved(docker_compose, tmp_path, ENV_EXAMPLE.read_text().splitlines())
-    assert set(config["services"]) == {"manager", "manager-cpu"}
+    assert set(config["services"]) == {"manager", "manager-cpu", "ray-head", "ray-worker"}
+
+
+def test_the_ray_profiles_start_the_head_with_the_manager_and_join_workers_to_it(docker_compose, tmp_path):
+    env = ["RAY_HEAD_ADDRESS=10.0.0.1:6379", "VLLM_MANAGER_NODE_NAME=box2"]
+    services = resolved(docker_compose, tmp_path, env)["services"]
+    head, worker = services["ray-head"], services["ray-worker"]
+    assert head["profiles"] == ["ray-head"] and worker["profiles"] == ["ray-worker"]
+    assert head["command"] == ["ray-node.sh", "head"] and worker["command"] == ["ray-node.sh", "worker"]
+    for box in (head, worker):
+        # Ray and the engines on other boxes use many ports: the host's network, not published ports.
+        assert box["network_mode"] == "host" and "ports" not in box
+        assert box["ipc"] == "host" and box["pid"] == "host"
+        [device] = box["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert worker["environment"]["RAY_HEAD_ADDRESS"] == "10.0.0.1:6379"
+    assert worker["environment"]["VLLM_MANAGER_NODE_NAME"] == "box2"
+    assert "vllm_manager_api_token" in str(head["secrets"])  # the head serves the API on 0.0.0.0
+
+
+def test_a_worker_box_without_the_head_address_says_what_to_set(tmp_path):
+    done = subprocess.run(
+        ["bash", str(DOCKER / "ray-node.sh"), "worker"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": os.environ["PATH"]},
+    )
+    assert done.returncode != 0 and "set RAY_HEAD_ADDRESS" in done.stderr
+    wrong = subprocess.run(["bash", str(DOCKER / "ray-node.sh")], capture_output=True, text=True, timeout=30)
+    assert wrong.returncode == 2 and "usage" in wrong.stderr
 
 
 def test_every_variable_the_compose_file_reads_is_in_the_example_env_file():

@@ -436,3 +436,57 @@ def test_a_worker_asleep_when_the_manager_stopped_is_adopted_asleep():
     life, effects = step(stored, lc.Adopted("re-adopted pid 4", "a", 900.0, 100.0, 50.0, sleeping_level=2))
     assert life.state == State.SLEEPING and life.sleep_level == 2
     assert records(effects) == [("adopted", "re-adopted pid 4")]
+
+
+# ---- a worker's node drops out of the Ray cluster ---------------------------------------------
+
+
+def test_a_worker_on_a_lost_node_that_may_move_is_restarted_elsewhere_and_its_engine_let_go():
+    life = running(pid=100)
+    lost, effects = step(life, lc.NodeLost("box2", can_move=True))
+    assert lost.state == State.LOST and lost.engine is not None and lost.engine.pid == 100
+    assert [e.kind for e in effects if isinstance(e, lc.Record)] == ["lost"]
+    launch = next(e for e in effects if isinstance(e, lc.Launch))
+    assert "box2 lost" in launch.reason
+    moved, _ = step(lost, launched(launch, pid=200, now=5.0))
+    assert moved.state == State.STARTING and moved.engine is not None and moved.engine.pid == 200
+
+
+def test_a_worker_pinned_to_a_lost_node_waits_and_is_re_adopted_when_its_engine_is_still_there():
+    lost, effects = step(running(pid=100), lc.NodeLost("box2", can_move=False))
+    assert lost.state == State.LOST and not any(isinstance(e, lc.Launch) for e in effects)
+    # Nothing is probed or restarted while it is lost.
+    assert step(lost, lc.Tick(1e6)) == (lost, [])
+    assert lc.tick_interval(lost, 0.0, POLICY) is None
+    back, effects = step(lost, lc.Adopted("re-adopted on box2", "a", 60.0, 30.0, now=10.0))
+    assert back.state == State.STARTING and back.engine == lost.engine
+    assert [e.kind for e in effects if isinstance(e, lc.Record)] == ["adopted"]
+
+
+def test_a_lost_worker_whose_engine_is_gone_when_its_node_returns_is_started_again():
+    lost, _ = step(running(pid=100), lc.NodeLost("box2", can_move=False))
+    life, effects = step(lost, lc.FoundGone())
+    assert life.engine is None and [type(e) for e in effects] == [lc.Launch]
+
+
+def test_a_lost_worker_stopped_by_its_user_lets_its_engine_go_and_stays_stopped():
+    lost, _ = step(running(pid=100), lc.NodeLost("box2", can_move=False))
+    life, _ = step(lost, lc.StopRequested("stop requested", alive=False))
+    assert life.state == State.STOPPED and life.engine is None and life.desired == "stopped"
+    assert step(life, lc.NodeLost("box2", can_move=True)) == (life, [])
+
+
+def test_a_move_that_no_node_fits_keeps_the_worker_lost_with_the_reason():
+    lost, effects = step(running(pid=100), lc.NodeLost("box2", can_move=True))
+    life, effects = step(lost, lc.LaunchRefused(Invalid("a fits on no node: head: 3 GiB short")))
+    assert life.state == State.LOST and life.engine == lost.engine
+    assert "3 GiB short" in effects[0].message
+
+
+def test_a_sleeping_worker_on_a_node_that_returns_is_asleep_again():
+    life = running(pid=100)
+    asleep, _ = step(life, lc.SleepRequested(1))
+    lost, _ = step(asleep, lc.NodeLost("box2", can_move=False))
+    assert lost.sleep_level == 1
+    back, _ = step(lost, lc.Adopted("back", "a", 60.0, 30.0, now=10.0, sleeping_level=lost.sleep_level))
+    assert back.state == State.SLEEPING

@@ -1,0 +1,62 @@
+"""The node rules: names, picking a config's node, lost or alive, models that span nodes."""
+
+from __future__ import annotations
+
+from manager.cluster import nodes as n
+
+
+def _entry(node_id: str, host: str = "box", alive: bool = True, label: str | None = None, **resources) -> dict:
+    labels = {"ray.io/node-id": node_id}
+    if label:
+        labels[n.NODE_LABEL] = label
+    return {
+        "NodeID": node_id,
+        "NodeManagerHostname": host,
+        "NodeManagerAddress": "10.0.0.7",
+        "Alive": alive,
+        "Resources": {"CPU": 8.0, "node:10.0.0.7": 1.0, **resources},
+        "Labels": labels,
+    }
+
+
+def test_a_node_is_named_by_its_label_else_its_hostname_and_ray_labels_are_not_user_labels():
+    found = n.from_ray([_entry("a" * 56, label="gpu-box"), _entry("b" * 56, host="lab2"), {"Alive": True}])
+    assert [n.node_name(x) for x in found] == ["gpu-box", "lab2"]
+    assert found[0].labels == {n.NODE_LABEL: "gpu-box"}
+
+
+def test_a_box_whose_raylet_came_back_is_the_live_node_under_its_name():
+    dead, back = _entry("d" * 56, label="box2", alive=False), _entry("e" * 56, label="box2")
+    current = n.current_nodes(n.from_ray([dead, back]))
+    assert list(current) == ["box2"] and current["box2"].node_id == "e" * 56
+
+
+def test_two_live_raylets_on_one_host_without_labels_are_kept_apart():
+    current = n.current_nodes(n.from_ray([_entry("1" * 56, host="vm"), _entry("2" * 56, host="vm")]))
+    assert sorted(current) == ["vm-111111", "vm-222222"]
+
+
+def test_a_config_picks_nodes_by_name_address_id_prefix_custom_resource_or_label():
+    current = n.current_nodes(n.from_ray([_entry("abcdef0123" + "0" * 46, label="box2", a100=4.0, GPU=4.0)]))
+    for wanted in ("box2", "10.0.0.7", "abcdef01", "a100"):
+        assert n.matching(current, wanted) == ["box2"], wanted
+    # Ray's own resources and a too-short id prefix pick nothing.
+    for wanted in ("GPU", "CPU", "abc", "box9"):
+        assert n.matching(current, wanted) == [], wanted
+    message = n.unknown_node("box9", current)
+    assert "box9" in message and "box2" in message
+
+
+def test_a_node_is_lost_when_ray_says_so_or_its_agent_has_not_answered_for_a_while():
+    assert n.state_of(False, 100.0, 100.5, 5.0) == n.NodeState.LOST
+    assert n.state_of(True, 100.0, 104.0, 5.0) == n.NodeState.ALIVE
+    assert n.state_of(True, 100.0, 106.0, 5.0) == n.NodeState.LOST
+    assert n.state_of(True, None, 106.0, 5.0) == n.NodeState.ALIVE  # not asked yet
+
+
+def test_a_model_larger_than_any_node_spans_nodes():
+    assert n.gpus_needed(4, ["--pipeline-parallel-size", "2"]) == 8
+    assert n.gpus_needed(2, ["--pipeline-parallel-size=3"]) == 6
+    assert n.spans_nodes(8, [], most_gpus_on_a_node=4)
+    assert not n.spans_nodes(4, [], most_gpus_on_a_node=4)
+    assert not n.spans_nodes(8, [], most_gpus_on_a_node=0)  # a CPU cluster has nothing to span

