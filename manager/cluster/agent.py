@@ -30,6 +30,9 @@ from manager.supervisor import gpu_cleanup, process
 _DEVICE_MASKS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ONEAPI_DEVICE_SELECTOR")
 
 
+AGENT_VERSION = "1"  # raise it when a method's signature or meaning changes
+
+
 def engine_env(inherited: dict[str, str], wanted: dict[str, str]) -> dict[str, str]:
     """The environment an engine gets on a node: the node's, without Ray's per-worker settings, then
     the command's own (which sets the GPUs it may use, and RAY_ADDRESS for multi-node engines)."""
@@ -73,7 +76,8 @@ class NodeAgent:
             capture_output=True,
             text=True,
             timeout=60,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            # The launcher's own environment is what the engine inherits: without Ray's worker settings.
+            env={**engine_env(dict(os.environ), {}), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
         )
         try:
             answer = json.loads(done.stdout.strip().splitlines()[-1])

@@ -16,6 +16,7 @@ from manager.supervisor import gpu_cleanup, process
 
 LOOPBACK = "127.0.0.1"
 LOG_CHUNK = 1 << 20  # the most a log read returns at once
+KEEP_ENDED = 64  # ended engines whose exit code is kept
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,11 @@ class LocalHost:
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> Spawned:
         popen = process.spawn(argv, env, log_path, cwd)
-        self._popens = {pid: p for pid, p in self._popens.items() if p.poll() is None}
+        # Ended engines are kept for their exit code (a crash report reads it after the group is
+        # stopped); only the oldest of many are let go.
+        ended = [pid for pid, p in self._popens.items() if p.poll() is not None]
+        for pid in ended[: max(0, len(ended) - KEEP_ENDED)]:
+            del self._popens[pid]
         self._popens[popen.pid] = popen
         found = process.identity(popen.pid)
         if found is None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from manager.cluster import nodes as n
-from manager.cluster.agent import NodeAgent, NodeSample
+from manager.cluster.agent import AGENT_VERSION, NodeAgent, NodeSample
 from manager.cluster.hosts import LocalHost, ProcessHost, Spawned
 from manager.errors import Invalid
 from manager.metrics.collector import RemoteReading
@@ -28,7 +28,9 @@ from manager.supervisor import process
 log = logging.getLogger("vllm_manager.cluster")
 
 NAMESPACE = "vllm-manager"
-AGENT_NAME = "vllm-manager-agent-{node_id}"
+# The agent's version is in its name: a manager of another version makes its own agents instead of
+# calling methods an older agent (detached, so still alive) may not have.
+AGENT_NAME = "vllm-manager-agent-{version}-{node_id}"
 CONNECT_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 10.0  # an agent call; a stop waits for its grace period on top
 HEARTBEAT_S = 1.0
@@ -95,6 +97,7 @@ class NodeStatus:
     agent: Any = None
     last_answer: float | None = None
     sample: NodeSample | None = None
+    pending: Any = None  # the sample asked for and not answered yet (one at a time per node)
     error: str | None = None
     local: bool = False  # the manager's own node: its engines are started directly
     since: float = field(default_factory=time.time)
@@ -115,6 +118,7 @@ class RayCluster:
         self._lock = threading.Lock()
         self._listeners: list[Listener] = []
         self._task: asyncio.Task[None] | None = None
+        self._first = True
         self.refresh()  # the nodes are known before the supervisor adopts anything
         self.local.node = self.local_name
 
@@ -246,7 +250,10 @@ class RayCluster:
         pending = {}
         for name, status in statuses.items():
             if status.agent is not None and status.ray.alive:
-                pending[name] = status.agent.sample.remote(self.workers_on(name))
+                # A slow sample is waited for, not asked again: asks must not pile up behind it.
+                if status.pending is None:
+                    status.pending = status.agent.sample.remote(self.workers_on(name))
+                pending[name] = status.pending
         if pending:
             ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=2.0)
             done = set(ready)
@@ -255,18 +262,26 @@ class RayCluster:
                 if ref not in done:
                     status.error = "no answer within 2 s"
                     continue
+                status.pending = None
                 try:
                     status.sample = ray.get(ref, timeout=0)
                     status.last_answer = now
                     status.error = None
                 except Exception as exc:
                     status.error = f"{type(exc).__name__}: {exc}"[:300]
-                    if isinstance(exc, ray.exceptions.RayActorError):
+                    if isinstance(exc, ray.exceptions.RayTaskError):
+                        status.last_answer = now  # the agent's own code failed: the node is there
+                    elif isinstance(exc, ray.exceptions.RayActorError):
                         status.agent = None  # made again on the next beat, if the node is alive
         changes = []
         for name, status in statuses.items():
-            state = n.state_of(status.ray.alive, status.last_answer, now, LOST_AFTER_S)
-            previous = known[name].state if name in known else n.NodeState.ALIVE
+            # The manager's own box is never lost for want of its agent's answer: only Ray can say so.
+            last_answer = None if status.local else status.last_answer
+            state = n.state_of(status.ray.alive, last_answer, now, LOST_AFTER_S)
+            # A node first seen after the manager started counts as come back: workers stored as lost
+            # there (a manager restart while it was away) are then looked for.
+            unseen = n.NodeState.ALIVE if self._first else n.NodeState.LOST
+            previous = known[name].state if name in known else unseen
             if state != status.state or state != previous:
                 status.state = state
                 status.since = time.time()
@@ -275,8 +290,10 @@ class RayCluster:
                     log.warning("node %s is %s", name, state.value)
             if state == n.NodeState.LOST and not status.ray.alive:
                 status.agent = None
+                status.pending = None
         with self._lock:
             self._nodes = statuses
+        self._first = False
         return changes
 
     def _agent(self, node: n.RayNode, name: str) -> Any:
@@ -286,7 +303,7 @@ class RayCluster:
         actor = ray.remote(NodeAgent)
         try:
             return actor.options(
-                name=AGENT_NAME.format(node_id=node.node_id),
+                name=AGENT_NAME.format(version=AGENT_VERSION, node_id=node.node_id),
                 namespace=NAMESPACE,
                 lifetime="detached",  # it outlives a manager restart, as the engines it started do
                 get_if_exists=True,

@@ -235,9 +235,10 @@ class MetricsCollector:
             NodeMetrics(r.name, r.state, r.sample.host if r.sample else None, r.sample.gpu if r.sample else None)
             for r in readings
         )
+        # A pid names a process on one node only: a remote worker's tree comes from its own node.
+        node_trees = {r.name: r.sample.trees for r in readings if r.sample is not None}
         for r in readings:
             if r.sample is not None:
-                trees = {**trees, **{pid: t for pid, t in r.sample.trees.items() if pid not in trees}}
                 pools = {**pools, **{wid: p for wid, p in r.sample.pools.items() if wid not in pools}}
         by_worker = dict(zip(scraped, engines, strict=True))
         gpu_mem = worker_gpu_memory(gpu)
@@ -260,7 +261,7 @@ class MetricsCollector:
                     port=w.port,
                     restarts=w.restarts,
                     uptime_s=None if w.started_at is None else max(0.0, now - w.started_at),
-                    process=trees.get(w.root_pid) if w.root_pid else None,
+                    process=(node_trees.get(w.node, {}) if w.node else trees).get(w.root_pid) if w.root_pid else None,
                     gpu_memory_bytes=gpu_mem.get(w.id) if gpu.available or w.id in gpu_mem else None,
                     engine=by_worker.get(w.id),
                     pools=pools.get(w.id),

@@ -19,6 +19,8 @@ from manager.supervisor.view import WorkerView
 
 router = APIRouter(prefix="/api", tags=["workers"])
 
+NODE_SILENT = "Its node of the Ray cluster does not answer: try again"
+
 SleepLevel = Annotated[int, Query(ge=1, le=2, description="1 keeps the weights in host RAM, 2 drops them")]
 
 
@@ -93,38 +95,38 @@ def get_worker(worker_id: WorkerId, sup: SupervisorDep) -> WorkerView:
     return sup.view(worker_id)
 
 
-@router.post("/workers/{worker_id:int}/start", responses=errors(404, 409, 422))
+@router.post("/workers/{worker_id:int}/start", responses=errors(404, 409, 422, 503, _503=NODE_SILENT))
 async def start(worker_id: WorkerId, sup: SupervisorDep, force: bool = False) -> WorkerView:
     return await sup.command(worker_id, "start", force=force)
 
 
-@router.post("/workers/{worker_id:int}/stop", responses=errors(404, 409))
+@router.post("/workers/{worker_id:int}/stop", responses=errors(404, 409, 503, _503=NODE_SILENT))
 async def stop(worker_id: WorkerId, sup: SupervisorDep) -> WorkerView:
     return await sup.command(worker_id, "stop")
 
 
-@router.post("/workers/{worker_id:int}/restart", responses=errors(404, 409, 422))
+@router.post("/workers/{worker_id:int}/restart", responses=errors(404, 409, 422, 503, _503=NODE_SILENT))
 async def restart(worker_id: WorkerId, sup: SupervisorDep, force: bool = False) -> WorkerView:
     return await sup.command(worker_id, "restart", force=force)
 
 
-@router.post("/workers/{worker_id:int}/switch", responses=errors(404, 409, 422))
+@router.post("/workers/{worker_id:int}/switch", responses=errors(404, 409, 422, 503, _503=NODE_SILENT))
 async def switch(worker_id: WorkerId, body: WorkerSwitch, sup: SupervisorDep) -> WorkerView:
     return await sup.command(worker_id, "switch", body.model, body.force)
 
 
-@router.post("/workers/{worker_id:int}/sleep", responses=errors(404, 409))
+@router.post("/workers/{worker_id:int}/sleep", responses=errors(404, 409, 503, _503=NODE_SILENT))
 async def sleep(worker_id: WorkerId, sup: SupervisorDep, level: SleepLevel = 1) -> WorkerView:
     """vLLM sleep mode (the config needs sleep_level): level 1 keeps the weights in host RAM, 2 drops them."""
     return await sup.command(worker_id, "sleep", level=level)
 
 
-@router.post("/workers/{worker_id:int}/wake", responses=errors(404, 409))
+@router.post("/workers/{worker_id:int}/wake", responses=errors(404, 409, 503, _503=NODE_SILENT))
 async def wake(worker_id: WorkerId, sup: SupervisorDep) -> WorkerView:
     return await sup.command(worker_id, "wake")
 
 
-@router.delete("/workers/{worker_id:int}", status_code=204, responses=errors(404, 409))
+@router.delete("/workers/{worker_id:int}", status_code=204, responses=errors(404, 409, 503, _503=NODE_SILENT))
 async def delete(worker_id: WorkerId, sup: SupervisorDep) -> Response:
     await sup.command(worker_id, "delete")
     return Response(status_code=204)

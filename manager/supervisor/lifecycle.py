@@ -508,6 +508,8 @@ def _launched(life: Life, event: Launched) -> Step:
 def _node_lost(life: Life, event: NodeLost) -> Step:
     if life.state in (State.STOPPED, State.FAILED, State.LOST):
         return life, []
+    if life.state == State.STOPPING:  # the stop under way settles it; a worker being stopped never moves
+        return life, []
     # Its engine stays recorded: if the node comes back with it still running, it is re-adopted.
     asleep = life.sleep_level if life.state in (State.SLEEPING, State.WAKING) else None
     new = replace(life, state=State.LOST, next_restart_at=None, switch_from=None, start_kind=None, sleep_level=asleep)

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine as DbEngine
 
 from manager.cluster.hosts import LocalHost, ProcessHost
 from manager.db import session
-from manager.errors import Conflict, Invalid, ManagerError, NotFound
+from manager.errors import Conflict, Invalid, ManagerError, NotFound, Unavailable
 from manager.launch.command import LaunchCommand
 from manager.launch.secrets import Redactor
 from manager.launch.validation import cannot_run
@@ -75,6 +75,8 @@ class RunnerDeps:
     prepare: Prepare
     # The box a worker stored on node N runs on (None: this one, without a cluster).
     host_of: Callable[[str | None], ProcessHost] = lambda node: LocalHost()
+    # What re-adopting a worker's live engine tells its state machine (message -> Adopted).
+    adopted: Callable[[WorkerRunner, str], lc.Adopted] | None = None
     # A lost node's engine that its worker let go of (stopped, or moved elsewhere): ended when it returns.
     abandon: Callable[[str, lc.Engine], None] = lambda node, engine: None
 
@@ -125,7 +127,8 @@ class WorkerRunner:
         self.host: ProcessHost = deps.host_of(row.node)
         self._run_dir: Path | None = Path(row.run_dir) if row.run_dir else None
         self._remote_log: tuple[Path, Path, int] | None = None  # (on its node, local copy, bytes copied)
-        self._lost_node: str | None = None
+        # The node a lost worker's engine was on (its own node, also after a manager restart).
+        self._lost_node: str | None = row.node if row.state == lc.State.LOST.value else None
         self.wanted_node: str | None = None  # the node its next start must run on (asked for at creation)
         self._queue: asyncio.Queue[Command] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -230,6 +233,8 @@ class WorkerRunner:
                     cmd.future.set_result(self.view())
                 except ManagerError as exc:
                     cmd.future.set_exception(exc)
+                except OSError as exc:  # its node did not answer: the engine's fate is not known
+                    cmd.future.set_exception(Unavailable(f"worker {self.id}: {exc}; try again"))
                 except Exception as exc:  # never let one bad command kill the owner task
                     log.exception("worker %s: command %s failed", self.id, cmd.kind)
                     cmd.future.set_exception(exc)
@@ -250,7 +255,16 @@ class WorkerRunner:
         if cmd.kind == "event" and cmd.event is not None:
             await self._feed(cmd.event)
             return
-        alive = bool(await self._alive())
+        if cmd.kind == "node_back":
+            await self._node_back()
+            return
+        answer = await self._alive()
+        if answer is None and self.life.state != lc.State.LOST:
+            raise Unavailable(
+                f"node {self.node} does not answer, so whether worker {self.id}'s engine runs is not known: try "
+                "again, or wait until the node is marked lost"
+            )
+        alive = bool(answer)
         if cmd.kind == "start":
             await self._feed(lc.StartRequested(cmd.force))
         elif cmd.kind == "stop":
@@ -325,8 +339,14 @@ class WorkerRunner:
             case lc.Launch():
                 return await self._launch(effect)
             case lc.StopGroup(pid=pid):
-                report = await asyncio.to_thread(self.host.stop_group, pid, self.deps.settings.stop_grace_s)
-                notes = await asyncio.to_thread(self.host.end_gpu_orphans, self.gpus, report.killed)
+                try:
+                    report = await asyncio.to_thread(self.host.stop_group, pid, self.deps.settings.stop_grace_s)
+                    notes = await asyncio.to_thread(self.host.end_gpu_orphans, self.gpus, report.killed)
+                except OSError as exc:
+                    # Its node stopped answering: the engine is ended when the node comes back.
+                    if self.life.engine is not None and self.node:
+                        self.deps.abandon(self.node, self.life.engine)
+                    return lc.GroupStopped(False, 0.0, (), (), (f"node {self.node} did not answer ({exc})",))
                 await self._pull_log()
                 self.logs.poll()
                 return lc.GroupStopped(
@@ -419,13 +439,35 @@ class WorkerRunner:
                 await asyncio.to_thread(self.host.stop_group, pid, grace)
         self.logs.poll()
 
+    async def _node_back(self) -> None:
+        """The lost worker's node is back: re-adopt its engine if it still runs there, else start again."""
+        if self.life.state != lc.State.LOST:
+            return  # stopped or moved meanwhile
+        engine = self.life.engine
+        host = self.deps.host_of(self._lost_node or self.node)
+        found = False
+        if engine is not None:
+            try:
+                found = await asyncio.to_thread(host.alive, engine.pid, engine.create_time, engine.cmdline)
+            except OSError:
+                return  # not answering yet: the next heartbeat tries again
+        if not found or engine is None or self.deps.adopted is None:
+            await self._feed(lc.FoundGone())
+            return
+        self.host, self.node = host, host.node
+        logs = sorted(self.log_dir.glob("start-*.log"))
+        if logs and self._remote_log is None:
+            self.logs.follow(logs[-1], from_start=True, secrets=self.secrets)
+            self._copy_log_from(logs[-1])
+        await self._feed(self.deps.adopted(self, f"re-adopted pid {engine.pid} on node {host.node}, which is back"))
+
     # ---- the log of an engine on another node ------------------------------------------------------
     def _copy_log_from(self, local: Path) -> None:
         """After a manager restart: go on copying a remote engine's log where the local copy ends."""
         if isinstance(self.host, LocalHost) or self.node is None:
             return
         remote_dir = self.deps.settings.data_dir / "nodes" / self.node / "logs" / f"worker-{self.id}"
-        self._remote_log = (remote_dir / local.name, local, local.stat().st_size if local.exists() else 0)
+        self._remote_log = (remote_dir / local.name, local, _engine_bytes(local))
 
     async def _pull_log(self) -> None:
         """Copy what a remote engine wrote since the last look into the local log file that the
@@ -467,3 +509,18 @@ class WorkerRunner:
             if row is not None:
                 db.delete(row)
                 db.commit()
+
+
+def _engine_bytes(local: Path) -> int:
+    """How much of a remote engine's log a local copy holds: its size less the manager's own header
+    lines ("# vllm-manager: ...", "# argv: ..."), which the engine's file does not have."""
+    try:
+        data = local.read_bytes()
+    except OSError:
+        return 0
+    header = 0
+    for line in data.splitlines(keepends=True):
+        if not line.startswith(b"# "):
+            break
+        header += len(line)
+    return len(data) - header

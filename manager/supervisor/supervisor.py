@@ -7,9 +7,9 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from sqlalchemy.engine import Engine
@@ -72,6 +72,7 @@ class Supervisor:
         self._local = LocalHost()
         self.cluster = cluster
         self._orphans: dict[str, list[lc.Engine]] = {}  # engines on lost nodes that no worker holds now
+        self._background: set[asyncio.Task[Any]] = set()  # news of a node, on its way to each worker
         if cluster is not None:
             self._local = cluster.local
             cluster.workers_on = self._workers_on
@@ -87,7 +88,16 @@ class Supervisor:
             first: Adopted | FoundGone | NodeLost | None = None
             where = f" on node {row.node}" if row.node and self.cluster is not None else ""
             running = await self._still_running(row)
-            if running is None:
+            if self.cluster is None and row.node and not running and row.state != State.STOPPED.value:
+                # It ran on a node of a Ray cluster this manager is not joined to now: leave it be.
+                self.events.record(
+                    "lost",
+                    f"worker {row.id} ran on node {row.node} of a Ray cluster: start the manager with --ray-address "
+                    "to reach it again",
+                    row.id,
+                )
+                first = NodeLost(row.node, can_move=False)
+            elif running is None:
                 first = NodeLost(row.node or "?", can_move=self._can_move(row.model_name))
             elif running:
                 first = self._adopted(runner, f"re-adopted pid {row.pid}{where} after a manager restart")
@@ -207,7 +217,14 @@ class Supervisor:
 
     def _make_runner(self, row: Worker, listed: bool = True) -> WorkerRunner:
         deps = RunnerDeps(
-            self.settings, self.engine, self.events, self._http, self._prepare, self._host_of, self._abandon
+            self.settings,
+            self.engine,
+            self.events,
+            self._http,
+            self._prepare,
+            host_of=self._host_of,
+            adopted=self._adopted,
+            abandon=self._abandon,
         )
         runner = WorkerRunner(row, deps)
         if listed:
@@ -400,7 +417,11 @@ class Supervisor:
         )
 
     async def _node_changed(self, node: str, state: NodeState) -> None:
-        """A node was lost or came back: tell its workers, and end what was left behind there."""
+        """A node was lost or is alive (again): tell its workers, and end what was left behind there.
+
+        Each worker is told through its own queue without waiting for it: a runner busy with a long
+        stop or start must not hold up the heartbeat, and it decides for itself when it gets there
+        (a worker stopped or moved meanwhile ignores the news)."""
         assert self.cluster is not None
         runners = [r for r in list(self._runners.values()) if r.node == node]
         if state == NodeState.LOST:
@@ -408,32 +429,28 @@ class Supervisor:
             for runner in runners:
                 if runner.life.active and runner.life.state != State.LOST:
                     event = NodeLost(node, can_move=self._can_move(runner.life.model))
-                    with contextlib.suppress(Exception):
-                        await runner.send("event", event=event)
+                    self._in_background(runner.send("event", event=event))
             return
-        self.events.record("node_back", f"node {node} is back", None, node=node)
+        self.events.record("node_back", f"node {node} is alive", None, node=node)
+        self._in_background(self._end_orphans(node))
+        for runner in runners:
+            if runner.life.state == State.LOST:
+                self._in_background(runner.send("node_back"))
+
+    async def _end_orphans(self, node: str) -> None:
         host = self._host_of(node)
         for left in self._orphans.pop(node, []):
-            with contextlib.suppress(OSError):
+            try:
                 if await asyncio.to_thread(host.alive, left.pid, left.create_time, left.cmdline):
                     await asyncio.to_thread(host.stop_group, left.pid, self.settings.stop_grace_s)
                     self.events.record("orphan_stopped", f"stopped engine pid {left.pid} left on node {node}")
-        for runner in runners:
-            if runner.life.state != State.LOST:
-                continue
-            engine = runner.life.engine
-            found = False
-            if engine is not None:
-                with contextlib.suppress(OSError):
-                    found = await asyncio.to_thread(host.alive, engine.pid, engine.create_time, engine.cmdline)
-            runner.host = host
-            back: Adopted | FoundGone = (
-                self._adopted(runner, f"re-adopted pid {engine.pid} on node {node}, which is back")
-                if found and engine is not None
-                else FoundGone()
-            )
-            with contextlib.suppress(Exception):
-                await runner.send("event", event=back)
+            except OSError:
+                self._orphans.setdefault(node, []).append(left)  # tried again when the node is next back
+
+    def _in_background(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _secrets_of(self, model_name: str, cmdline: list[str]) -> Redactor:
         """What a running engine's events and log lines hide: its config's secrets and its own argv's."""

@@ -490,3 +490,13 @@ def test_a_sleeping_worker_on_a_node_that_returns_is_asleep_again():
     assert lost.sleep_level == 1
     back, _ = step(lost, lc.Adopted("back", "a", 60.0, 30.0, now=10.0, sleeping_level=lost.sleep_level))
     assert back.state == State.SLEEPING
+
+
+def test_a_worker_being_stopped_when_its_node_is_lost_is_never_moved():
+    stopping, _ = step(running(pid=100), lc.StopRequested("stop requested", alive=True))
+    assert stopping.state == State.STOPPING
+    assert step(stopping, lc.NodeLost("box2", can_move=True)) == (stopping, [])
+    # The stop that could not reach the node settles it as stopped, with why.
+    life, effects = step(stopping, lc.GroupStopped(False, 0.0, (), (), ("node box2 did not answer",)))
+    assert life.state == State.STOPPED and life.desired == "stopped"
+    assert "node box2 did not answer" in effects[0].message
