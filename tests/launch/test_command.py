@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from manager.launch.command import ENTRY_MODULE, build_command
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
 PYTHON = "/opt/engine/bin/python"
 HEAD = [PYTHON, "-m", ENTRY_MODULE]
 
@@ -119,14 +121,62 @@ def test_kv_offload_with_arc_eviction_goes_through_the_connector_config():
     }
 
 
-def test_moe_offload_forces_eager_mode_and_says_so():
+def _qwen3_moe(tmp_path: Path) -> str:
+    folder = tmp_path / "Qwen3-30B-A3B"
+    folder.mkdir()
+    shutil.copy(FIXTURES / "Qwen3-30B-A3B.json", folder / "config.json")
+    return str(folder)
+
+
+def test_moe_offload_keeps_cuda_graphs_up_to_the_batch_the_gpu_plans(tmp_path):
+    # 13.5 GiB over 48 layers of 9 MiB experts (3 x 2048 x 768 x 2 bytes) = 32 slots per layer;
+    # top_k 8, so batches of up to 4 tokens are planned on the GPU and may run in a CUDA graph.
+    profile = OffloadProfile(name="moe", moe_expert_offload=True, moe_gpu_cache_gib=13.5)
+    model = _qwen3_moe(tmp_path)
+    cmd = _build(ModelConfig(name="moe", model=model), profile)
+    assert "--enforce-eager" not in cmd.argv
+    i = cmd.argv.index("--max-cudagraph-capture-size")
+    assert cmd.argv[i + 1] == "4"
+    assert cmd.notes[0].startswith("--max-cudagraph-capture-size 4 added: MoE expert offload runs batches of up to 4")
+    assert _patches(cmd.env)["moe_offload"] is True and _patches(cmd.env)["moe_gpu_cache_gib"] == 13.5
+
+    # The limit follows the cache: half the experts on the GPU, 64 slots, 8 tokens.
+    half = profile.model_copy(update={"moe_gpu_cache_gib": 27})
+    wide = _build(ModelConfig(name="moe", model=model), half)
+    assert wide.argv[wide.argv.index("--max-cudagraph-capture-size") + 1] == "8"
+
+
+def test_moe_offload_keeps_graph_sizes_the_config_sets_and_says_what_fits(tmp_path):
+    profile = OffloadProfile(name="moe", moe_expert_offload=True, moe_gpu_cache_gib=13.5)
+    config = ModelConfig(name="moe", model=_qwen3_moe(tmp_path), extra_args=["-cc.cudagraph_capture_sizes=[1,2]"])
+    cmd = _build(config, profile)
+    assert "--max-cudagraph-capture-size" not in cmd.argv and "--enforce-eager" not in cmd.argv
+    assert cmd.argv[-1] == "-cc.cudagraph_capture_sizes=[1,2]"
+    assert "batches of up to 4 tokens" in cmd.notes[0] and "kept" in cmd.notes[0]
+
+
+def test_moe_offload_runs_eager_when_the_model_config_cannot_be_read():
     profile = OffloadProfile(name="moe", moe_expert_offload=True, moe_gpu_cache_gib=6.5)
     cmd = _build(ModelConfig(name="moe", model="/models/m"), profile)
-    assert cmd.argv.count("--enforce-eager") == 1
-    assert cmd.notes == ["--enforce-eager added: MoE expert offload cannot run inside CUDA graphs"]
-    assert _patches(cmd.env)["moe_offload"] is True and _patches(cmd.env)["moe_gpu_cache_gib"] == 6.5
+    assert cmd.argv.count("--enforce-eager") == 1 and "--max-cudagraph-capture-size" not in cmd.argv
+    assert cmd.notes == [
+        "--enforce-eager added: MoE expert offload sizes its CUDA graphs from the model's config.json, "
+        "which could not be read"
+    ]
     eager_anyway = _build(ModelConfig(name="moe", model="/models/m", enforce_eager=True), profile)
     assert eager_anyway.argv.count("--enforce-eager") == 1 and eager_anyway.notes == []
+    eager_in_extra = _build(ModelConfig(name="moe", model="/models/m", extra_args=["--enforce-eager"]), profile)
+    assert eager_in_extra.argv.count("--enforce-eager") == 1 and eager_in_extra.notes == []
+
+
+def test_moe_offload_on_a_dense_model_limits_nothing(tmp_path):
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    shutil.copy(FIXTURES / "Llama-3.1-8B-Instruct.json", folder / "config.json")
+    profile = OffloadProfile(name="moe", moe_expert_offload=True, moe_gpu_cache_gib=4)
+    cmd = _build(ModelConfig(name="dense", model=str(folder)), profile)
+    assert "--enforce-eager" not in cmd.argv and "--max-cudagraph-capture-size" not in cmd.argv
+    assert cmd.notes == []
 
 
 def test_extra_args_come_last_and_the_configs_plugins_stay_allowed():

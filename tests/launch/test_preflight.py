@@ -276,9 +276,28 @@ def test_the_sleep_pool_holds_only_the_weights_that_sit_on_the_gpu(tmp_path):
     uva = config.model_copy(update={"extra_args": ["--cpu-offload-gb", "10"]})
     assert preflight.sleep_host_bytes(uva, pooled=True) == whole - 10 * G
 
-    # The plan's pool line follows the weights left on the GPU too, and offload means no CUDA graphs.
+    # The plan's pool line follows the weights left on the GPU too; offload keeps CUDA graphs.
     host = HostMemory(ram_total=256 * G, ram_available=250 * G, shm_total=64 * G, shm_free=64 * G, cgroup_limit=None)
     request = preflight.plan_request(config, offload, "h100-80")
     plan = make_plan(request, host=host)
     assert plan.line("sleep_pool").value == pytest.approx(plan.line("weights_on_device").value, abs=0.01)
-    assert "CUDA graphs" not in plan.line("overhead").explanation
+    assert "CUDA graphs" in plan.line("overhead").explanation
+
+
+def test_moe_offload_plans_cuda_graph_memory_as_the_command_keeps_graphs(tmp_path):
+    folder = tmp_path / "Qwen3-30B-A3B"
+    folder.mkdir()
+    shutil.copy(FIXTURES / "Qwen3-30B-A3B.json", folder / "config.json")
+    offload = OffloadProfile(name="experts", moe_expert_offload=True, moe_gpu_cache_gib=13.5)
+    graphs = preflight.plan_request(ModelConfig(name="moe", model=str(folder)), offload, "h100-80")
+    assert graphs.moe_expert_offload and not graphs.enforce_eager
+    eager = preflight.plan_request(ModelConfig(name="moe", model=str(folder), enforce_eager=True), offload, "h100-80")
+    assert eager.enforce_eager
+    with_graphs, without = make_plan(graphs), make_plan(eager)
+    # The graphs' memory comes out of the KV budget, as for any config that keeps them.
+    assert with_graphs.line("overhead").value - without.line("overhead").value == pytest.approx(1.3, abs=0.01)
+    assert with_graphs.line("kv_budget").value < without.line("kv_budget").value
+
+    # A model folder the manager cannot read: the command runs eager, and so does the plan.
+    unreadable = preflight.plan_request(ModelConfig(name="moe", model=str(tmp_path / "gone")), offload, "h100-80")
+    assert unreadable.enforce_eager

@@ -183,3 +183,23 @@ def test_split_experts_sums_the_two_passes_and_waits_in_between(model):
     got = split_experts(fn, x, w13, w2, w, first, second, lambda: order.append("wait"))
     assert order == ["pass", "wait", "pass"]
     assert torch.allclose(got, reference_moe(x, w13, w2, w, ids), atol=1e-5)
+
+
+def test_host_path_rereads_device_tables_that_cuda_graph_replays_changed(model):
+    """A CUDA-graph replay runs the device planner and the gather, but none of the runtime's
+    Python: nothing marks the host table stale. Once a capture happened, the host path must
+    reload the device tables every time, or it computes with experts that were evicted."""
+    weights, store = model
+    offload = ExpertOffload(store, device="cpu", slots_per_layer=8)
+    offload._graph_captured = True  # what _forward_device sets while a graph is captured (CUDA only)
+    g = torch.Generator().manual_seed(11)
+    for _ in range(12):
+        for tokens in (2, 2, 6):  # 2 x top-4 fits the 8 slots (device); 6 tokens do not (host)
+            x = torch.randn(tokens, H, generator=g)
+            for layer, (w13, w2) in enumerate(weights):
+                w, ids = _routing(g, tokens)
+                got = offload.forward(layer, x, w, ids)
+                if tokens == 2:
+                    offload._host_stale[layer] = False  # as after a replay: no Python ran
+                ref = reference_moe(x, w13, w2, w, ids)
+                assert float((got - ref).norm() / ref.norm()) < 1e-5

