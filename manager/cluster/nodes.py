@@ -138,3 +138,33 @@ def spans_nodes(tensor_parallel_size: int, extra_args: list[str], most_gpus_on_a
     """A model whose engine needs more GPUs than the biggest node has is spread over several nodes by
     vLLM's own Ray executor (a cluster without GPUs has nothing to span)."""
     return most_gpus_on_a_node > 0 and gpus_needed(tensor_parallel_size, extra_args) > most_gpus_on_a_node
+
+
+@dataclass(frozen=True)
+class Span:
+    """Part of a model spread over nodes by vLLM's Ray executor: a node and the GPUs it holds there."""
+
+    node: str
+    gpus: int
+    bundles: int
+
+
+def spans(
+    placement_groups: dict[str, dict], jobs: list[dict], engine_pids: set[int], names: dict[str, str]
+) -> list[Span]:
+    """Where an engine's Ray workers run. vLLM's Ray executor joins the cluster as a driver from the
+    engine's process tree and reserves a placement group (a bundle per GPU worker); a placement group's
+    id ends with its job's id. ``names``: Ray node id -> node name."""
+    job_ids = {
+        str(job.get("JobID") or "")
+        for job in jobs
+        if job.get("DriverPid") in engine_pids and not job.get("IsDead") and job.get("JobID")
+    }
+    per_node: dict[str, list[float]] = {}
+    for pg_id, group in placement_groups.items():
+        if group.get("state") != "CREATED" or not any(job and pg_id.endswith(job) for job in job_ids):
+            continue
+        for index, node_id in (group.get("bundles_to_node_id") or {}).items():
+            bundle = (group.get("bundles") or {}).get(index) or {}
+            per_node.setdefault(names.get(node_id, node_id[:12]), []).append(float(bundle.get("GPU", 0)))
+    return [Span(node, int(sum(gpus)), len(gpus)) for node, gpus in sorted(per_node.items())]

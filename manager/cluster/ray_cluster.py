@@ -167,6 +167,22 @@ class RayCluster:
             if not s.local
         ]
 
+    def spans_of(self, engine_pids: set[int]) -> list[n.Span]:
+        """The nodes and GPUs an engine (its process tree's pids) reserved through vLLM's Ray executor;
+        empty for an engine that runs on one node only, or when Ray's tables cannot be read."""
+        if not engine_pids:
+            return []
+        try:
+            from ray._private.state import state as ray_state  # the GCS job table: drivers' pids
+
+            groups = self._ray.util.placement_group_table()
+            jobs = ray_state.job_table()
+        except Exception:
+            log.warning("could not read Ray's placement groups", exc_info=True)
+            return []
+        names = {s.ray.node_id: s.name for s in self.statuses()}
+        return n.spans(groups, jobs, engine_pids, names)
+
     def most_gpus(self) -> int:
         """The GPUs of the biggest live node (a model needing more spans nodes)."""
         return max((s.ray.gpus for s in self.statuses() if s.state == n.NodeState.ALIVE), default=0)

@@ -36,6 +36,11 @@ class NodeView(BaseModel):
     ram_available_bytes: int | None
     shm_free_bytes: int | None
     workers: list[int] = Field(description="Ids of the workers whose engine runs there")
+    spanned_by: dict[int, int] = Field(
+        default_factory=dict,
+        description="Workers whose model vLLM's Ray executor spreads over several nodes, with the GPUs each "
+        "reserved on this node",
+    )
 
 
 def gpus_of(report: GpuReport | None) -> tuple[bool, str | None, list[NodeGpu]]:
@@ -67,6 +72,7 @@ def node_view(
     host: HostSample | None,
     gpu: GpuReport | None,
     workers: list[int],
+    spanned_by: dict[int, int] | None = None,
 ) -> NodeView:
     available, reason, gpus = gpus_of(gpu)
     return NodeView(
@@ -86,6 +92,7 @@ def node_view(
         ram_available_bytes=host.ram_available_bytes if host else None,
         shm_free_bytes=host.shm.free_bytes if host and host.shm else None,
         workers=workers,
+        spanned_by=spanned_by or {},
     )
 
 

@@ -291,6 +291,12 @@ class Supervisor:
         latest local readings)."""
         if self.cluster is None:
             return [this_box(host, gpu, sorted(self._runners))]
+        spanned: dict[str, dict[int, int]] = {}
+        for runner in list(self._runners.values()):
+            engine = runner.life.engine
+            if engine is not None and runner.life.active and isinstance(runner.host, LocalHost):
+                for span in self.cluster.spans_of(set(process.tree(engine.pid))):
+                    spanned.setdefault(span.node, {})[runner.id] = span.gpus
         views = []
         for status in self.cluster.statuses():
             sample = status.sample
@@ -307,6 +313,7 @@ class Supervisor:
                     host=sample.host if sample else None,
                     gpu=sample.gpu if sample else None,
                     workers=sorted(r.id for r in self._runners.values() if r.node == status.name),
+                    spanned_by=spanned.get(status.name, {}),
                 )
             )
         return views
@@ -334,8 +341,9 @@ class Supervisor:
             return None
         cluster = self.cluster
         if spans_nodes(config.tensor_parallel_size, config.extra_args, cluster.most_gpus()):
-            # vLLM's Ray executor places the model's GPU workers across the cluster itself; the API
-            # server runs here. The per-node plan does not apply to a model larger than any node.
+            # vLLM's Ray executor places the model's GPU workers across the cluster itself and the API
+            # server runs here; each GPU must still hold its share, planned on the biggest node's GPUs.
+            self._plan_per_gpu(db, worker_id, config, profile, force)
             return cluster.local_name
         runner = self._runners.get(worker_id) or self._starting.get(worker_id)
         previous = runner.node if runner is not None else None
@@ -374,6 +382,40 @@ class Supervisor:
         if not candidates:
             raise Invalid("no node of the Ray cluster is alive", field="node")
         raise Invalid(f"{config.name} fits on no node: " + "; ".join(refusals), field="node", nodes=refusals)
+
+    def _plan_per_gpu(
+        self, db: Session, worker_id: int, config: ModelConfig, profile: OffloadProfile | None, force: bool
+    ) -> None:
+        """The plan of one GPU's share of a model that spans nodes (tensor parallel ranks: the weights,
+        KV cache and overheads of one rank), on a GPU of the node with the most of them."""
+        assert self.cluster is not None
+        if force:
+            return
+        biggest = max(
+            (s for s in self.cluster.statuses() if s.state == NodeState.ALIVE), key=lambda s: (s.ray.gpus, s.local)
+        )
+        claims = self._host_claims(db, worker_id, node=biggest.name)
+        try:
+            if biggest.local:
+                if self._preflight is not None:
+                    self._preflight(config, profile, force, claims)
+                return
+            refusal = self.cluster.agent_call(
+                biggest.name,
+                "check_fit",
+                config.model_dump(),
+                profile.model_dump() if profile is not None else None,
+                claims,
+            )
+        except OSError as exc:
+            raise Invalid(f"{config.name} spans nodes, and node {biggest.name} could not plan it: {exc}") from exc
+        except Invalid as exc:
+            refusal = exc.message
+        if refusal:
+            raise Invalid(
+                f"{config.name} spans nodes; one GPU's share does not fit on {biggest.name}'s GPUs: {refusal}",
+                field="model",
+            )
 
     def _load_on(self, node: str) -> int:
         return sum(1 for r in self._runners.values() if r.node == node and r.life.active)

@@ -60,3 +60,29 @@ def test_a_model_larger_than_any_node_spans_nodes():
     assert n.spans_nodes(8, [], most_gpus_on_a_node=4)
     assert not n.spans_nodes(4, [], most_gpus_on_a_node=4)
     assert not n.spans_nodes(8, [], most_gpus_on_a_node=0)  # a CPU cluster has nothing to span
+
+
+def test_the_nodes_a_model_spans_come_from_its_engines_placement_group():
+    # As Ray's tables list them: the engine core (pid 711, a child of the API server 700) is the driver
+    # of job 02000000, whose placement group ends with that id: 4 GPU bundles on head, 4 on box2.
+    head, box2 = "c8" * 28, "4b" * 28
+    groups = {
+        "1158d685709d5b1af820429851b102000000": {
+            "state": "CREATED",
+            "bundles": {i: {"GPU": 1.0, "CPU": 1.0} for i in range(8)},
+            "bundles_to_node_id": {i: head if i < 4 else box2 for i in range(8)},
+        },
+        "99aa00000000000000000000000003000000": {  # another driver's group
+            "state": "CREATED",
+            "bundles": {0: {"GPU": 1.0}},
+            "bundles_to_node_id": {0: box2},
+        },
+    }
+    jobs = [
+        {"JobID": "01000000", "DriverPid": 42, "IsDead": False},
+        {"JobID": "02000000", "DriverPid": 711, "IsDead": False},
+        {"JobID": "03000000", "DriverPid": 900, "IsDead": False},
+    ]
+    found = n.spans(groups, jobs, {700, 711}, {head: "head", box2: "box2"})
+    assert found == [n.Span("box2", 4, 4), n.Span("head", 4, 4)]
+    assert n.spans(groups, jobs, {1234}, {}) == []  # an engine of one node reserves nothing

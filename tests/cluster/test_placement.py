@@ -41,6 +41,23 @@ class Nodes:
     def is_local(self, name: str) -> bool:
         return name == "head"
 
+    def statuses(self) -> list:
+        """Each node with its GPUs: the head has ``head_gpus``, the others ``gpus``."""
+        from types import SimpleNamespace
+
+        from manager.cluster.nodes import NodeState
+
+        gpus = getattr(self, "statuses_gpus", {})
+        return [
+            SimpleNamespace(
+                name=name,
+                local=name == "head",
+                state=NodeState.ALIVE,
+                ray=SimpleNamespace(gpus=gpus.get(name, self.gpus), node_id=name),
+            )
+            for name in self.alive_names()
+        ]
+
     def most_gpus(self) -> int:
         return self.gpus
 
@@ -105,11 +122,15 @@ def test_a_config_pinned_to_a_node_is_only_checked_there(tmp_path):
     assert nodes.asked == ["box3", "box2"]
 
 
-def test_a_model_larger_than_any_node_is_spread_by_vllm_from_the_managers_box(tmp_path):
-    nodes = Nodes({"box2": "does not fit"}, gpus=4)
-    sup = _supervisor(tmp_path, nodes, head_refusal="tp 8 needs 8 GPUs")
+def test_a_model_larger_than_any_node_is_spread_by_vllm_from_the_managers_box_after_a_per_gpu_plan(tmp_path):
+    nodes = Nodes({"box2": None}, gpus=4)
+    sup = _supervisor(tmp_path, nodes, head_refusal=None)
     assert _place(sup, ModelConfig(name="m", model="/m", tensor_parallel_size=8)) == "head"
-    assert nodes.asked == []
+    # One GPU's share that does not fit is refused, with the planner's numbers.
+    nodes.answers["box2"] = "needs 90 GiB per GPU, 80 GiB"
+    nodes.statuses_gpus = {"head": 0, "box2": 4}
+    with pytest.raises(Invalid, match="one GPU's share does not fit on box2's GPUs: needs 90 GiB per GPU"):
+        _place(sup, ModelConfig(name="m", model="/m", tensor_parallel_size=8))
 
 
 def test_a_model_larger_than_any_node_is_launched_with_vllms_ray_executor_in_the_same_cluster(tmp_path):

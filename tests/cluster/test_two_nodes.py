@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import psutil
@@ -59,6 +61,22 @@ def _metrics_of(c: TestClient, wid: int, timeout: float = 30) -> dict:
     raise AssertionError(f"no engine metrics for worker {wid}: {snap.get('workers')}")
 
 
+def _spreading_driver(address: str) -> subprocess.Popen[str]:
+    """A Ray driver holding a placement group with one bundle on each node (STRICT_SPREAD)."""
+    code = (
+        "import ray, sys, time\n"
+        "from ray.util.placement_group import placement_group\n"
+        f"ray.init(address={address!r}, log_to_driver=False)\n"
+        "pg = placement_group([{'CPU': 1}, {'CPU': 1}], strategy='STRICT_SPREAD')\n"
+        "ray.get(pg.ready(), timeout=60)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
 def _answer(c: TestClient, model: str) -> str:
     client = OpenAI(base_url="http://testserver/v1", api_key="none", http_client=c)
     done = client.completions.create(model=model, prompt="hello", max_tokens=3, temperature=0)
@@ -74,6 +92,17 @@ def test_a_worker_runs_on_the_second_node_and_moves_when_that_node_is_lost(engin
         assert set(nodes) == {"head", "box2"}
         assert nodes["head"]["here"] and not nodes["box2"]["here"]
         assert all(n["state"] == "alive" for n in nodes.values())
+
+        # A process that reserves a placement group over both nodes, as vLLM's Ray executor does for a
+        # model larger than one node, is seen spanning them.
+        spread = _spreading_driver(cluster.address)
+        try:
+            cluster_view = c.app.state.runtime.supervisor.cluster
+            assert [(s.node, s.bundles) for s in cluster_view.spans_of({spread.pid})] == [("box2", 1), ("head", 1)]
+            assert cluster_view.spans_of({psutil.Process().pid + 10**6}) == []
+        finally:
+            spread.kill()
+            spread.wait()
 
         # A node the cluster lacks: 422, naming the nodes there are.
         bad = c.post("/api/models", json=tiny_config("pinned", tiny_llama, node="box9"))
