@@ -309,7 +309,7 @@ async def run(args: argparse.Namespace) -> dict:
     workers = Workers(scratch / "runs", args.workers)
     runs = []
     try:
-        cluster = SimulatedCluster("local", scratch, workers_on=workers)
+        cluster = SimulatedCluster("local", workers_on=workers)
         for count in args.nodes:
             runs.append(await measure(cluster, count, workers, args.seconds, args.idle_seconds))
             print(table(runs[-1:]).splitlines()[-1], flush=True)

@@ -129,7 +129,7 @@ def open_cluster(settings: Settings) -> RayCluster | None:
 
     if not ray.is_initialized():
         connect(settings.ray_address)
-    return RayCluster(settings.ray_address, settings.data_dir)
+    return RayCluster(settings.ray_address)
 
 
 def open_browser_sessions(settings: Settings) -> BrowserSessions:

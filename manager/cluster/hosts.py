@@ -95,6 +95,12 @@ class LocalHost:
         return read_chunk(path, offset)
 
 
+def node_folders(data_dir: Path, node: str, worker_id: int) -> tuple[Path, Path]:
+    """A worker's run folder and log folder on another node: under the same data dir path there."""
+    root = data_dir / "nodes" / node
+    return root / "run" / f"worker-{worker_id}", root / "logs" / f"worker-{worker_id}"
+
+
 def read_chunk(path: Path, offset: int) -> bytes:
     """Up to LOG_CHUNK bytes of ``path`` from ``offset``; nothing when it is gone or shorter."""
     try:

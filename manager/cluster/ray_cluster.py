@@ -104,12 +104,11 @@ class NodeStatus:
 
 
 class RayCluster:
-    def __init__(self, address: str, data_dir: Path, workers_on: WorkersOn | None = None) -> None:
+    def __init__(self, address: str, workers_on: WorkersOn | None = None) -> None:
         import ray
 
         self._ray = ray
         self.address = address
-        self.data_dir = data_dir
         self.workers_on: WorkersOn = workers_on or (lambda name: {})
         self.local = LocalHost()
         self._local_id = ray.get_runtime_context().get_node_id()
@@ -167,11 +166,12 @@ class RayCluster:
             if not s.local
         ]
 
-    def spans_of(self, engine_pids: set[int]) -> list[n.Span]:
-        """The nodes and GPUs an engine (its process tree's pids) reserved through vLLM's Ray executor;
-        empty for an engine that runs on one node only, or when Ray's tables cannot be read."""
-        if not engine_pids:
-            return []
+    def spans_of(self, engines: dict[int, set[int]]) -> dict[int, list[n.Span]]:
+        """For each worker id -> its engine's process tree pids: the nodes and GPUs it reserved through
+        vLLM's Ray executor (empty for an engine on one node only). Ray's tables are read once for
+        all; nothing when they cannot be read."""
+        if not engines:
+            return {}
         try:
             from ray._private.state import state as ray_state  # the GCS job table: drivers' pids
 
@@ -179,9 +179,9 @@ class RayCluster:
             jobs = ray_state.job_table()
         except Exception:
             log.warning("could not read Ray's placement groups", exc_info=True)
-            return []
+            return {}
         names = {s.ray.node_id: s.name for s in self.statuses()}
-        return n.spans(groups, jobs, engine_pids, names)
+        return {wid: n.spans(groups, jobs, pids, names) for wid, pids in engines.items()}
 
     def most_gpus(self) -> int:
         """The GPUs of the biggest live node (a model needing more spans nodes)."""
@@ -192,10 +192,6 @@ class RayCluster:
         if status is None or status.local:
             return self.local.address
         return status.ray.address
-
-    def run_root(self, name: str) -> Path:
-        """Where a node's engines keep their run folders and logs (on that node)."""
-        return self.data_dir / "nodes" / name
 
     def ray_env(self) -> dict[str, str]:
         """What an engine needs to join this cluster (vLLM's Ray executor, for multi-node models)."""
@@ -347,8 +343,8 @@ class RayHost:
         self.address = cluster.engine_address(node)
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> Spawned:
-        spawned = self.cluster.agent_call(self.name, "spawn", argv, env, str(log_path), str(cwd), timeout=70)
-        return Spawned(spawned.pid, spawned.create_time, tuple(spawned.cmdline))
+        spawned: Spawned = self.cluster.agent_call(self.name, "spawn", argv, env, str(log_path), str(cwd), timeout=70)
+        return spawned
 
     def alive(self, pid: int, create_time: float | None, cmdline: tuple[str, ...]) -> bool:
         return bool(self.cluster.agent_call(self.name, "alive", pid, create_time, cmdline))

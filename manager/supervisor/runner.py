@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy.engine import Engine as DbEngine
 
-from manager.cluster.hosts import LocalHost, ProcessHost
+from manager.cluster.hosts import LocalHost, ProcessHost, node_folders
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound, Unavailable
 from manager.launch.command import LaunchCommand
@@ -466,8 +466,8 @@ class WorkerRunner:
         """After a manager restart: go on copying a remote engine's log where the local copy ends."""
         if isinstance(self.host, LocalHost) or self.node is None:
             return
-        remote_dir = self.deps.settings.data_dir / "nodes" / self.node / "logs" / f"worker-{self.id}"
-        self._remote_log = (remote_dir / local.name, local, _engine_bytes(local))
+        _, remote_logs = node_folders(self.deps.settings.data_dir, self.node, self.id)
+        self._remote_log = (remote_logs / local.name, local, _engine_bytes(local))
 
     async def _pull_log(self) -> None:
         """Copy what a remote engine wrote since the last look into the local log file that the

@@ -15,7 +15,7 @@ import httpx
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from manager.cluster.hosts import LocalHost, ProcessHost
+from manager.cluster.hosts import LocalHost, ProcessHost, node_folders
 from manager.cluster.nodes import NodeState, spans_nodes
 from manager.cluster.views import NodeView, node_view, this_box
 from manager.db import session
@@ -257,8 +257,7 @@ class Supervisor:
         host = self._host_of(node)
         run_dir, log_dir = self.settings.run_dir / f"worker-{worker_id}", None
         if self.cluster is not None and node is not None and not isinstance(host, LocalHost):
-            root = self.cluster.run_root(node)
-            run_dir, log_dir = root / "run" / f"worker-{worker_id}", root / "logs" / f"worker-{worker_id}"
+            run_dir, log_dir = node_folders(self.settings.data_dir, node, worker_id)
         cmd = build_command(
             config,
             profile,
@@ -291,12 +290,15 @@ class Supervisor:
         latest local readings)."""
         if self.cluster is None:
             return [this_box(host, gpu, sorted(self._runners))]
+        engines = {
+            r.id: set(process.tree(r.life.engine.pid))
+            for r in list(self._runners.values())
+            if r.life.engine is not None and r.life.active and isinstance(r.host, LocalHost)
+        }
         spanned: dict[str, dict[int, int]] = {}
-        for runner in list(self._runners.values()):
-            engine = runner.life.engine
-            if engine is not None and runner.life.active and isinstance(runner.host, LocalHost):
-                for span in self.cluster.spans_of(set(process.tree(engine.pid))):
-                    spanned.setdefault(span.node, {})[runner.id] = span.gpus
+        for worker_id, worker_spans in self.cluster.spans_of(engines).items():
+            for span in worker_spans:
+                spanned.setdefault(span.node, {})[worker_id] = span.gpus
         views = []
         for status in self.cluster.statuses():
             sample = status.sample
@@ -360,25 +362,13 @@ class Supervisor:
         candidates.sort(key=lambda name: (name != previous, not cluster.is_local(name), self._load_on(name), name))
         refusals = []
         for name in candidates:
-            claims = self._host_claims(db, worker_id, node=name)
             try:
-                if cluster.is_local(name):
-                    if self._preflight is not None:
-                        self._preflight(config, profile, force, claims)
-                elif not force:
-                    refusal = cluster.agent_call(
-                        name,
-                        "check_fit",
-                        config.model_dump(),
-                        profile.model_dump() if profile is not None else None,
-                        claims,
-                    )
-                    if refusal:
-                        raise Invalid(refusal)
-            except (Invalid, OSError) as exc:
-                refusals.append(f"{name}: {exc.message if isinstance(exc, Invalid) else exc}")
-                continue
-            return name
+                refusal = self._refusal_on(name, self._host_claims(db, worker_id, node=name), config, profile, force)
+            except OSError as exc:
+                refusal = str(exc)
+            if not refusal:
+                return name
+            refusals.append(f"{name}: {refusal}")
         if not candidates:
             raise Invalid("no node of the Ray cluster is alive", field="node")
         raise Invalid(f"{config.name} fits on no node: " + "; ".join(refusals), field="node", nodes=refusals)
@@ -396,26 +386,34 @@ class Supervisor:
         )
         claims = self._host_claims(db, worker_id, node=biggest.name)
         try:
-            if biggest.local:
-                if self._preflight is not None:
-                    self._preflight(config, profile, force, claims)
-                return
-            refusal = self.cluster.agent_call(
-                biggest.name,
-                "check_fit",
-                config.model_dump(),
-                profile.model_dump() if profile is not None else None,
-                claims,
-            )
+            refusal = self._refusal_on(biggest.name, claims, config, profile, force)
         except OSError as exc:
             raise Invalid(f"{config.name} spans nodes, and node {biggest.name} could not plan it: {exc}") from exc
-        except Invalid as exc:
-            refusal = exc.message
         if refusal:
             raise Invalid(
                 f"{config.name} spans nodes; one GPU's share does not fit on {biggest.name}'s GPUs: {refusal}",
                 field="model",
             )
+
+    def _refusal_on(
+        self, node: str, claims: HostClaims, config: ModelConfig, profile: OffloadProfile | None, force: bool
+    ) -> str | None:
+        """The planner's pre-start check of ``config`` on ``node``, with that node's GPUs and RAM: its
+        refusal, or None when it fits. OSError when the node does not answer."""
+        assert self.cluster is not None
+        if self.cluster.is_local(node):
+            if self._preflight is not None:
+                try:
+                    self._preflight(config, profile, force, claims)
+                except Invalid as exc:
+                    return exc.message
+            return None
+        if force:
+            return None
+        refusal: str | None = self.cluster.agent_call(
+            node, "check_fit", config.model_dump(), profile.model_dump() if profile is not None else None, claims
+        )
+        return refusal
 
     def _load_on(self, node: str) -> int:
         return sum(1 for r in self._runners.values() if r.node == node and r.life.active)

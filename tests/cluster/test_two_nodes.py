@@ -98,8 +98,9 @@ def test_a_worker_runs_on_the_second_node_and_moves_when_that_node_is_lost(engin
         spread = _spreading_driver(cluster.address)
         try:
             cluster_view = c.app.state.runtime.supervisor.cluster
-            assert [(s.node, s.bundles) for s in cluster_view.spans_of({spread.pid})] == [("box2", 1), ("head", 1)]
-            assert cluster_view.spans_of({psutil.Process().pid + 10**6}) == []
+            found = cluster_view.spans_of({1: {spread.pid}, 2: {psutil.Process().pid + 10**6}})
+            assert [(s.node, s.bundles) for s in found[1]] == [("box2", 1), ("head", 1)]
+            assert found[2] == []
         finally:
             spread.kill()
             spread.wait()
