@@ -1,19 +1,29 @@
-"""MoE expert offload with CUDA graphs inside real vLLM 0.32.0, against resident and eager offload.
+"""MoE expert offload with CUDA graphs inside real vLLM 0.32.0, against resident experts and vLLM's own offload.
 
-Runs on the GPU machine after ``source bench/gpu/env.sh`` (bench/README.md has the call). One model,
-three engines, one after the other, each launched with the argv and environment the manager's own
-``build_command`` makes (so the manager's CUDA graph limit for offload is what runs):
+Runs on the GPU machine after ``source bench/gpu/env.sh`` (bench/README.md has the calls). One model,
+one engine at a time, each launched with the argv and environment the manager's own
+``build_command`` makes (so the manager's CUDA graph limit for offload is what runs). Cases:
 
-- ``offload_graphs``: MoE expert offload at a GPU cache of ``--cache-fraction`` of the expert bytes,
-  CUDA graphs on; the manager adds ``--max-cudagraph-capture-size`` = slots per layer / top_k.
+- ``offload_NN``: MoE expert offload with a GPU cache of NN % of the expert bytes, CUDA graphs on;
+  the manager adds ``--max-cudagraph-capture-size`` = slots per layer / top_k. ``offload_NN_eager``
+  adds ``--enforce-eager``; ``offload_graphs`` / ``offload_eager`` use ``--cache-fraction``.
 - ``resident``: every expert on the GPU, CUDA graphs on (vLLM's defaults).
-- ``offload_eager``: the same offload with ``--enforce-eager`` (what the manager forced before).
+- ``vllm_uva``: vLLM's own expert offload, ``--cpu-offload-gb <all expert GiB> --cpu-offload-params
+  experts --offload-backend uva``: every expert stays in pinned host memory and vLLM's kernel
+  reads the routed ones over the link at every step.
 
-Per engine: start time, the engine's own log lines (KV cache size, graph capture, the plugin's
-offload line), greedy completions (one prompt alone, eight together), decode tokens/s at batch 1
-and 8 (two lengths, so the prefill cancels out) and the expert cache's stats file. The model is
-Qwen3-30B-A3B in shape (per layer) with ``--layers`` layers and dummy weights. Results go to
-``OUT/gpu_moe_graphs.json`` after each engine.
+``--routing zipf`` sets ``VLLM_MOE_ROUTING_SIMULATION_STRATEGY=engine_patches_zipf_reuse`` in every
+engine (the plugin's benchmark stand-in: Zipf(1.0) expert popularity per layer, each sequence
+keeping each expert of its previous token with probability 0.5, as in bench/moe_offload.py);
+dummy weights otherwise send nearly every token to the same experts. Under it the answers are
+meaningless, so greedy outputs are compared only without it.
+
+Per engine: start time, the engine's own log lines, decode tokens/s at each batch size (two
+lengths, so the prefill cancels out) and, for the offload cases, the bytes the expert cache moved
+per decode token, from the plugin's stats channel (the same two lengths, differenced). The link
+bound of a case is its decode bytes per token over the pinned host-to-GPU bandwidth measured in
+the same call; for ``vllm_uva`` the bytes are the distinct routed experts per layer and step, taken
+from the stand-in's own routing. Results go to ``OUT/gpu_moe_graphs.json`` after each engine.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import statistics
@@ -39,9 +50,15 @@ from gpu_sleep import http  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "model_configs" / "Qwen3-30B-A3B.json"
 GiB = 1024**3
-PROMPTS = [
-    f"The {w} of the city is" for w in ("river", "bridge", "market", "tower", "garden", "harbour", "wall", "gate")
+WORDS = ("river", "bridge", "market", "tower", "garden", "harbour", "wall", "gate")
+PROMPTS = [f"The {w} of the city is" for w in WORDS] + [
+    f"Story {i}: the {WORDS[i % 8]} of the city is" for i in range(8, 256)
 ]
+# Probes: prompts longer than any graph size an offload engine captures (at most 8 tokens), so
+# the MoE layer's Python runs and the plugin publishes its stats (graph replays run no Python);
+# a new one each time, so the prefix cache never shortens one.
+PROBE_WORDS = WORDS + ("north", "south", "east", "west", "old", "new", "high", "low")
+STANDIN = "engine_patches_zipf_reuse"
 LOG_NEEDLES = (
     "GPU KV cache size",
     "Graph capturing finished",
@@ -84,11 +101,13 @@ def expert_bytes(cfg: dict[str, Any]) -> int:
 
 class Engine:
     def __init__(self, case: str, folder: Path, port: int, cache_gib: float | None, args: argparse.Namespace):
+        """``cache_gib`` None: experts resident, or in vLLM's own UVA offload for ``vllm_uva``."""
         from manager.launch.command import build_command
         from manager.schemas.model_config import ModelConfig
         from manager.schemas.offload_profile import OffloadProfile
 
         self.case, self.port = case, port
+        self.probes = 0
         self.run_dir = args.work / f"run-{case}"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = args.work / f"{case}.log"
@@ -100,7 +119,7 @@ class Engine:
             max_num_seqs=args.max_num_seqs,
             gpu_memory_utilization=args.utilization,
             enforce_eager=case.endswith("eager"),
-            extra_args=["--load-format", "dummy", *args.engine_args],
+            extra_args=["--load-format", "dummy", *args.engine_args, *(args.uva_args if case == "vllm_uva" else [])],
         )
         profile = (
             OffloadProfile(name="moe", moe_expert_offload=True, moe_gpu_cache_gib=cache_gib)
@@ -110,6 +129,9 @@ class Engine:
         cmd = build_command(config, profile, engine_python=sys.executable, port=port, run_dir=self.run_dir)
         self.argv, self.notes = cmd.argv, cmd.notes
         env = {**os.environ, **cmd.env}
+        env.pop("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", None)
+        if args.routing == "zipf":
+            env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] = STANDIN
         self.t0 = time.perf_counter()
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
@@ -157,12 +179,53 @@ class Engine:
                 continue
             rates.append(batch * (long - short) / (t_long - t_short))
         if not rates:
-            return {"dropped": dropped}
+            return {"dropped": dropped, "short": short, "long": long}
         return {
             "tok_s": round(statistics.median(rates), 1),
             "per_seq_tok_s": round(statistics.median(rates) / batch, 1),
             "runs": [round(r, 1) for r in rates],
             "dropped": dropped,
+            "short": short,
+            "long": long,
+        }
+
+    def cache_snapshot(self) -> dict[str, Any] | None:
+        """The expert cache's counters now: a probe request a second after the last publish makes the
+        plugin publish (at most once a second), and its stats writer puts that on disk within a
+        second more; nothing runs meanwhile, so the file then holds the probe's publish."""
+        time.sleep(1.1)
+        self.probes += 1
+        rng = random.Random(self.probes)
+        self.complete([" ".join(rng.choice(PROBE_WORDS) for _ in range(24))], 1)
+        time.sleep(2.5)
+        stats = self.expert_stats()
+        return stats[-1] if stats else None
+
+    def decode_bytes(self, batch: int, short: int, long: int) -> dict[str, Any]:
+        """Host-to-GPU bytes the expert cache moved per decode token at ``batch`` sequences."""
+        prompts = PROMPTS[:batch]
+        s0 = self.cache_snapshot()
+        self.complete(prompts, long, ignore_eos=True)
+        s1 = self.cache_snapshot()
+        self.complete(prompts, short, ignore_eos=True)
+        s2 = self.cache_snapshot()
+        if not (s0 and s1 and s2):
+            return {"error": "the plugin published no expert cache stats"}
+
+        def delta(a: dict[str, Any], b: dict[str, Any], key: str) -> float:
+            return float(b[key]) - float(a[key])
+
+        # Each difference holds one probe and one prefill of the same prompts: they cancel.
+        moved = delta(s0, s1, "bytes_moved") - delta(s1, s2, "bytes_moved")
+        tokens = delta(s0, s1, "tokens") - delta(s1, s2, "tokens")
+        hits = delta(s0, s1, "hits") - delta(s1, s2, "hits")
+        misses = delta(s0, s1, "misses") - delta(s1, s2, "misses")
+        return {
+            "decode_tokens_counted": int(tokens),
+            "decode_tokens_asked": batch * (long - short),
+            "bytes_per_token": round(moved / tokens) if tokens > 0 else None,
+            "hit_rate": round(hits / (hits + misses), 4) if hits + misses > 0 else None,
+            "snapshots": [{k: x[k] for k in ("tokens", "bytes_moved", "hits", "misses")} for x in (s0, s1, s2)],
         }
 
     def expert_stats(self) -> list[dict[str, Any]]:
@@ -198,14 +261,25 @@ def kv_tokens(lines: list[str]) -> int | None:
     return None
 
 
+def lengths(batch: int, args: argparse.Namespace) -> tuple[int, int]:
+    """Short and long completion lengths at ``batch``: fewer decode steps for the big batches."""
+    return (args.short, args.long) if batch < 32 else (args.short_big, args.long_big)
+
+
 def run_case(case: str, folder: Path, cache_gib: float | None, port: int, args: argparse.Namespace) -> dict[str, Any]:
     engine = Engine(case, folder, port, cache_gib, args)
     result: dict[str, Any] = {"argv": engine.argv[3:], "notes": engine.notes}
     try:
         result["start_s"] = round(engine.wait_ready(args.start_timeout), 1)
-        _, result["greedy_1"] = engine.complete(PROMPTS[:1], args.greedy_tokens)
-        _, result["greedy_8"] = engine.complete(PROMPTS, args.greedy_tokens)
-        result["decode"] = {str(b): engine.decode_rate(b, args.short, args.long, args.repeats) for b in args.batches}
+        if args.routing == "model":  # under the stand-in the answers mean nothing
+            _, result["greedy_1"] = engine.complete(PROMPTS[:1], args.greedy_tokens)
+            _, result["greedy_8"] = engine.complete(PROMPTS[:8], args.greedy_tokens)
+        result["decode"] = {}
+        for b in args.batches:
+            result["decode"][str(b)] = engine.decode_rate(b, *lengths(b, args), args.repeats)
+            if cache_gib is not None:
+                result["decode"][str(b)]["moved"] = engine.decode_bytes(b, *lengths(b, args))
+            print(f"   {case} batch {b}: {json.dumps(result['decode'][str(b)])}", flush=True)
         result["expert_cache"] = engine.expert_stats()[-1:]
     except Exception as exc:
         result["error"] = str(exc)[-3000:]
@@ -217,16 +291,79 @@ def run_case(case: str, folder: Path, cache_gib: float | None, port: int, args: 
 
 
 def compare(cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Greedy texts of every case against the resident engine's (and the two offload ones)."""
+    """Greedy texts of every offload case against the resident engine's."""
     out: dict[str, Any] = {}
-    pairs = [("offload_graphs", "resident"), ("offload_eager", "resident"), ("offload_graphs", "offload_eager")]
-    for a, b in pairs:
-        if a not in cases or b not in cases or "greedy_8" not in cases[a] or "greedy_8" not in cases[b]:
+    for a in cases:
+        b = "resident"
+        if a == b or b not in cases or "greedy_8" not in cases[a] or "greedy_8" not in cases[b]:
             continue
         same_1 = cases[a]["greedy_1"] == cases[b]["greedy_1"]
         same_8 = [x == y for x, y in zip(cases[a]["greedy_8"], cases[b]["greedy_8"], strict=True)]
         out[f"{a}_vs_{b}"] = {"batch1_equal": same_1, "batch8_equal": same_8, "all_equal": same_1 and all(same_8)}
     return out
+
+
+def cache_fraction(case: str, default: float) -> float | None:
+    """offload_25 -> 0.25, offload_graphs / offload_eager -> the default; None for the others."""
+    if not case.startswith("offload"):
+        return None
+    part = case.split("_")[1]
+    return int(part) / 100 if part.isdigit() else default
+
+
+def pinned_bandwidth() -> float:
+    """Pinned host-to-GPU copy rate in GB/s (1 GiB, median of 5), in a child so this process holds no GPU."""
+    code = (
+        "import torch, statistics, time\n"
+        "n = 1 << 30\n"
+        "h = torch.empty(n, dtype=torch.uint8).pin_memory(); d = torch.empty(n, dtype=torch.uint8, device='cuda')\n"
+        "ts = []\n"
+        "for _ in range(6):\n"
+        "    torch.cuda.synchronize(); t = time.perf_counter(); d.copy_(h, non_blocking=True); torch.cuda.synchronize()\n"
+        "    ts.append(time.perf_counter() - t)\n"
+        "print(n / statistics.median(ts[1:]) / 1e9)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def routed_experts_per_step(cfg: dict[str, Any], layers: int, batch: int, steps: int = 200) -> float:
+    """Distinct experts per layer and decode step under the stand-in's routing (what UVA reads)."""
+    import torch
+
+    from engine_patches.moe.routing_standin import ZipfReuseRouting
+
+    experts, top_k = cfg.get("num_experts") or cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    torch.manual_seed(0)
+    counts = []
+    for layer in range(layers):
+        routing = ZipfReuseRouting(experts, top_k, layer=layer)
+        for step in range(steps + 10):
+            _, ids = routing.route(batch, "cpu")
+            if step >= 10:
+                counts.append(len(torch.unique(ids)))
+    return statistics.mean(counts)
+
+
+def link_bounds(results: dict[str, Any], cfg: dict[str, Any], args: argparse.Namespace) -> None:
+    """Add each case's link bound (tok/s if only its host-to-GPU bytes took time) and its ratio."""
+    gbs = results.get("pinned_gb_s")
+    per_expert = results["expert_gib"] * GiB / (args.layers * (cfg.get("num_experts") or cfg["num_local_experts"]))
+    for case, r in results["cases"].items():
+        for b, d in r.get("decode", {}).items():
+            if not gbs or "tok_s" not in d:
+                continue
+            if case == "vllm_uva" and args.routing == "zipf":
+                distinct = routed_experts_per_step(cfg, args.layers, int(b))
+                per_token = args.layers * distinct * per_expert / int(b)
+                d["uva_distinct_experts_per_layer_step"] = round(distinct, 2)
+            elif (d.get("moved") or {}).get("bytes_per_token"):
+                per_token = d["moved"]["bytes_per_token"]
+            else:
+                continue
+            d["bytes_per_token"] = round(per_token)
+            d["link_bound_tok_s"] = round(gbs * 1e9 / per_token, 1) if per_token else None
+            d["x_link_bound"] = round(d["link_bound_tok_s"] / d["tok_s"], 3) if per_token else None
 
 
 def main() -> int:
@@ -235,17 +372,23 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-moe-graphs"))
     parser.add_argument("--config", type=Path, default=FIXTURE, help="a Qwen3-MoE config.json (tests: a tiny one)")
     parser.add_argument("--layers", type=int, default=12, help="layers of the model (Qwen3-30B-A3B has 48)")
-    parser.add_argument("--cache-fraction", type=float, default=0.25, help="GPU expert cache, share of expert bytes")
-    parser.add_argument("--cases", nargs="*", default=["offload_graphs", "resident", "offload_eager"])
+    parser.add_argument("--cache-fraction", type=float, default=0.25, help="GPU expert cache of offload_graphs")
+    parser.add_argument(
+        "--cases", nargs="*", default=["offload_25", "vllm_uva", "resident", "offload_10", "offload_50"]
+    )
+    parser.add_argument("--routing", choices=["zipf", "model"], default="zipf", help="the stand-in, or the model's own")
     parser.add_argument("--utilization", type=float, default=0.85)
     parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--max-num-seqs", type=int, default=16)
-    parser.add_argument("--batches", type=int, nargs="*", default=[1, 8])
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--batches", type=int, nargs="*", default=[1, 8, 64])
     parser.add_argument("--short", type=int, default=16)
     parser.add_argument("--long", type=int, default=144)
+    parser.add_argument("--short-big", type=int, default=8, help="short length at batches of 32 and more")
+    parser.add_argument("--long-big", type=int, default=40, help="long length at batches of 32 and more")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--greedy-tokens", type=int, default=32)
     parser.add_argument("--start-timeout", type=float, default=240)
+    parser.add_argument("--name", default="gpu_moe_graphs", help="the JSON's file name under --out, without .json")
     parser.add_argument("--engine-args", nargs="*", default=[], help="more vLLM flags for every engine")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -253,33 +396,46 @@ def main() -> int:
 
     cfg = make_model(args.work / "model", args.layers, args.config)
     all_experts = expert_bytes(cfg)
-    cache_gib = round(args.cache_fraction * all_experts / GiB, 4)
+    uva_gib = all_experts / GiB + 0.01  # every expert: vLLM offloads parameters until this is reached
+    args.uva_args = [
+        "--cpu-offload-gb",
+        f"{uva_gib:.2f}",
+        "--cpu-offload-params",
+        "experts",
+        "--offload-backend",
+        "uva",
+    ]
     results: dict[str, Any] = {
         "model": f"{cfg['model_type']} {args.config.stem} shape, {args.layers} layers, dummy weights, bf16",
+        "routing": "stand-in: Zipf(1.0) per layer, reuse 0.5" if args.routing == "zipf" else "the model's own",
         "expert_gib": round(all_experts / GiB, 3),
-        "cache_fraction": args.cache_fraction,
-        "cache_gib": cache_gib,
         "max_num_seqs": args.max_num_seqs,
         "cases": {},
     }
+    with contextlib.suppress(Exception):
+        results["pinned_gb_s"] = round(pinned_bandwidth(), 2)
+    print(f"pinned host-to-GPU: {results.get('pinned_gb_s')} GB/s", flush=True)
 
     def save() -> None:
         results["greedy"] = compare(results["cases"])
-        (args.out / "gpu_moe_graphs.json").write_text(json.dumps(results, indent=1))
+        link_bounds(results, cfg, args)
+        (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=1))
 
     for i, case in enumerate(args.cases):
-        offload = case.startswith("offload")
+        fraction = cache_fraction(case, args.cache_fraction)
+        gib = round(fraction * all_experts / GiB, 4) if fraction is not None else None
         print(f"== {case} at {time.strftime('%H:%M:%S')}", flush=True)
-        results["cases"][case] = run_case(case, args.work / "model", cache_gib if offload else None, 8500 + i, args)
+        results["cases"][case] = run_case(case, args.work / "model", gib, 8500 + i, args)
+        results["cases"][case]["cache_gib"] = gib
         save()
 
-    print(
-        f"{'case':16} {'start s':>8} {'KV tokens':>10} "
-        + " ".join(f"{'b' + str(b) + ' tok/s':>10}" for b in args.batches)
-    )
+    print(f"{'case':18} {'start s':>8} {'KV tokens':>10}  batch: tok/s (x link bound)")
     for case, r in results["cases"].items():
-        rates = " ".join(f"{r.get('decode', {}).get(str(b), {}).get('tok_s', '-'):>10}" for b in args.batches)
-        print(f"{case:16} {r.get('start_s', '-'):>8} {r.get('kv_cache_tokens') or '-':>10} {rates}")
+        cells = []
+        for b in args.batches:
+            d = r.get("decode", {}).get(str(b), {})
+            cells.append(f"b{b} {d.get('tok_s', '-')} ({d.get('x_link_bound', '-')})")
+        print(f"{case:18} {r.get('start_s', '-'):>8} {r.get('kv_cache_tokens') or '-':>10}  " + "  ".join(cells))
         if "error" in r:
             print(f"   error: {r['error'][-600:]}")
     print(json.dumps(results["greedy"], indent=1))

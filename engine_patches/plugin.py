@@ -72,6 +72,7 @@ def _register() -> None:
         (settings.lora_pool, "lora_pool", lambda: _lora_pool(settings, allocator)),
         (settings.moe_offload, "moe_offload", lambda: _moe(settings)),
         (settings.sleep_pool, "sleep_pool", lambda: _sleep_pool(settings, allocator)),
+        (True, "routing_standin", _routing_standin),  # patches only when vLLM's simulator names it
     ]
     for enabled, name, install in steps:
         if not enabled:
@@ -137,6 +138,12 @@ def _moe(settings: PatchSettings) -> list[str]:
     from engine_patches.vllm_adapters import moe
 
     return moe.install(settings)
+
+
+def _routing_standin() -> list[str]:
+    from engine_patches.vllm_adapters import routing_standin
+
+    return routing_standin.install()
 
 
 def _sleep_pool(settings: PatchSettings, allocator) -> list[str]:

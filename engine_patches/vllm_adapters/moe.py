@@ -27,6 +27,7 @@ vLLM is imported only inside functions, so importing this module costs nothing.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -40,7 +41,7 @@ log = logging.getLogger("engine_patches.moe")
 
 OOT_NAME = "UnquantizedFusedMoEMethod"
 DEFAULT_CACHE_FRACTION = 0.25  # of all expert bytes, when the profile sets no moe_gpu_cache_gib
-PUBLISH_EVERY = 256  # forwards of the first MoE layer between two stats messages
+PUBLISH_INTERVAL_S = 1.0  # at most one stats message a second after the first few steps
 
 
 class _Runtime:
@@ -51,6 +52,7 @@ class _Runtime:
         self.store: ExpertStore | None = None
         self.offload: ExpertOffload | None = None
         self.forwards = 0
+        self.published_at = 0.0
 
     def add_layer(self, w13: torch.Tensor, w2: torch.Tensor) -> int:
         if self.offload is not None:
@@ -92,12 +94,15 @@ class _Runtime:
         return self.offload
 
     def after_forward(self, layer_index: int) -> None:
-        if layer_index != 0 or self.offload is None or _capturing():
-            return  # a graph capture runs nothing: no step happened, and stats would sync
+        if self.offload is None or layer_index != self.offload.num_layers - 1 or _capturing():
+            return  # after the last layer: the step's counts are whole. A capture runs no step.
         self.forwards += 1
-        # The first few steps (warm-up, first requests) and then every PUBLISH_EVERY: reading the
-        # copy timings waits for the GPU, so not every step.
-        if self.forwards <= 8 or self.forwards % PUBLISH_EVERY == 0:
+        # The first few steps (warm-up, first requests), then at most once a second: reading the
+        # copy timings waits for the GPU, so not every step. By time, not by count: steps replayed
+        # from a CUDA graph run no Python, so only the steps outside graphs come here.
+        now = time.monotonic()
+        if self.forwards <= 8 or now - self.published_at >= PUBLISH_INTERVAL_S:
+            self.published_at = now
             publish(self.offload.stats())
 
 

@@ -49,6 +49,9 @@ def main(model_dir: str) -> None:
     if RUNTIME.offload is not None:
         result["expert_cache"] = RUNTIME.offload.stats().as_dict()
         result["offloaded_layers"] = RUNTIME.offload.num_layers
+    from engine_patches.vllm_adapters.routing_standin import ROUTED_LAYERS
+
+    result["standin_layers"] = len(ROUTED_LAYERS)
     print("RESULT " + json.dumps(result), flush=True)
 
 

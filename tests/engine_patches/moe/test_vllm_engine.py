@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from engine_patches.moe.routing_standin import STRATEGY
 from tests.support.tiny_model import make_tiny_qwen3_moe
 
 pytestmark = pytest.mark.engine
@@ -33,8 +34,11 @@ def tiny_moe(tmp_path_factory):
     return folder
 
 
-def _greedy(model: Path, patches: dict, eager: bool = True) -> dict:
+def _greedy(model: Path, patches: dict, eager: bool = True, routing: str | None = None) -> dict:
     env = {**__import__("os").environ, "VLLM_PLUGINS": "offload_patches", "VLLM_MANAGER_PATCHES": json.dumps(patches)}
+    env.pop("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", None)
+    if routing:
+        env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] = routing
     env["GREEDY_EAGER"] = "1" if eager else "0"
     cmd = [sys.executable, str(HELPER), str(model)]
     if shutil.which("flock"):
@@ -70,3 +74,14 @@ def test_same_greedy_output_when_vllm_compiles_the_moe_layer_into_its_graph(tiny
     assert offloaded["tokens"] == stock["tokens"]
     for ours, theirs in zip(offloaded["logprobs"], stock["logprobs"], strict=False):
         assert ours == pytest.approx(theirs, abs=1e-4)
+
+
+def test_the_benchmark_routing_stand_in_routes_every_layer_when_vllms_switch_names_it(tiny_moe):
+    """bench/gpu_moe_graphs.py measures the expert cache under Zipf + reuse routing: vLLM's own
+    simulator switch turns the stand-in on in a real engine, for every MoE layer, with the offload."""
+    stock = _greedy(tiny_moe, {"moe_offload": True, "moe_gpu_cache_gib": 0.0})
+    standin = _greedy(tiny_moe, {"moe_offload": True, "moe_gpu_cache_gib": 0.0}, routing=STRATEGY)
+    assert stock["standin_layers"] == 0
+    assert standin["standin_layers"] == 2 and standin["offloaded_layers"] == 2
+    assert standin["tokens"] != stock["tokens"]  # the model's own routing no longer decides
+    assert standin["expert_cache"]["tokens"] > 0
