@@ -44,13 +44,15 @@ class ZipfReuseRouting:
             raise ValueError(f"reuse must be in [0, 1], got {reuse}")
         self.num_experts, self.top_k, self.layer = num_experts, top_k, layer
         self.alpha, self.reuse, self.rows = alpha, reuse, rows
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + layer)
-        popularity = torch.empty(num_experts, dtype=torch.float32)
-        ranks = torch.arange(1, num_experts + 1, dtype=torch.float32)
-        popularity[torch.randperm(num_experts, generator=gen)] = ranks.pow(-alpha)
+        # On the host, whatever default device is set (vLLM builds the model under the GPU's).
+        cpu = torch.device("cpu")
+        gen = torch.Generator(device=cpu).manual_seed(seed * 1_000_003 + layer)
+        popularity = torch.empty(num_experts, dtype=torch.float32, device=cpu)
+        ranks = torch.arange(1, num_experts + 1, dtype=torch.float32, device=cpu)
+        popularity[torch.randperm(num_experts, generator=gen, device=cpu)] = ranks.pow(-alpha)
         self.popularity = popularity / popularity.sum()  # on the host, for figures and tests
         self._log_pop = self.popularity.log()
-        gumbel = -torch.log(-torch.log(torch.rand(rows, num_experts, generator=gen)))
+        gumbel = -torch.log(-torch.log(torch.rand(rows, num_experts, generator=gen, device=cpu)))
         self._prev = torch.topk(self._log_pop + gumbel, top_k, dim=1).indices  # [rows, top_k], per row
 
     def _state(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ which names them, so the front door can stop some of them and start again.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -132,6 +133,8 @@ def plan_request(config: ModelConfig, profile: OffloadProfile | None, gpu: str) 
     """A stored config (and its offload profile) in the planner's terms."""
     cpu_kv = config.env.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     cpu_offload = flag_value(config.extra_args, "--cpu-offload-gb")
+    kv_bytes = flag_value(config.extra_args, "--kv-cache-memory-bytes")
+    kv_gib = size_bytes(kv_bytes) / GIB if kv_bytes else None
     return PlanRequest(
         model=config.model,
         dtype=config.dtype,
@@ -154,8 +157,19 @@ def plan_request(config: ModelConfig, profile: OffloadProfile | None, gpu: str) 
         pinned_budget_bytes=int((profile.pinned_budget_gib or 0) * GIB) if profile else 0,
         sleep_pool=sleep_pool_on(config, profile),
         gpu=gpu,
-        kv_cache_memory_gib=float(cpu_kv) if gpu == "cpu" and cpu_kv else None,
+        # vLLM on a GPU takes --kv-cache-memory-bytes as the KV budget; its CPU build takes the variable
+        kv_cache_memory_gib=(float(cpu_kv) if cpu_kv else kv_gib) if gpu == "cpu" else kv_gib,
     )
+
+
+def size_bytes(text: str) -> int:
+    """A size as vLLM reads it: 3221225472, 3G (2**30), 3g (10**9), 2.5k; 0 when it is not one."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", text.strip())
+    if not match:
+        return 0
+    number, suffix = match.groups()
+    power = "kmgt".index(suffix.lower()) + 1 if suffix else 0
+    return int(float(number) * (1024 if suffix.isupper() else 1000) ** power)
 
 
 def host_bytes_of(profile: OffloadProfile | None) -> int:

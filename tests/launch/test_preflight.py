@@ -301,3 +301,42 @@ def test_moe_offload_plans_cuda_graph_memory_as_the_command_keeps_graphs(tmp_pat
     # A model folder the manager cannot read: the command runs eager, and so does the plan.
     unreadable = preflight.plan_request(ModelConfig(name="moe", model=str(tmp_path / "gone")), offload, "h100-80")
     assert unreadable.enforce_eager
+
+
+@pytest.fixture
+def llama_8b(tmp_path) -> Path:
+    folder = tmp_path / "Llama-3.1-8B-Instruct"
+    folder.mkdir()
+    shutil.copy(FIXTURES / "Llama-3.1-8B-Instruct.json", folder / "config.json")
+    return folder
+
+
+@pytest.mark.parametrize("size", ["3221225472", "3G", "3072M", "3.221225472g"])
+def test_a_kv_budget_given_in_extra_args_is_what_the_plan_and_the_start_check_use(llama_8b, monkeypatch, size):
+    """--kv-cache-memory-bytes holds vLLM's GPU KV cache to that size (measured on an H200: 24,576
+    tokens of Llama-3.1-8B for 3 GiB): the plan must say so, and refuse a context it cannot hold
+    even with a CPU tier, instead of planning with the whole GPU's memory."""
+    monkeypatch.setattr(preflight, "detect_gpu", lambda: gpu_from_catalogue("h200"))
+    kv_profile = OffloadProfile(name="kv-16g", kv_offload_gib=16)
+    config = ModelConfig(
+        name="llama",
+        model=str(llama_8b),
+        max_model_len=16384,
+        gpu_memory_utilization=0.4,
+        enforce_eager=True,
+        extra_args=["--kv-cache-memory-bytes", size],
+    )
+    plan = make_plan(preflight.plan_request(config, kv_profile, "h200"))
+    assert plan.kv_cache_tokens == pytest.approx(24576, rel=0.01)
+    preflight.refuse_if_it_cannot_fit(config, kv_profile, force=False)  # 16,384 tokens fit in 3 GiB
+
+    too_long = config.model_copy(update={"max_model_len": 65536})
+    with pytest.raises(Invalid) as refused:
+        preflight.refuse_if_it_cannot_fit(too_long, kv_profile, force=False)
+    assert "65,536" in refused.value.message or "65536" in refused.value.message
+
+
+def test_sizes_are_read_as_vllm_reads_them():
+    assert preflight.size_bytes("1K") == 1024 and preflight.size_bytes("1k") == 1000
+    assert preflight.size_bytes("2.5G") == int(2.5 * G) and preflight.size_bytes("7") == 7
+    assert preflight.size_bytes("lots") == 0

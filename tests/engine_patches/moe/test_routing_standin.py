@@ -63,6 +63,13 @@ def test_batches_larger_than_the_kept_rows_are_routed_too():
     assert ids.shape == (20, 4) and all(len(set(r.tolist())) == 4 for r in ids)
 
 
+def test_it_is_built_on_the_host_whatever_default_device_vllm_builds_the_model_under():
+    with torch.device("meta"):  # vLLM builds the layers under the GPU as default device
+        routing = ZipfReuseRouting(16, 4, layer=0)
+    _, ids = routing.route(3, "cpu")
+    assert ids.device.type == "cpu" and ids.shape == (3, 4)
+
+
 def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="top_k"):
         ZipfReuseRouting(4, 8, layer=0)
