@@ -39,7 +39,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -56,6 +55,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # the manager package
 from gpu_e2e import gpu_processes
 from gpu_kv_offload import counters, prompt
 from gpu_planner import make_model
+from served import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 1024**3
@@ -89,12 +89,6 @@ ENGINE_FIELDS = (
 )
 PAGE_ROWS = ("Prefix cache hit rate", "CPU-tier prefix hits", "KV offload load / store", "CPU KV cache usage")
 ROW = re.compile(r"<tr><th>([^<]+)</th><td[^>]*>(.*?)</td></tr>", re.S)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def delta(after: dict[str, float], before: dict[str, float], key: str) -> float | None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import random
@@ -327,13 +328,13 @@ def pinned_bandwidth() -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def routed_experts_per_step(cfg: dict[str, Any], layers: int, batch: int, steps: int = 200) -> float:
+@functools.cache
+def routed_experts_per_step(experts: int, top_k: int, layers: int, batch: int, steps: int = 200) -> float:
     """Distinct experts per layer and decode step under the stand-in's routing (what UVA reads)."""
     import torch
 
     from engine_patches.moe.routing_standin import ZipfReuseRouting
 
-    experts, top_k = cfg.get("num_experts") or cfg["num_local_experts"], cfg["num_experts_per_tok"]
     torch.manual_seed(0)
     counts = []
     for layer in range(layers):
@@ -348,13 +349,14 @@ def routed_experts_per_step(cfg: dict[str, Any], layers: int, batch: int, steps:
 def link_bounds(results: dict[str, Any], cfg: dict[str, Any], args: argparse.Namespace) -> None:
     """Add each case's link bound (tok/s if only its host-to-GPU bytes took time) and its ratio."""
     gbs = results.get("pinned_gb_s")
-    per_expert = results["expert_gib"] * GiB / (args.layers * (cfg.get("num_experts") or cfg["num_local_experts"]))
+    experts = cfg.get("num_experts") or cfg["num_local_experts"]
+    per_expert = results["expert_gib"] * GiB / (args.layers * experts)
     for case, r in results["cases"].items():
         for b, d in r.get("decode", {}).items():
             if not gbs or "tok_s" not in d:
                 continue
             if case == "vllm_uva" and args.routing == "zipf":
-                distinct = routed_experts_per_step(cfg, args.layers, int(b))
+                distinct = routed_experts_per_step(experts, cfg["num_experts_per_tok"], args.layers, int(b))
                 per_token = args.layers * distinct * per_expert / int(b)
                 d["uva_distinct_experts_per_layer_step"] = round(distinct, 2)
             elif (d.get("moved") or {}).get("bytes_per_token"):

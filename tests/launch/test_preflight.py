@@ -24,12 +24,17 @@ G = 1 << 30
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
 
 
+def _model_folder(tmp_path: Path, name: str) -> Path:
+    """A model folder holding only the fixture's config.json, as the planner reads it."""
+    folder = tmp_path / name
+    folder.mkdir()
+    shutil.copy(FIXTURES / f"{name}.json", folder / "config.json")
+    return folder
+
+
 @pytest.fixture
 def coder_awq(tmp_path) -> Path:
-    folder = tmp_path / "Qwen3-Coder-30B-A3B-Instruct-AWQ"
-    folder.mkdir()
-    shutil.copy(FIXTURES / "Qwen3-Coder-30B-A3B-Instruct-AWQ.json", folder / "config.json")
-    return folder
+    return _model_folder(tmp_path, "Qwen3-Coder-30B-A3B-Instruct-AWQ")
 
 
 @pytest.fixture
@@ -305,10 +310,7 @@ def test_moe_offload_plans_cuda_graph_memory_as_the_command_keeps_graphs(tmp_pat
 
 @pytest.fixture
 def llama_8b(tmp_path) -> Path:
-    folder = tmp_path / "Llama-3.1-8B-Instruct"
-    folder.mkdir()
-    shutil.copy(FIXTURES / "Llama-3.1-8B-Instruct.json", folder / "config.json")
-    return folder
+    return _model_folder(tmp_path, "Llama-3.1-8B-Instruct")
 
 
 @pytest.mark.parametrize("size", ["3221225472", "3G", "3072M", "3.221225472g"])
