@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import time
 from collections.abc import Callable
@@ -129,10 +130,18 @@ def _has_text(data: bytes) -> bool:
 
 
 async def batch(
-    target: Target, clients: int, requests: int, stream: bool, max_tokens: int, processes: dict[str, list[int]]
+    target: Target,
+    clients: int,
+    requests: int,
+    stream: bool,
+    max_tokens: int,
+    processes: dict[str, list[int]],
+    think_s: float = 0.0,
 ) -> Samples:
     """``requests`` requests by ``clients`` concurrent clients (after two untimed ones per client);
-    ``processes``: name -> pids whose CPU is added up over the timed part."""
+    ``processes``: name -> pids whose CPU is added up over the timed part. ``think_s``: each client
+    waits a random time of this mean (exponential, seeded) between an answer and its next request,
+    so that the clients send on their own schedules, as independent users do, not all at once."""
     raw = request_bytes("POST", target.path, target.port, body_of(target, stream, max_tokens), target.headers)
     one: Callable = _one_stream if stream else _one_whole
     conns = [Connection(target.port) for _ in range(clients)]
@@ -142,8 +151,10 @@ async def batch(
     out = Samples()
     left = requests
 
-    async def client(conn: Connection) -> None:
+    async def client(conn: Connection, pause: random.Random) -> None:
         nonlocal left
+        if think_s:
+            await asyncio.sleep(pause.uniform(0, 2 * think_s))  # spread the first requests
         while left > 0:
             left -= 1
             try:
@@ -152,12 +163,14 @@ async def batch(
                 out.errors.append(f"{type(exc).__name__}: {exc}")
                 await conn.close()
             out.requests += 1
+            if think_s:
+                await asyncio.sleep(pause.expovariate(1 / think_s))
 
     me = psutil.Process()
     cpu0 = {name: sum(cpu_seconds(p) for p in pids) for name, pids in processes.items()}
     mine0 = sum(me.cpu_times()[:2])
     t0 = time.perf_counter()
-    await asyncio.gather(*(client(c) for c in conns))
+    await asyncio.gather(*(client(c, random.Random(i)) for i, c in enumerate(conns)))
     out.wall_s = time.perf_counter() - t0
     out.client_cpu_s = sum(me.cpu_times()[:2]) - mine0
     out.cpu_s = {name: sum(cpu_seconds(p) for p in pids) - cpu0[name] for name, pids in processes.items()}

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -108,12 +109,33 @@ def idle_cpu_pct(pids: dict[str, list[int]], seconds: float = 5.0) -> dict[str, 
     return {k: round(100 * (sum(cpu_seconds(p) for p in v) - before[k]) / seconds, 2) for k, v in pids.items()}
 
 
+@dataclass(frozen=True)
+class Level:
+    """How many clients, how many whole answers and streams per path, and each client's mean pause
+    between an answer and its next request (0: a closed loop at full speed)."""
+
+    clients: int
+    whole: int
+    streams: int
+    think_s: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return str(self.clients) if not self.think_s else f"{self.clients} paced {self.think_s * 1000:g} ms"
+
+
+def levels_of(args: argparse.Namespace, whole: int, streams: int) -> list[Level]:
+    """The closed-loop levels (half the whole answers and a quarter of the streams at one client), then
+    the paced ones: as many clients, each pausing --think-ms on average between requests."""
+    out = [Level(n, whole // 2 if n == 1 else whole, streams // 4 if n == 1 else streams) for n in args.levels]
+    out += [Level(n, whole // 2, streams // 2, args.think_ms / 1000) for n in args.paced]
+    return out
+
+
 def run_levels(
     targets: list[Target],
     cpu_of: dict[str, dict[str, list[int]]],
-    levels: list[int],
-    whole: dict[int, int],
-    streams: dict[int, int],
+    levels: list[Level],
     rounds: int,
     max_tokens: int,
     chunks: int,
@@ -121,18 +143,21 @@ def run_levels(
     """For each level, whole answers then streams; each round runs every target once, in turn."""
     out: dict = {}
     for level in levels:
-        out[str(level)] = {}
-        for mode, count, tokens in (("whole", whole[level], max_tokens), ("stream", streams[level], chunks)):
+        out[level.key] = {}
+        for mode, count, tokens in (("whole", level.whole, max_tokens), ("stream", level.streams, chunks)):
             pooled = {t.name: Samples() for t in targets}
             for r in range(rounds):
                 order = targets[r % len(targets) :] + targets[: r % len(targets)]
                 for target in order:
+                    share = max(1, count // rounds)
                     got = asyncio.run(
-                        batch(target, level, max(1, count // rounds), mode == "stream", tokens, cpu_of[target.name])
+                        batch(
+                            target, level.clients, share, mode == "stream", tokens, cpu_of[target.name], level.think_s
+                        )
                     )
                     pooled[target.name].add(got)
-            out[str(level)][mode] = {name: s.summary() for name, s in pooled.items()}
-            print(f"  {level:>3} clients, {mode}: " + "; ".join(_line(n, s) for n, s in pooled.items()), flush=True)
+            out[level.key][mode] = {name: s.summary() for name, s in pooled.items()}
+            print(f"  {level.key:>3} clients, {mode}: " + "; ".join(_line(n, s) for n, s in pooled.items()), flush=True)
     return out
 
 
@@ -173,6 +198,8 @@ def fast_part(args: argparse.Namespace, work: Path) -> dict:
         "VLLM_MANAGER_ENGINE_PYTHON": engine,
         "VLLM_MANAGER_WORKER_PORTS": f"{lo + 10}-{lo + 60}",
         "VLLM_MANAGER_STOP_WORKERS_ON_EXIT": "1",
+        # The stand-in's chunk gap is its own variable, which a model config may set only when allowed.
+        "VLLM_MANAGER_ALLOW_CODE_FLAGS": "1",
     }
     with manager(data, free_port(), env) as mgr:
         config = {
@@ -201,9 +228,7 @@ def fast_part(args: argparse.Namespace, work: Path) -> dict:
             levels = run_levels(
                 targets,
                 cpu_of,
-                args.levels,
-                whole={1: args.requests // 2, 16: args.requests, 64: args.requests},
-                streams={1: args.streams // 4, 16: args.streams, 64: args.streams},
+                levels_of(args, args.requests, args.streams),
                 rounds=args.rounds,
                 max_tokens=16,
                 chunks=args.chunks,
@@ -257,9 +282,7 @@ def vllm_part(args: argparse.Namespace, work: Path) -> dict:
             levels = run_levels(
                 targets,
                 cpu_of,
-                args.levels,
-                whole={1: args.vllm_requests // 2, 16: args.vllm_requests, 64: args.vllm_requests},
-                streams={1: args.vllm_requests // 4, 16: args.vllm_requests // 2, 64: args.vllm_requests // 2},
+                levels_of(args, args.vllm_requests, args.vllm_requests // 2),
                 rounds=args.rounds,
                 max_tokens=4,
                 chunks=8,
@@ -288,7 +311,9 @@ def _version(python: Path, package: str) -> str | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--levels", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--levels", type=int, nargs="+", default=[1, 16, 64], help="clients in a closed loop")
+    ap.add_argument("--paced", type=int, nargs="*", default=[64], help="clients that pause between requests")
+    ap.add_argument("--think-ms", type=float, default=100.0, help="the paced clients' mean pause (exponential)")
     ap.add_argument("--requests", type=int, default=4000, help="whole answers per path at 16 and 64 (half at 1)")
     ap.add_argument("--streams", type=int, default=800, help="streams per path at 16 and 64 (a quarter at 1)")
     ap.add_argument("--chunks", type=int, default=10, help="chunks per stream from the fast upstream")

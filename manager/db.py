@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -16,6 +18,8 @@ from sqlmodel import Session, create_engine
 
 from manager.errors import Conflict, InsufficientStorage, Unavailable
 from manager.settings import make_private
+
+T = TypeVar("T")
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -103,6 +107,27 @@ class CommitWatch:
             with self._lock:
                 self._conn.close()
                 self._conn = None
+
+
+class ReadAfterCommits(Generic[T]):
+    """What ``read`` gives, kept until something is committed to the store (by any connection or
+    process), then read again at the next ``get``. Without a version to watch (an in-memory store),
+    read every time."""
+
+    def __init__(self, watch: CommitWatch, read: Callable[[], T]) -> None:
+        self._watch = watch
+        self._read = read
+        self._kept: tuple[int, T] | None = None
+
+    def get(self) -> T:
+        version = self._watch.version()
+        kept = self._kept
+        if version is not None and kept is not None and kept[0] == version:
+            return kept[1]
+        value = self._read()
+        if version is not None:
+            self._kept = (version, value)
+        return value
 
 
 def session(engine: Engine) -> Session:

@@ -17,7 +17,7 @@ from manager.auth.sessions import BrowserSessions
 from manager.auth.throttle import WrongTokenThrottle
 from manager.db import session as open_session
 from manager.errors import Forbidden, ManagerError, TooManyAttempts, Unauthorized
-from manager.frontdoor.access import Caller, caller_for
+from manager.frontdoor.access import Caller
 from manager.frontdoor.errors import NoCredentials, NotAllowed, TooManyWrongKeys
 from manager.frontdoor.front_door import FrontDoor
 from manager.frontdoor.usage import UsageRecorder
@@ -270,11 +270,12 @@ def _check_admin_access(request: Request) -> None:
     )
 
 
-def require_inference_access(request: Request, db: SessionDep, settings: SettingsDep) -> Caller:
+async def require_inference_access(request: Request, door: FrontDoorDep, settings: SettingsDep) -> Caller:
     """Who may send requests to /v1 (``manager.frontdoor.access``): an inference key once any exists,
     else anyone on a loopback bind, and on a public bind the admin token unless /v1 was opened
     explicitly. Browsers on other sites are refused as for every other call: they must not make a
-    visitor's machine run models.
+    visitor's machine run models. Answered from what the front door keeps of the store: no database
+    session per request.
     """
     try:
         refuse_cross_site(request)
@@ -282,14 +283,14 @@ def require_inference_access(request: Request, db: SessionDep, settings: Setting
         raise NotAllowed(exc.message) from None
     bearer = _bearer(request)
     if bearer is None:
-        return caller_for(db, None, settings)
+        return door.caller(None, settings)
     # Guessing keys is slowed down as guessing the admin token is: the same limit per address.
     try:
         refuse_while_throttled(request)
     except TooManyAttempts as exc:
         raise TooManyWrongKeys(exc.message, int(exc.detail["retry_after_s"])) from None
     try:
-        return caller_for(db, bearer, settings)
+        return door.caller(bearer, settings)
     except NoCredentials:
         record_wrong_token(request)
         raise

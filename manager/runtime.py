@@ -43,7 +43,7 @@ log = logging.getLogger("vllm_manager")
 class Runtime:
     settings: Settings
     engine: Engine
-    http: httpx.AsyncClient  # to the engines: probes, LoRA endpoints, the requests /v1 forwards
+    http: httpx.AsyncClient  # to the engines: probes, metrics, LoRA endpoints
     supervisor: Supervisor
     metrics: MetricsCollector
     exposition: ManagerExposition
@@ -60,8 +60,8 @@ class Runtime:
         browser_sessions = open_browser_sessions(settings)
         engine = make_engine(settings.db_path)
         migrate(engine)
-        # Many streams at once go through /v1: more connections than httpx's default 100.
-        http = httpx.AsyncClient(limits=httpx.Limits(max_connections=2048, max_keepalive_connections=256))
+        # Probes, scrapes and control calls to every engine (what /v1 forwards has its own pool).
+        http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
         cluster = open_cluster(settings)
         supervisor = Supervisor(settings, engine, http, preflight=refuse_if_it_cannot_fit, cluster=cluster)
         await supervisor.start_up()

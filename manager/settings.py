@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     # Without inference keys, /v1 is open on a loopback bind; on a public bind it needs the admin
     # token, unless this is set (logged at start). Once a key exists, /v1 needs one on any bind.
     open_inference: bool = False
+    # One log line per HTTP request (uvicorn's access log). Under heavy /v1 load it is a good share of
+    # the manager's CPU (bench/README.md); 0 turns it off. Events, errors and engine logs stay.
+    access_log: bool = True
     # Host names this manager answers to (DNS-rebinding guard). Default: loopback names when bound to
     # loopback, any name when bound to a public address (where the API token guards changes).
     allowed_hosts: list[str] | None = None

@@ -8,7 +8,9 @@ configs sees only those: the others are answered as names that do not exist.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import hmac
+from dataclasses import dataclass, field
 
 from sqlmodel import Session
 
@@ -35,15 +37,36 @@ class Caller:
 ANYONE = Caller()
 
 
-def caller_for(db: Session, bearer: str | None, settings: Settings) -> Caller:
+@dataclass(frozen=True)
+class Credentials:
+    """What the store says about who may call /v1: the active inference keys by their SHA-256 digest,
+    and the digests of the stored admin tokens. Read once per change of the store, not per request."""
+
+    keys: dict[str, Caller] = field(default_factory=dict)
+    admin_digests: frozenset[str] = frozenset()
+
+
+def read_credentials(db: Session) -> Credentials:
+    keys = {
+        key.sha256: Caller(key.id, key.name, frozenset(key.models) if key.models else None)
+        for key in inference_keys.list_keys(db, include_revoked=False)
+        if key.id is not None
+    }
+    return Credentials(keys, frozenset(tokens.valid_digests(db, None)))
+
+
+def caller_for(credentials: Credentials, bearer: str | None, settings: Settings) -> Caller:
     """The caller a request's bearer token makes it, or NoCredentials (401) saying what to send."""
     if bearer is not None:
-        key = inference_keys.check(db, bearer)
-        if key is not None and key.id is not None:
-            return Caller(key.id, key.name, frozenset(key.models) if key.models else None)
-        if tokens.token_is_valid(db, bearer, settings.env_token):
+        digest = hashlib.sha256(bearer.encode()).hexdigest()
+        key = credentials.keys.get(digest) if bearer.startswith(inference_keys.KEY_START) else None
+        if key is not None:
+            return key
+        if settings.env_token and hmac.compare_digest(bearer.encode(), settings.env_token.encode()):
             return ANYONE
-    if inference_keys.any_active(db):
+        if digest in credentials.admin_digests:
+            return ANYONE
+    if credentials.keys:
         if bearer is None:
             raise NoCredentials(
                 f"/v1 on this server needs an inference key: {SEND_KEY}. Its owner makes keys with "

@@ -24,14 +24,15 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 from starlette.requests import Request
 
-from manager.db import CommitWatch, session
+from manager.db import CommitWatch, ReadAfterCommits, session
 from manager.errors import Conflict, ManagerError
 from manager.frontdoor import names, proxy
-from manager.frontdoor.access import ANYONE, Caller
+from manager.frontdoor.access import ANYONE, Caller, Credentials, caller_for, read_credentials
 from manager.frontdoor.errors import FrontDoorError, ModelNotFound, ModelUnavailable
 from manager.frontdoor.metering import Meter, stream_options_to_send
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.scheduler import Lease, ModelStatus, Placement, Scheduler, SchedulerOptions
+from manager.frontdoor.upstream import Upstream
 from manager.frontdoor.usage import UsageRecorder
 from manager.launch.command import sleep_pool_on
 from manager.launch.preflight import sleep_host_bytes
@@ -85,7 +86,8 @@ class FrontDoor:
     ) -> None:
         self.engine = engine
         self.supervisor = supervisor
-        self.http = http
+        self.http = http  # control calls to engines (loading LoRA adapters)
+        self.upstream = Upstream()  # the requests /v1 forwards
         self.metrics = metrics
         self.usage = usage
         self.limits = Limits(max_body_bytes=settings.proxy_max_body_bytes)
@@ -110,16 +112,18 @@ class FrontDoor:
         # Adapters known to be loaded, per engine process (worker id, pid): a restart forgets them.
         self._adapters: dict[tuple[int, int | None], set[str]] = {}
         self._adapter_locks: dict[tuple[int, str], asyncio.Lock] = {}
-        # Every request resolves its model name: the names are read from the store again only once
-        # something was committed to it, not on every request.
+        # Every request resolves its model name and its caller: both are read from the store again only
+        # once something was committed to it, not on every request.
         self._commits = CommitWatch(engine)
-        self._names: tuple[int, names.NameTable] | None = None
+        self._names = ReadAfterCommits(self._commits, self._read_names)
+        self._credentials = ReadAfterCommits(self._commits, self._read_credentials)
 
     def start(self) -> None:
         self.scheduler.start()
 
     async def stop(self) -> None:
         await self.scheduler.stop()
+        await self.upstream.close()
         self._commits.close()
 
     # ---- what the store says ------------------------------------------------------------------------
@@ -156,15 +160,15 @@ class FrontDoor:
         return table if caller.models is None else table.only(caller.models)
 
     def _all_names(self) -> names.NameTable:
-        # Read again only after something was committed (by this manager or the CLI in another process).
-        version = self._commits.version()
-        kept = self._names
-        if version is not None and kept is not None and kept[0] == version:
-            return kept[1]
-        table = self._read_names()
-        if version is not None:
-            self._names = (version, table)
-        return table
+        return self._names.get()
+
+    def caller(self, bearer: str | None, settings: Settings) -> Caller:
+        """Who a /v1 request with this bearer token comes from (NoCredentials: a 401 saying what to send)."""
+        return caller_for(self._credentials.get(), bearer, settings)
+
+    def _read_credentials(self) -> Credentials:
+        with session(self.engine) as db:
+            return read_credentials(db)
 
     def _read_names(self) -> names.NameTable:
         with session(self.engine) as db:
@@ -259,7 +263,7 @@ class FrontDoor:
                     added.waited += time.perf_counter() - asked
             body, content_type = encoded()
             upstream = await proxy.send_upstream(
-                self.http, lease.port, request.method, path, body, request, content_type, added, lease.address
+                self.upstream, lease.port, request.method, path, body, request, content_type, added, lease.address
             )
         except BaseException:
             lease.release()
@@ -277,7 +281,7 @@ class FrontDoor:
             self.usage.count(caller.key_id, target.config, meter.tokens if ok else None, error=not ok)
 
         # Only a successful answer is read for its usage (an error passes on as the engine wrote it).
-        content = meter.watch(upstream.aiter_raw()) if ok and meter.readable(upstream.headers) else None
+        content = meter.watch(upstream.chunks()) if ok and meter.readable(upstream.headers) else None
         return proxy.UpstreamResponse(upstream, ended, content)
 
     async def _ensure_adapter(self, lease: Lease, adapter: str) -> bool:

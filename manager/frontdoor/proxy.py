@@ -1,7 +1,7 @@
 """Forwarding one request to its engine: the body read within a limit, the model named, the answer
 passed back as it arrives.
 
-Responses stream through chunk by chunk (``aiter_raw``), never buffered beyond the event being
+Responses stream through chunk by chunk (as they arrive), never buffered beyond the event being
 written, so Server-Sent Events reach the client as vLLM writes them (``metering`` reads their usage
 on the way). When the client goes away, the upstream response is closed,
 which makes vLLM abort the request; either way the request's lease on the worker ends with its
@@ -27,14 +27,13 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from manager.frontdoor.errors import BadRequest, EngineUnreachable, TooLarge
+from manager.frontdoor.upstream import EngineAnswer, Upstream, UpstreamError
 
 # Client headers the engine may see: the body's type, what the client accepts, its request id. Never
 # the client's Authorization (the manager's token is not the engine's business).
 FORWARD_HEADERS = ("content-type", "accept", "x-request-id")
 # Engine headers the client sees; length and framing are the manager's own (it streams).
 RETURN_HEADERS = ("content-type", "content-encoding", "x-request-id", "cache-control")
-# Connecting to an engine on loopback is instant; generating may take as long as it takes.
-UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
 
 
 @dataclass
@@ -163,7 +162,7 @@ def _replay(body: bytes) -> Receive:
 
 
 async def send_upstream(
-    http: httpx.AsyncClient,
+    upstream: Upstream,
     port: int,
     method: str,
     path: str,
@@ -172,23 +171,19 @@ async def send_upstream(
     content_type: str,
     added: AddedTime | None = None,
     address: str = "127.0.0.1",
-) -> httpx.Response:
+) -> EngineAnswer:
     """Send to the engine on loopback (or on its node) and return as soon as its status and headers are in."""
     headers = {name: request.headers[name] for name in FORWARD_HEADERS if name in request.headers}
     headers["content-type"] = content_type
     # Uncompressed on loopback, so that the answer's usage can be read as it passes.
     headers["accept-encoding"] = "identity"
-    upstream = http.build_request(
-        method, f"http://{address}:{port}{path}", content=body, headers=headers, timeout=UPSTREAM_TIMEOUT
-    )
     if added is not None:
         added.sent = time.perf_counter()
     try:
-        return await http.send(upstream, stream=True)
-    except httpx.TransportError as exc:
+        return await upstream.send(f"http://{address}:{port}{path}", method, body, headers)
+    except UpstreamError as exc:
         raise EngineUnreachable(
-            f"the model's engine on port {port} did not answer ({type(exc).__name__}: {exc}); "
-            "its worker may have just stopped or crashed: retry"
+            f"the model's engine on port {port} did not answer ({exc}); its worker may have just stopped or crashed: retry"
         ) from exc
 
 
@@ -203,12 +198,12 @@ class UpstreamResponse(StreamingResponse):
 
     def __init__(
         self,
-        upstream: httpx.Response,
+        upstream: EngineAnswer,
         on_close: Callable[[float | None], Awaitable[None] | None],
         content: AsyncIterator[bytes] | None = None,
     ) -> None:
         headers = {name: upstream.headers[name] for name in RETURN_HEADERS if name in upstream.headers}
-        body = content if content is not None else upstream.aiter_raw()
+        body = content if content is not None else upstream.chunks()
         super().__init__(body, status_code=upstream.status_code, headers=headers)
         self._upstream = upstream
         self._on_close = on_close
@@ -232,7 +227,7 @@ class UpstreamResponse(StreamingResponse):
             # Shielded: after a disconnect this runs inside a cancelled scope, and an unclosed upstream
             # response would leave vLLM generating for nobody.
             with anyio.CancelScope(shield=True):
-                await self._upstream.aclose()
+                self._upstream.close()
                 done = self._on_close(self._after_engine)
                 if done is not None:
                     await done

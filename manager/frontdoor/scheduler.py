@@ -55,6 +55,8 @@ class Workers(Protocol):
 
     def views(self) -> list[WorkerView]: ...
 
+    def ready_worker(self, model_name: str) -> WorkerView | None: ...
+
     def view(self, worker_id: int) -> WorkerView: ...
 
     async def create_worker(
@@ -611,10 +613,7 @@ class Scheduler:
         return slot
 
     def _ready_worker(self, config: str) -> WorkerView | None:
-        for view in self.workers.views():
-            if view.model == config and view.state == State.READY and view.port is not None:
-                return view
-        return None
+        return self.workers.ready_worker(config)
 
     def _current_worker(self, config: str) -> WorkerView | None:
         for view in self.workers.views():

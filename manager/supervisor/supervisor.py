@@ -139,6 +139,15 @@ class Supervisor:
     def views(self) -> list[WorkerView]:
         return [r.view() for r in sorted(self._runners.values(), key=lambda r: r.id)]
 
+    def ready_worker(self, model_name: str) -> WorkerView | None:
+        """The worker of this model config that answers requests now, if any (asked once per /v1
+        request: only its view is built)."""
+        for runner in sorted(self._runners.values(), key=lambda r: r.id):
+            life = runner.life
+            if life.model == model_name and life.state == State.READY and life.port is not None:
+                return runner.view()
+        return None
+
     def log_lines(self, worker_id: int, tail: int) -> list[str]:
         logs = self._runner(worker_id).logs
         logs.poll()

@@ -62,6 +62,10 @@ class FakeWorkers:
     def views(self) -> list[WorkerView]:
         return [self._views[i] for i in sorted(self._views)]
 
+    def ready_worker(self, model_name: str) -> WorkerView | None:
+        ready = (v for v in self.views() if v.model == model_name and v.state == State.READY and v.port is not None)
+        return next(ready, None)
+
     def view(self, worker_id: int) -> WorkerView:
         try:
             return self._views[worker_id]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import httpx
 from fastapi.testclient import TestClient
@@ -172,3 +174,29 @@ def test_guessing_keys_is_slowed_down_like_guessing_the_token(door):
     refused = chat(door, "a", key)  # the right key too, until the window has passed
     body = assert_openai_error(refused, 429, "too_many_wrong_keys")
     assert int(refused.headers["retry-after"]) > 0 and "too many wrong tokens" in body["message"]
+
+
+def cli(settings, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "manager", *args, "--data-dir", str(settings.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_keys_and_tokens_the_cli_makes_or_revokes_count_at_the_next_request(door, door_settings):
+    # The front door keeps what it read of the keys until the store changes, in any process.
+    assert chat(door, "a").status_code == 200
+    made = [re.search(r"vmk_[A-Za-z0-9_-]+", cli(door_settings, "keys", "create", name)) for name in ("one", "two")]
+    assert made[0] is not None and made[1] is not None
+    one, two = made[0].group(0), made[1].group(0)
+    assert_openai_error(chat(door, "a"), 401, "invalid_api_key")
+    assert chat(door, "a", one).status_code == 200
+    token = re.search(r"vmt_[A-Za-z0-9_-]+", cli(door_settings, "token", "create"))
+    assert token is not None and chat(door, "a", token.group(0)).status_code == 200
+    cli(door_settings, "keys", "revoke", "one")
+    assert_openai_error(chat(door, "a", one), 401, "invalid_api_key")
+    assert chat(door, "a", two).status_code == 200
