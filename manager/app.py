@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -24,6 +25,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = await Runtime.open(settings)
         app.state.runtime = runtime
+        # Everything made so far (modules, the app, the runtime) lives as long as the process: left
+        # out of the garbage collector's full passes, which otherwise walk it all every few seconds
+        # under /v1 load and stall every stream for 130 ms at a time (bench/README.md). vLLM's API
+        # server does the same after its start.
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:

@@ -13,7 +13,15 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from manager.deps import FrontDoorDep, InferenceCallerDep, InferenceRoute, require_inference_access
+from manager.deps import (
+    ForwardRoute,
+    FrontDoorDep,
+    InferenceCallerDep,
+    InferenceRoute,
+    inference_caller,
+    require_inference_access,
+    runtime_of,
+)
 from manager.frontdoor.endpoints import JSON_ENDPOINTS, MODELS, MULTIPART_ENDPOINTS
 from manager.frontdoor.errors import EndpointNotFound, MethodNotAllowed
 from manager.openapi import SERVER_SENT_EVENT, openai_errors
@@ -63,16 +71,20 @@ FORWARD_ERRORS = openai_errors(400, 401, 403, 404, 413, 429, 502, 503, 504)
 
 
 def _json_route(path: str):
-    async def forward(request: Request, door: FrontDoorDep, caller: InferenceCallerDep) -> Response:
-        return await door.forward_json(request, path, caller)
+    async def forward(request: Request) -> Response:
+        runtime = runtime_of(request)
+        caller = inference_caller(request, runtime.front_door, runtime.settings)
+        return await runtime.front_door.forward_json(request, path, caller)
 
     forward.__name__ = "forward_" + path.strip("/").replace("/", "_")
     return forward
 
 
 def _multipart_route(path: str):
-    async def forward(request: Request, door: FrontDoorDep, caller: InferenceCallerDep) -> Response:
-        return await door.forward_multipart(request, path, caller)
+    async def forward(request: Request) -> Response:
+        runtime = runtime_of(request)
+        caller = inference_caller(request, runtime.front_door, runtime.settings)
+        return await runtime.front_door.forward_multipart(request, path, caller)
 
     forward.__name__ = "forward_" + path.strip("/").replace("/", "_")
     return forward
@@ -90,6 +102,7 @@ for _paths, _make_route, _body in (
             summary=f"Forwarded to the model's {_path}",
             responses={**ENGINE_ANSWER, **FORWARD_ERRORS},
             openapi_extra={"requestBody": _body},
+            route_class_override=ForwardRoute,
         )
 
 
