@@ -33,13 +33,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(data_dir: Path, port: int, *extra: str) -> subprocess.Popen[str]:
+def _serve(data_dir: Path, port: int, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         CLI + ["serve", "--port", str(port), "--data-dir", str(data_dir), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "VLLM_MANAGER_API_TOKEN": ""},
+        env={**os.environ, "VLLM_MANAGER_API_TOKEN": "", **(env or {})},
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -58,6 +58,19 @@ def test_public_bind_without_token_is_refused(tmp_path):
     result = _run(["serve", "--host", "0.0.0.0", "--port", str(_free_port())], tmp_path)
     assert result.returncode == 2
     assert "token create" in result.stderr
+
+
+def test_the_line_per_request_can_be_turned_off(tmp_path):
+    for env, logged in (({}, True), ({"VLLM_MANAGER_ACCESS_LOG": "0"}, False)):
+        port = _free_port()
+        proc = _serve(tmp_path, port, env=env)
+        try:
+            assert httpx.get(f"http://127.0.0.1:{port}/api/profiles").status_code == 200
+        finally:
+            proc.terminate()
+            output = proc.communicate(timeout=10)[0]
+        assert ('"GET /api/profiles HTTP/1.1" 200' in output) is logged, output
+        assert "Application startup complete" in output  # the rest of the log stays
 
 
 def test_token_create_prints_once_and_guards_the_api(tmp_path):
