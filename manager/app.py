@@ -17,7 +17,10 @@ from manager.runtime import Runtime
 from manager.settings import Settings
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -> FastAPI:
+    """The manager's app. ``freeze_heap``: for the process that serves it (``vllm-manager serve``), not
+    for one that makes many apps (tests): what the start made is kept out of the garbage collector's
+    full passes, and so never collected."""
     settings = settings or Settings()
     _ = settings.env_token  # a token file that cannot be read stops the start, not every later call
 
@@ -25,12 +28,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = await Runtime.open(settings)
         app.state.runtime = runtime
-        # Everything made so far (modules, the app, the runtime) lives as long as the process: left
-        # out of the garbage collector's full passes, which otherwise walk it all every few seconds
-        # under /v1 load and stall every stream for 130 ms at a time (bench/README.md). vLLM's API
-        # server does the same after its start.
-        gc.collect()
-        gc.freeze()
+        if freeze_heap:
+            # Everything made so far (modules, the app, the runtime) lives as long as the process: left
+            # out of the garbage collector's full passes, which otherwise walk it all every few seconds
+            # under /v1 load and stall every stream for 130 ms at a time (bench/README.md). vLLM's API
+            # server does the same after its start.
+            gc.collect()
+            gc.freeze()
         try:
             yield
         finally:

@@ -137,7 +137,8 @@ def serve(
         )
     if settings.ray_address:
         _join_cluster(settings.ray_address)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info", access_log=settings.access_log)
+    app = create_app(settings, freeze_heap=True)
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=settings.access_log)
 
 
 def _join_cluster(address: str) -> None:
