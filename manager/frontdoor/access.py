@@ -48,9 +48,8 @@ class Credentials:
 
 def read_credentials(db: Session) -> Credentials:
     keys = {
-        key.sha256: Caller(key.id, key.name, frozenset(key.models) if key.models else None)
-        for key in inference_keys.list_keys(db, include_revoked=False)
-        if key.id is not None
+        digest: Caller(key_id, name, frozenset(models) if models else None)
+        for digest, key_id, name, models in inference_keys.active_digests(db)
     }
     return Credentials(keys, frozenset(tokens.valid_digests(db, None)))
 

@@ -268,21 +268,26 @@ class FrontDoor:
         except BaseException:
             lease.release()
             raise
-        self.metrics.answered(target.config, upstream.status_code)
-        if target.adapter and upstream.status_code == 404:
-            # The engine no longer knows the adapter (unloaded by hand): load it again next time.
-            self._adapters.get((lease.worker_id, lease.pid), set()).discard(target.adapter)
-        ok = upstream.status_code < 400
-        before_engine = added.before_engine() or 0.0
+        try:
+            self.metrics.answered(target.config, upstream.status_code)
+            if target.adapter and upstream.status_code == 404:
+                # The engine no longer knows the adapter (unloaded by hand): load it again next time.
+                self._adapters.get((lease.worker_id, lease.pid), set()).discard(target.adapter)
+            ok = upstream.status_code < 400
+            before_engine = added.before_engine() or 0.0
 
-        def ended(after_engine: float | None) -> None:
+            def ended(after_engine: float | None) -> None:
+                lease.release()
+                self.metrics.added_latency.observe(before_engine + (after_engine or 0.0))
+                self.usage.count(caller.key_id, target.config, meter.tokens if ok else None, error=not ok)
+
+            # Only a successful answer is read for its usage (an error passes on as the engine wrote it).
+            content = meter.watch(upstream.chunks()) if ok and meter.readable(upstream.headers) else None
+            return proxy.UpstreamResponse(upstream, ended, content)
+        except BaseException:  # the response that would end the lease and the answer was not made
+            upstream.close()
             lease.release()
-            self.metrics.added_latency.observe(before_engine + (after_engine or 0.0))
-            self.usage.count(caller.key_id, target.config, meter.tokens if ok else None, error=not ok)
-
-        # Only a successful answer is read for its usage (an error passes on as the engine wrote it).
-        content = meter.watch(upstream.chunks()) if ok and meter.readable(upstream.headers) else None
-        return proxy.UpstreamResponse(upstream, ended, content)
+            raise
 
     async def _ensure_adapter(self, lease: Lease, adapter: str) -> bool:
         """Load the adapter into the lease's worker unless it is there (one load, however many ask);

@@ -96,6 +96,16 @@ def with_changes(payload: dict[str, Any], body: bytes, changes: Mapping[str, Any
     it, the stream options that make a stream end with its usage)."""
     if not changes:
         return body
+    start = len(body) - len(body.lstrip(b" \t\r\n"))
+    if (
+        body[start : start + 1] == b"{"
+        and body[start + 1 : start + 2] != b"\x00"
+        and not changes.keys() & payload.keys()
+    ):
+        # Only new fields (UTF-8, the usual case): they go in front of the client's own, whose bytes
+        # pass on as sent (a long prompt is not encoded again).
+        added = json.dumps(dict(changes), ensure_ascii=False)[1:-1].encode()
+        return body[: start + 1] + added + b"," + body[start + 1 :]
     return json.dumps({**payload, **changes}, ensure_ascii=False).encode()
 
 

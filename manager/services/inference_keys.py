@@ -87,6 +87,16 @@ def check(db: Session, secret: str) -> InferenceKey | None:
     return key
 
 
+def active_digests(db: Session) -> list[tuple[str, int, str, list[str]]]:
+    """(SHA-256 digest, id, name, models) of every active key: only the columns /v1's check needs."""
+    rows = db.exec(
+        select(InferenceKey.sha256, InferenceKey.id, InferenceKey.name, InferenceKey.models).where(
+            col(InferenceKey.revoked_at).is_(None)
+        )
+    )
+    return [(digest, key_id, name, list(models or [])) for digest, key_id, name, models in rows if key_id is not None]
+
+
 def any_active(db: Session) -> bool:
     return db.exec(select(InferenceKey.id).where(col(InferenceKey.revoked_at).is_(None)).limit(1)).first() is not None
 
