@@ -189,13 +189,15 @@ def added(levels: dict, base: str, via: str) -> dict:
     return table
 
 
-def fast_part(args: argparse.Namespace, work: Path) -> dict:
+@contextlib.contextmanager
+def fast_worker(work: Path, gap_s: float) -> Iterator[tuple[Server, dict]]:
+    """A manager (own data dir and port) whose worker ``fast`` is bench/fast_upstream.py, started
+    through its API; yields the manager and the ready worker's view."""
     data = work / "fast" / "data"
     data.mkdir(parents=True)
-    engine = fast_upstream.engine_python(work / "engine-python")
     lo = free_port() // 100 * 100
     env = {
-        "VLLM_MANAGER_ENGINE_PYTHON": engine,
+        "VLLM_MANAGER_ENGINE_PYTHON": fast_upstream.engine_python(work / "engine-python"),
         "VLLM_MANAGER_WORKER_PORTS": f"{lo + 10}-{lo + 60}",
         "VLLM_MANAGER_STOP_WORKERS_ON_EXIT": "1",
         # The stand-in's chunk gap is its own variable, which a model config may set only when allowed.
@@ -206,9 +208,13 @@ def fast_part(args: argparse.Namespace, work: Path) -> dict:
             "name": MODEL,
             "model": "/bench/fast-upstream",
             "start_timeout_s": 60,
-            "env": {"UPSTREAM_CHUNK_GAP_S": str(args.gap_ms / 1000)},
+            "env": {"UPSTREAM_CHUNK_GAP_S": str(gap_s)},
         }
-        worker = start_worker(mgr.url, config, 60)
+        yield mgr, start_worker(mgr.url, config, 60)
+
+
+def fast_part(args: argparse.Namespace, work: Path) -> dict:
+    with fast_worker(work, args.gap_ms / 1000) as (mgr, worker):
         upstream_pid = worker["pid"]
         targets = [
             Target("direct", worker["port"], "/v1/chat/completions", MODEL),

@@ -20,10 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import fast_upstream
 from bench.closed_loop import Target, batch
-from bench.proxy import MODEL, start_worker
-from bench.served import free_port, manager
+from bench.proxy import MODEL, fast_worker
 
 
 def main() -> None:
@@ -34,19 +32,8 @@ def main() -> None:
     ap.add_argument("--py-spy", type=Path, help="record the manager with py-spy into this file")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-proxy-profile-"))
-    data = work / "data"
-    data.mkdir()
-    lo = free_port() // 100 * 100
-    env = {
-        "VLLM_MANAGER_ENGINE_PYTHON": fast_upstream.engine_python(work / "engine-python"),
-        "VLLM_MANAGER_WORKER_PORTS": f"{lo + 10}-{lo + 60}",
-        "VLLM_MANAGER_STOP_WORKERS_ON_EXIT": "1",
-        "VLLM_MANAGER_ALLOW_CODE_FLAGS": "1",  # the stand-in's chunk gap is its own variable
-    }
-    config = {"name": MODEL, "model": "/bench/fast-upstream", "env": {"UPSTREAM_CHUNK_GAP_S": "0.01"}}
     out: dict = {}
-    with manager(data, free_port(), env) as mgr:
-        worker = start_worker(mgr.url, config, 60)
+    with fast_worker(work, 0.01) as (mgr, worker):
         for name, port in (("direct", worker["port"]), ("manager", mgr.port)):
             target = Target(name, port, "/v1/chat/completions", MODEL)
             asyncio.run(batch(target, args.clients, 200, args.stream, 16, {}))  # warm up

@@ -186,14 +186,14 @@ class ForwardRoute(InferenceRoute):
     itself (``inference_caller``), so FastAPI solves no dependencies for it, which was a tenth of the
     manager's CPU per forwarded request (bench/README.md). Its documentation is the route as declared."""
 
-    # The dependencies such a route may be declared under, all of which its endpoint does itself (the
-    # admin check returns at once for /v1). Another one would silently not run: refused at start.
-    DONE_BY_ENDPOINT = ("require_admin_access", "require_inference_access")
-
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        skipped = [d.dependency for d in self.dependencies if d.dependency is not None]
+        # The dependencies such a route may be declared under: its endpoint does them itself (the admin
+        # check returns at once for /v1). Another one would silently not run: refused at start.
+        done_by_endpoint = (require_admin_access, require_inference_access)
         unknown = [
-            getattr(d, "__name__", repr(d)) for d in skipped if getattr(d, "__name__", "") not in self.DONE_BY_ENDPOINT
+            getattr(d.dependency, "__name__", repr(d.dependency))
+            for d in self.dependencies
+            if d.dependency is not None and d.dependency not in done_by_endpoint
         ]
         if unknown:
             raise TypeError(f"{self.path} forwards without solving dependencies, so {unknown} would never run")

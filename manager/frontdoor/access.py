@@ -8,8 +8,6 @@ configs sees only those: the others are answered as names that do not exist.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from dataclasses import dataclass, field
 
 from sqlmodel import Session
@@ -57,13 +55,10 @@ def read_credentials(db: Session) -> Credentials:
 def caller_for(credentials: Credentials, bearer: str | None, settings: Settings) -> Caller:
     """The caller a request's bearer token makes it, or NoCredentials (401) saying what to send."""
     if bearer is not None:
-        digest = hashlib.sha256(bearer.encode()).hexdigest()
-        key = credentials.keys.get(digest) if bearer.startswith(inference_keys.KEY_START) else None
+        key = credentials.keys.get(tokens.digest(bearer)) if bearer.startswith(inference_keys.KEY_START) else None
         if key is not None:
             return key
-        if settings.env_token and hmac.compare_digest(bearer.encode(), settings.env_token.encode()):
-            return ANYONE
-        if digest in credentials.admin_digests:
+        if tokens.matches(bearer, settings.env_token, credentials.admin_digests):
             return ANYONE
     if credentials.keys:
         if bearer is None:

@@ -156,11 +156,8 @@ class FrontDoor:
 
     def name_table(self, caller: Caller = ANYONE) -> names.NameTable:
         """The names ``caller`` may use: every name, or those of the model configs its key names."""
-        table = self._all_names()
+        table = self._names.get()
         return table if caller.models is None else table.only(caller.models)
-
-    def _all_names(self) -> names.NameTable:
-        return self._names.get()
 
     def caller(self, bearer: str | None, settings: Settings) -> Caller:
         """Who a /v1 request with this bearer token comes from (NoCredentials: a 401 saying what to send)."""

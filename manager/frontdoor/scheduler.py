@@ -192,7 +192,7 @@ class Scheduler:
         started = self._clock()
         slot = self._slot(config)
         if slot.leaving is None:
-            ready = self._ready_worker(config)
+            ready = self.workers.ready_worker(config)
             if ready is not None:
                 return self._lease(config, slot, ready, started)
         if slot.queued >= self.options.max_queue:
@@ -205,7 +205,7 @@ class Scheduler:
         joined = False
         try:
             while True:
-                ready = self._ready_worker(config)
+                ready = self.workers.ready_worker(config)
                 # A request that waited for this very start is served even if another model already
                 # waits for this one to drain (it counts as in flight until it is served).
                 if ready is not None and (slot.leaving is None or joined):
@@ -611,9 +611,6 @@ class Scheduler:
         if slot is None:
             slot = self._slots[config] = _Slot()
         return slot
-
-    def _ready_worker(self, config: str) -> WorkerView | None:
-        return self.workers.ready_worker(config)
 
     def _current_worker(self, config: str) -> WorkerView | None:
         for view in self.workers.views():

@@ -1,13 +1,11 @@
 """Inference API keys: made once ("vmk_..."), stored as a SHA-256 hash, found by that hash.
 
-``check`` is what /v1 asks on every request: one indexed lookup of the key's hash among the active
-keys. ``allowed_models`` is what a key may use: the names of model configs, or None for all.
+``active_digests`` is what /v1 checks keys against (manager.frontdoor.access keeps it until the next
+commit). ``allowed_models`` is what a key may use: the names of model configs, or None for all.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 from datetime import UTC, datetime
 
@@ -24,12 +22,9 @@ from manager.schemas.inference_key import (
     InferenceKeyPublic,
 )
 from manager.schemas.model_config import ModelConfig
+from manager.services import tokens
 
 KEY_START = "vmk_"
-
-
-def _digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def create_key(db: Session, data: InferenceKeyCreate) -> InferenceKeyCreated:
@@ -47,7 +42,9 @@ def create_key(db: Session, data: InferenceKeyCreate) -> InferenceKeyCreated:
             field="models",
         )
     secret = KEY_START + secrets.token_urlsafe(32)
-    key = InferenceKey(name=data.name, sha256=_digest(secret), prefix=secret[:PREFIX_CHARS], models=list(data.models))
+    key = InferenceKey(
+        name=data.name, sha256=tokens.digest(secret), prefix=secret[:PREFIX_CHARS], models=list(data.models)
+    )
     db.add(key)
     commit_or_conflict(db, taken)
     db.refresh(key)
@@ -71,19 +68,6 @@ def revoke_key(db: Session, name: str) -> InferenceKey:
     db.add(key)
     db.commit()
     db.refresh(key)
-    return key
-
-
-def check(db: Session, secret: str) -> InferenceKey | None:
-    """The active key this is, or None."""
-    if not secret.startswith(KEY_START):
-        return None
-    digest = _digest(secret)
-    key = db.exec(
-        select(InferenceKey).where(InferenceKey.sha256 == digest, col(InferenceKey.revoked_at).is_(None))
-    ).first()
-    if key is None or not hmac.compare_digest(key.sha256, digest):
-        return None
     return key
 
 
