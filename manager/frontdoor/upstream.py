@@ -2,9 +2,9 @@
 
 aiohttp's client, not httpx's (which the manager's control calls to engines use: probes, metrics, the
 LoRA endpoints). Forwarding is the manager's hot path, and on the 2-core box httpx's client spent
-0.42 ms of CPU per small request at one client and 0.84-0.98 ms at 16-64 (its connection pool polls
-every idle connection's socket at each request and each release), against aiohttp's 0.06-0.10 ms
-(bench/README.md, "The front door's own cost"). vLLM depends on aiohttp itself.
+0.43 ms of CPU per small request at one client and 0.87-0.95 ms at 16-64 (its connection pool polls
+every idle connection's socket at each request and each release), against aiohttp's 0.05-0.10 ms
+(``python -m bench.forward_clients``; bench/README.md, "The front door's own cost"). vLLM depends on aiohttp itself.
 
 Connections are kept alive per engine; an answer read to its end gives its connection back, and an
 answer closed before its end (the client left) closes its connection, which is how vLLM learns to
