@@ -15,8 +15,8 @@ In one run, from the repository root:
    It takes /tmp/vllm-engine.lock, as the engine tests do, so no other engine runs meanwhile.
 
 Added latency is reported as a difference of percentiles: p50(via the proxy) - p50(direct), and
-the same for p99. CPU is per 1,000 requests of the proxy's own process (user + system; the manager's
-worker processes are not counted), measured over the timed requests only.
+the same for p99. CPU is per 1,000 requests of the proxy's own processes (user + system; the manager's
+and its forwarders' with ``--forwarders N``, not its workers'), measured over the timed requests only.
 """
 
 from __future__ import annotations
@@ -99,6 +99,12 @@ def family(pid: int) -> list[int]:
     """A process and its children (LiteLLM may serve from a child)."""
     proc = psutil.Process(pid)
     return [pid, *(c.pid for c in proc.children(recursive=True))]
+
+
+def manager_processes(pid: int) -> list[int]:
+    """The manager's process and its forwarder processes (VLLM_MANAGER_FORWARDERS), not its workers."""
+    children = psutil.Process(pid).children()
+    return [pid, *(c.pid for c in children if "spawn_main" in " ".join(c.cmdline()))]
 
 
 def idle_cpu_pct(pids: dict[str, list[int]], seconds: float = 5.0) -> dict[str, float]:
@@ -190,7 +196,7 @@ def added(levels: dict, base: str, via: str) -> dict:
 
 
 @contextlib.contextmanager
-def fast_worker(work: Path, gap_s: float) -> Iterator[tuple[Server, dict]]:
+def fast_worker(work: Path, gap_s: float, forwarders: int = 0) -> Iterator[tuple[Server, dict]]:
     """A manager (own data dir and port) whose worker ``fast`` is bench/fast_upstream.py, started
     through its API; yields the manager and the ready worker's view."""
     data = work / "fast" / "data"
@@ -202,6 +208,7 @@ def fast_worker(work: Path, gap_s: float) -> Iterator[tuple[Server, dict]]:
         "VLLM_MANAGER_STOP_WORKERS_ON_EXIT": "1",
         # The stand-in's chunk gap is its own variable, which a model config may set only when allowed.
         "VLLM_MANAGER_ALLOW_CODE_FLAGS": "1",
+        "VLLM_MANAGER_FORWARDERS": str(forwarders),
     }
     with manager(data, free_port(), env) as mgr:
         config = {
@@ -214,7 +221,7 @@ def fast_worker(work: Path, gap_s: float) -> Iterator[tuple[Server, dict]]:
 
 
 def fast_part(args: argparse.Namespace, work: Path) -> dict:
-    with fast_worker(work, args.gap_ms / 1000) as (mgr, worker):
+    with fast_worker(work, args.gap_ms / 1000, args.forwarders) as (mgr, worker):
         upstream_pid = worker["pid"]
         targets = [
             Target("direct", worker["port"], "/v1/chat/completions", MODEL),
@@ -222,14 +229,16 @@ def fast_part(args: argparse.Namespace, work: Path) -> dict:
         ]
         cpu_of: dict[str, dict[str, list[int]]] = {
             "direct": {"upstream": [upstream_pid]},
-            "manager": {"upstream": [upstream_pid], "manager": [mgr.pid]},
+            "manager": {"upstream": [upstream_pid], "manager": manager_processes(mgr.pid)},
         }
         with litellm(worker["port"], work, args.skip_litellm) as peer:
             if peer is not None:
                 auth = {"Authorization": f"Bearer {LITELLM_KEY}"}
                 targets.append(Target("litellm", peer.port, "/v1/chat/completions", MODEL, headers=auth))
                 cpu_of["litellm"] = {"upstream": [upstream_pid], "litellm": family(peer.pid)}
-            idle = idle_cpu_pct({"manager": [mgr.pid], **({"litellm": family(peer.pid)} if peer else {})})
+            idle = idle_cpu_pct(
+                {"manager": manager_processes(mgr.pid), **({"litellm": family(peer.pid)} if peer else {})}
+            )
             print(f"fast upstream on port {worker['port']}; idle CPU % {idle}", flush=True)
             levels = run_levels(
                 targets,
@@ -262,7 +271,11 @@ def vllm_part(args: argparse.Namespace, work: Path) -> dict:
     data = work / "vllm" / "data"
     data.mkdir(parents=True)
     lo = free_port() // 100 * 100
-    env = {"VLLM_MANAGER_WORKER_PORTS": f"{lo + 10}-{lo + 60}", "VLLM_MANAGER_STOP_WORKERS_ON_EXIT": "1"}
+    env = {
+        "VLLM_MANAGER_WORKER_PORTS": f"{lo + 10}-{lo + 60}",
+        "VLLM_MANAGER_STOP_WORKERS_ON_EXIT": "1",
+        "VLLM_MANAGER_FORWARDERS": str(args.forwarders),
+    }
     ENGINE_LOCK.touch(exist_ok=True)
     with ENGINE_LOCK.open() as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one engine at a time on this machine
@@ -284,7 +297,7 @@ def vllm_part(args: argparse.Namespace, work: Path) -> dict:
                 Target("direct", worker["port"], "/v1/chat/completions", "tiny", extra),
                 Target("manager", mgr.port, "/v1/chat/completions", "tiny", extra),
             ]
-            cpu_of = {"direct": {}, "manager": {"manager": [mgr.pid]}}
+            cpu_of = {"direct": {}, "manager": {"manager": manager_processes(mgr.pid)}}
             levels = run_levels(
                 targets,
                 cpu_of,
@@ -329,6 +342,7 @@ def main() -> None:
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-fast", action="store_true")
     ap.add_argument("--skip-litellm", action="store_true")
+    ap.add_argument("--forwarders", type=int, default=0, help="the managers' VLLM_MANAGER_FORWARDERS")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
@@ -339,6 +353,7 @@ def main() -> None:
             "python": platform.python_version(),
             "load_average_before": os.getloadavg(),
         },
+        "forwarders": args.forwarders,
         "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
         "command": " ".join(["python", "-m", "bench.proxy", *sys.argv[1:]]),
         "added": "p50(via the proxy) - p50(direct), and the same for p99: a difference of percentiles",

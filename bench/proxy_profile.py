@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bench.closed_loop import Target, batch
-from bench.proxy import MODEL, fast_worker
+from bench.proxy import MODEL, fast_worker, manager_processes
 
 
 def main() -> None:
@@ -30,10 +30,11 @@ def main() -> None:
     ap.add_argument("requests", type=int)
     ap.add_argument("--stream", action="store_true", help="streams of 16 chunks, 10 ms apart")
     ap.add_argument("--py-spy", type=Path, help="record the manager with py-spy into this file")
+    ap.add_argument("--forwarders", type=int, default=0, help="the manager's VLLM_MANAGER_FORWARDERS")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-proxy-profile-"))
     out: dict = {}
-    with fast_worker(work, 0.01) as (mgr, worker):
+    with fast_worker(work, 0.01, args.forwarders) as (mgr, worker):
         for name, port in (("direct", worker["port"]), ("manager", mgr.port)):
             target = Target(name, port, "/v1/chat/completions", MODEL)
             asyncio.run(batch(target, args.clients, 200, args.stream, 16, {}))  # warm up
@@ -42,7 +43,7 @@ def main() -> None:
                 argv = ["py-spy", "record", "-p", str(mgr.pid), "-r", "500", "-f", "raw", "-o", str(args.py_spy)]
                 spy = subprocess.Popen([*argv, "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1)
-            cpu = {"manager": [mgr.pid]} if name == "manager" else {}
+            cpu = {"manager": manager_processes(mgr.pid)} if name == "manager" else {}
             samples = asyncio.run(batch(target, args.clients, args.requests, args.stream, 16, cpu))
             if spy is not None:
                 spy.send_signal(2)

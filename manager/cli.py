@@ -138,6 +138,11 @@ def serve(
     if settings.ray_address:
         _join_cluster(settings.ray_address)
     app = create_app(settings, freeze_heap=True)
+    if settings.forwarders:
+        from manager.frontdoor import forwarders
+
+        forwarders.serve(app, settings)
+        return
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=settings.access_log)
 
 

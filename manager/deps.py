@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -291,12 +291,19 @@ def _check_admin_access(request: Request) -> None:
     )
 
 
-def inference_caller(request: Request, door: FrontDoor, settings: Settings) -> Caller:
+class CallerSource(Protocol):
+    def caller(self, bearer: str | None, settings: Settings) -> Caller: ...
+
+
+def inference_caller(
+    request: Request, door: CallerSource, settings: Settings, throttle: WrongTokenThrottle | None = None
+) -> Caller:
     """Who may send requests to /v1 (``manager.frontdoor.access``): an inference key once any exists,
     else anyone on a loopback bind, and on a public bind the admin token unless /v1 was opened
     explicitly. Browsers on other sites are refused as for every other call: they must not make a
     visitor's machine run models. Answered from what the front door keeps of the store: no database
-    session per request.
+    session per request. ``throttle``: the wrong keys per address (the manager's own by default; a
+    forwarder process keeps its own).
     """
     try:
         refuse_cross_site(request)
@@ -306,14 +313,16 @@ def inference_caller(request: Request, door: FrontDoor, settings: Settings) -> C
     if bearer is None:
         return door.caller(None, settings)
     # Guessing keys is slowed down as guessing the admin token is: the same limit per address.
-    try:
-        refuse_while_throttled(request)
-    except TooManyAttempts as exc:
-        raise TooManyWrongKeys(exc.message, int(exc.detail["retry_after_s"])) from None
+    if throttle is None:
+        throttle = runtime_of(request).wrong_tokens
+    address = client_address(request)
+    wait_s = throttle.retry_after(address)
+    if wait_s is not None:
+        raise TooManyWrongKeys(f"too many wrong tokens from {address}: try again in {wait_s} s", wait_s)
     try:
         return door.caller(bearer, settings)
     except NoCredentials:
-        record_wrong_token(request)
+        throttle.record_failure(address)
         raise
 
 

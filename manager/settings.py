@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     # One log line per HTTP request (uvicorn's access log). Under heavy /v1 load it is a good share of
     # the manager's CPU (bench/README.md); 0 turns it off. Events, errors and engine logs stay.
     access_log: bool = True
+    # Processes besides the manager's own that take the HTTP port and forward /v1 requests themselves
+    # (everything else they pass to the manager's process). 0: the manager's process does it all. On a
+    # box with cores to spare, a few let /v1 keep up with many clients (bench/README.md).
+    forwarders: int = Field(default=0, ge=0, le=64)
     # Host names this manager answers to (DNS-rebinding guard). Default: loopback names when bound to
     # loopback, any name when bound to a public address (where the API token guards changes).
     allowed_hosts: list[str] | None = None

@@ -1,0 +1,59 @@
+"""What /v1 reads of the store on every request: the names that route to each model config, and who
+may call (inference keys, admin token digests). Both are read again only once something was
+committed to the store (by this process, another one or the CLI), not per request.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Engine
+from sqlmodel import select
+
+from manager.db import CommitWatch, ReadAfterCommits, session
+from manager.frontdoor import names
+from manager.frontdoor.access import ANYONE, Caller, Credentials, caller_for, read_credentials
+from manager.frontdoor.errors import ModelNotFound
+from manager.lora.records import LoraAdapter
+from manager.schemas.model_config import ModelConfig
+from manager.settings import Settings
+
+
+class Catalog:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._commits = CommitWatch(engine)
+        self._names = ReadAfterCommits(self._commits, self._read_names)
+        self._credentials = ReadAfterCommits(self._commits, self._read_credentials)
+
+    def close(self) -> None:
+        self._commits.close()
+
+    def name_table(self, caller: Caller = ANYONE) -> names.NameTable:
+        """The names ``caller`` may use: every name, or those of the model configs its key names."""
+        table = self._names.get()
+        return table if caller.models is None else table.only(caller.models)
+
+    def caller(self, bearer: str | None, settings: Settings) -> Caller:
+        """Who a /v1 request with this bearer token comes from (NoCredentials: a 401 saying what to send)."""
+        return caller_for(self._credentials.get(), bearer, settings)
+
+    def resolve(self, requested: str, caller: Caller = ANYONE) -> names.Target:
+        try:
+            return self.name_table(caller).resolve(requested)
+        except names.UnknownModel as exc:
+            raise ModelNotFound(str(exc), param="model") from None
+
+    def _read_credentials(self) -> Credentials:
+        with session(self.engine) as db:
+            return read_credentials(db)
+
+    def _read_names(self) -> names.NameTable:
+        with session(self.engine) as db:
+            configs = [
+                names.ConfigNames(c.name, c.served_model_name, tuple(c.aliases), int(c.created_at.timestamp()))
+                for c in db.exec(select(ModelConfig))
+            ]
+            adapters = [
+                names.AdapterNames(a.name, a.base_config, int(a.created_at.timestamp()))
+                for a in db.exec(select(LoraAdapter))
+            ]
+        return names.NameTable(configs, adapters)

@@ -1,0 +1,215 @@
+"""One forwarder process: it takes connections on the manager's HTTP port beside the others, forwards
+/v1 requests to the engines itself, and passes every other request to the manager's process.
+
+A forwarder checks the caller and resolves the model from the store as the manager does (its own
+read of the same SQLite file), asks the manager's process for each lease (``lease_channel``) and
+tells it how each request ended, so the scheduler, the metrics and the usage table stay the
+manager's alone. It ends when the manager's process closes the lease channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import uvicorn
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+from yarl import URL
+
+from manager.auth.throttle import WrongTokenThrottle
+from manager.db import make_engine
+from manager.deps import client_address, inference_caller
+from manager.error_responses import refusal
+from manager.frontdoor.catalog import Catalog
+from manager.frontdoor.endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS
+from manager.frontdoor.errors import FrontDoorError
+from manager.frontdoor.forwarding import Forwarding
+from manager.frontdoor.lease_channel import LeaseClient
+from manager.frontdoor.upstream import Upstream
+from manager.middleware import FramingForbidden, TrustedHosts
+from manager.settings import Settings
+
+log = logging.getLogger("vllm_manager.frontdoor")
+
+# Headers of one hop only: the relay makes its own. The client's forwarding headers are replaced, so
+# that the manager's process learns the client's real address (it trusts the relay's, no one else's).
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Sockets:
+    """Where a forwarder reaches the manager's process: its HTTP server and its lease channel."""
+
+    http: Path
+    leases: Path
+
+
+class Relay:
+    """Passes a request to the manager's process and its answer back, both streamed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=str(self.path), limit=0),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=None),
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        headers = [(k, v) for k, v in request.headers.items() if k not in HOP_BY_HOP]
+        headers += [("x-forwarded-for", client_address(request)), ("x-forwarded-proto", scope.get("scheme", "http"))]
+        has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
+        target = URL.build(scheme="http", host="manager", encoded=True).with_path(
+            scope.get("raw_path", b"").decode("latin-1") or scope["path"], encoded=True
+        )
+        if scope.get("query_string"):
+            target = target.with_query(scope["query_string"].decode("latin-1"))
+        try:
+            answer = await self._client().request(
+                scope["method"],
+                target,
+                headers=headers,
+                data=request.stream() if has_body else None,
+                allow_redirects=False,
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            message = f"the manager's main process did not answer ({type(exc).__name__}); retry"
+            await refusal(scope["path"], 502, message)(scope, receive, send)
+            return
+
+        async def body() -> AsyncIterator[bytes]:
+            async for chunk in answer.content.iter_any():
+                yield chunk
+
+        response = StreamingResponse(body(), status_code=answer.status)
+        response.raw_headers = [
+            (k.lower(), v) for k, v in answer.raw_headers if k.decode("latin-1").lower() not in HOP_BY_HOP
+        ]
+        try:
+            await response(scope, receive, send)
+        finally:
+            answer.close()
+
+
+class ForwarderApp:
+    """The forwarder's ASGI app: POSTs to /v1's endpoints are forwarded here, the rest is relayed."""
+
+    def __init__(self, settings: Settings, sockets: Sockets) -> None:
+        self.settings = settings
+        self.sockets = sockets
+        self.catalog = Catalog(make_engine(settings.db_path))
+        self.leases = LeaseClient()
+        self.upstream = Upstream()
+        self.forwarding = Forwarding(
+            self.upstream, settings.proxy_max_body_bytes, self.catalog.resolve, self.leases, self.leases
+        )
+        self.throttle = WrongTokenThrottle()
+        self.relay = Relay(sockets.http)
+        self.handlers = {
+            **{path: self.forwarding.forward_json for path in JSON_ENDPOINTS},
+            **{path: self.forwarding.forward_multipart for path in MULTIPART_ENDPOINTS},
+        }
+        self.server: uvicorn.Server | None = None
+        guarded: ASGIApp = TrustedHosts(self._route, allowed_hosts=settings.trusted_hosts())
+        self.guarded: ASGIApp = FramingForbidden(guarded)
+        self._watch: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        await self.guarded(scope, receive, send)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = self.handlers.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if handler is None:
+            await self.relay(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        response: Response
+        try:
+            caller = inference_caller(request, self.catalog, self.settings, self.throttle)
+            response = await handler(request, scope["path"], caller)
+        except FrontDoorError as exc:
+            response = JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        except Exception:
+            log.exception("forwarding %s failed", scope["path"])
+            body = {"error": {"message": "internal error", "type": "server_error", "param": None, "code": None}}
+            response = JSONResponse(body, status_code=500)
+        await response(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.leases.connect(self.sockets.leases)
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                self._watch = asyncio.create_task(self._end_with_manager())
+                gc.collect()
+                gc.freeze()  # as the manager's process does (manager.app): no full passes over the start's objects
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._watch is not None:
+                    self._watch.cancel()
+                await self.leases.close()
+                await self.upstream.close()
+                await self.relay.close()
+                self.catalog.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _end_with_manager(self) -> None:
+        await self.leases.lost.wait()
+        log.warning("the manager's process closed the lease channel: this forwarder stops")
+        if self.server is not None:
+            self.server.should_exit = True
+
+
+def run(settings: Settings, listening: socket.socket, sockets: Sockets, number: int) -> None:
+    """A forwarder process's main: serve ``listening`` until the manager's process goes away."""
+    app = ForwarderApp(settings, sockets)
+    config = uvicorn.Config(
+        app, log_level="info", access_log=settings.access_log, lifespan="on", timeout_graceful_shutdown=5
+    )
+    server = uvicorn.Server(config)
+    app.server = server
+    log.info("forwarder %d (pid %s) takes /v1 requests", number, os.getpid())
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[listening])

@@ -1,0 +1,126 @@
+"""Serving with forwarder processes (VLLM_MANAGER_FORWARDERS > 0): they take the HTTP port, and the
+manager's process serves them on Unix sockets in a private directory (its HTTP server, for what they
+relay, and the lease channel). It starts them, starts one again when it dies, and stops them last.
+
+One Python process forwards a few thousand small /v1 answers a second; past that, clients wait
+in line for its one event loop (bench/README.md, "The front door's own cost"). Forwarders share the
+work while the scheduler, the store and every worker stay the manager process's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import shutil
+import socket
+import tempfile
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+
+from manager.frontdoor import forwarder
+from manager.frontdoor.lease_channel import LeaseServer
+from manager.runtime import Runtime
+from manager.settings import Settings
+
+log = logging.getLogger("vllm_manager.frontdoor")
+
+RESTART_PAUSE_S = 1.0
+
+
+class Forwarders:
+    """The forwarder processes: started, watched, started again when one dies, stopped."""
+
+    def __init__(self, settings: Settings, listening: socket.socket, sockets: forwarder.Sockets) -> None:
+        self.settings = settings
+        self.listening = listening
+        self.sockets = sockets
+        self._spawn = multiprocessing.get_context("spawn")
+        self.processes: list[BaseProcess | None] = [None] * settings.forwarders
+        self._stopping = False
+
+    def _start(self, number: int) -> None:
+        process = self._spawn.Process(
+            target=forwarder.run,
+            args=(self.settings, self.listening, self.sockets, number),
+            name=f"vllm-manager forwarder {number}",
+            daemon=True,
+        )
+        process.start()
+        self.processes[number] = process
+
+    def start(self) -> None:
+        for number in range(len(self.processes)):
+            self._start(number)
+
+    async def watch(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(RESTART_PAUSE_S)
+            for number, process in enumerate(self.processes):
+                if process is not None and not process.is_alive() and not self._stopping:
+                    log.warning(
+                        "forwarder %d (pid %s) ended with exit code %s: starting it again",
+                        number,
+                        process.pid,
+                        process.exitcode,
+                    )
+                    self._start(number)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        self._stopping = True
+        for process in self.processes:
+            if process is not None and process.is_alive():
+                process.terminate()  # SIGTERM: uvicorn finishes the requests it has, then ends
+        for process in self.processes:
+            if process is not None:
+                process.join(grace_s)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+
+
+async def _serve(app: FastAPI, settings: Settings, run_dir: Path) -> None:
+    sockets = forwarder.Sockets(http=run_dir / "manager.sock", leases=run_dir / "leases.sock")
+    public = uvicorn.Config(app, host=settings.host, port=settings.port)
+    listening = public.bind_socket()
+    # The manager's own server: on a Unix socket only the forwarders reach (its directory is private).
+    # It trusts the client address they pass on; its access log is theirs.
+    config = uvicorn.Config(
+        app, uds=str(sockets.http), log_level="info", access_log=False, proxy_headers=True, forwarded_allow_ips="*"
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        if serving.done():
+            await serving  # its start failed: the reason is logged, and it ends here
+            return
+        await asyncio.sleep(0.05)
+    runtime: Runtime = app.state.runtime
+    leases = LeaseServer(runtime.front_door, sockets.leases)
+    await leases.start()
+    processes = Forwarders(settings, listening, sockets)
+    processes.start()
+    log.info("%d forwarder processes take /v1 on %s:%d", settings.forwarders, settings.host, settings.port)
+    watching = asyncio.create_task(processes.watch())
+    try:
+        await serving
+    finally:
+        watching.cancel()
+        await asyncio.to_thread(processes.stop)
+        await leases.close()
+        listening.close()
+
+
+def serve(app: FastAPI, settings: Settings) -> None:
+    """Run the manager with ``settings.forwarders`` forwarder processes until it is told to stop."""
+    run_dir = Path(tempfile.mkdtemp(prefix="vllm-manager-"))  # 0700: this user's alone
+    loop_factory = uvicorn.Config(app).get_loop_factory()  # uvloop where it is installed, as uvicorn.run
+    try:
+        with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(_serve(app, settings, run_dir))
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)

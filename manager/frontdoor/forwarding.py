@@ -1,0 +1,156 @@
+"""One /v1 request from the route to the engine and back: its body read, its model found among those
+its caller may use, a lease on a ready worker taken, the request sent and the answer streamed back.
+
+The same path runs in the manager's process and in its forwarder processes
+(``manager.frontdoor.forwarders``): what differs is where leases come from (``LeaseSource``: the
+scheduler itself, or the manager's process over a socket) and where each request's outcome is
+counted (``Tally``: the metrics and the usage table, here or there).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from starlette.requests import Request
+
+from manager.frontdoor import names, proxy
+from manager.frontdoor.access import Caller
+from manager.frontdoor.errors import FrontDoorError
+from manager.frontdoor.metering import Meter, Tokens, stream_options_to_send
+from manager.frontdoor.upstream import Upstream
+
+
+class Held(Protocol):
+    """A request's hold on a ready worker: where its engine answers, and whether getting it waited."""
+
+    port: int
+    address: str
+    queued: bool  # it waited for its model (a start, a swap, a drain, an adapter load)
+
+    def release(self) -> None: ...
+
+
+class LeaseSource(Protocol):
+    async def acquire(self, config: str, adapter: str | None) -> Held:
+        """A lease on a ready worker of ``config`` with ``adapter`` loaded; FrontDoorError when none can be had."""
+        ...
+
+    def adapter_missing(self, lease: Held, adapter: str) -> None:
+        """The engine answered 404 for ``adapter`` (unloaded by hand): load it again next time."""
+        ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one /v1 request ended, for the metrics and the usage per key and model."""
+
+    key_id: int
+    config: str | None  # None: its name matched no model
+    status: int
+    tokens: Tokens | None = None
+    added_s: float | None = None  # the manager's own time in it; None when it never reached an engine
+
+
+class Tally(Protocol):
+    def record(self, outcome: Outcome, lease: Held | None = None) -> None:
+        """Count a request that ended, and end its lease (when it had one)."""
+        ...
+
+
+class Forwarding:
+    def __init__(
+        self,
+        upstream: Upstream,
+        max_body_bytes: int,
+        resolve: Callable[[str, Caller], names.Target],
+        leases: LeaseSource,
+        tally: Tally,
+    ) -> None:
+        self.upstream = upstream
+        self.max_body_bytes = max_body_bytes
+        self.resolve = resolve
+        self.leases = leases
+        self.tally = tally
+
+    async def forward_json(self, request: Request, path: str, caller: Caller) -> proxy.UpstreamResponse:
+        added = proxy.AddedTime()
+        config: str | None = None
+        try:
+            body = await proxy.read_body(request, self.max_body_bytes)
+            payload, requested = proxy.json_model(body)
+            target = self.resolve(requested, caller)
+            config = target.config
+            changes: dict[str, Any] = {}
+            if target.upstream_model != requested:
+                changes["model"] = target.upstream_model
+            # Streams end with their token counts only when asked: ask, and take them out again.
+            options = stream_options_to_send(path, payload)
+            if options is not None:
+                changes["stream_options"] = options
+            forwarded = proxy.with_changes(payload, body, changes)
+            content_type = request.headers.get("content-type") or "application/json"
+            meter = Meter(take_usage_event=options is not None)
+            return await self._forward(request, path, target, lambda: (forwarded, content_type), caller, meter, added)
+        except FrontDoorError as exc:
+            self.tally.record(Outcome(caller.key_id, config, exc.status))
+            raise
+
+    async def forward_multipart(self, request: Request, path: str, caller: Caller) -> proxy.UpstreamResponse:
+        added = proxy.AddedTime()
+        config: str | None = None
+        try:
+            body = await proxy.read_body(request, self.max_body_bytes)
+            requested, rewrite = await proxy.multipart_model(request, body)
+            target = self.resolve(requested, caller)
+            config = target.config
+            return await self._forward(
+                request, path, target, lambda: rewrite(target.upstream_model), caller, Meter(), added
+            )
+        except FrontDoorError as exc:
+            self.tally.record(Outcome(caller.key_id, config, exc.status))
+            raise
+
+    async def _forward(
+        self,
+        request: Request,
+        path: str,
+        target: names.Target,
+        encoded: Callable[[], tuple[bytes, str]],
+        caller: Caller,
+        meter: Meter,
+        added: proxy.AddedTime,
+    ) -> proxy.UpstreamResponse:
+        asked = time.perf_counter()
+        lease = await self.leases.acquire(target.config, target.adapter)
+        if lease.queued:
+            added.waited += time.perf_counter() - asked
+        try:
+            body, content_type = encoded()
+            upstream = await proxy.send_upstream(
+                self.upstream, lease.port, request.method, path, body, request, content_type, added, lease.address
+            )
+        except BaseException:
+            lease.release()
+            raise
+        try:
+            status = upstream.status_code
+            if target.adapter and status == 404:
+                self.leases.adapter_missing(lease, target.adapter)
+            ok = status < 400
+            before_engine = added.before_engine() or 0.0
+
+            def ended(after_engine: float | None) -> None:
+                added_s = before_engine + (after_engine or 0.0)
+                tokens = meter.tokens if ok else None
+                self.tally.record(Outcome(caller.key_id, target.config, status, tokens, added_s), lease)
+
+            # Only a successful answer is read for its usage (an error passes on as the engine wrote it).
+            content = meter.watch(upstream.chunks()) if ok and meter.readable(upstream.headers) else None
+            return proxy.UpstreamResponse(upstream, ended, content)
+        except BaseException:  # the response that would end the lease and the answer was not made
+            upstream.close()
+            lease.release()
+            raise

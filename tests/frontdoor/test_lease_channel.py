@@ -1,0 +1,157 @@
+"""The lease channel between forwarder processes and the manager's: leases asked and given back, refusals
+passed on as made, outcomes counted, and nothing held once a forwarder goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from manager.frontdoor.errors import ModelUnavailable, QueueFull
+from manager.frontdoor.forwarding import Held, Outcome
+from manager.frontdoor.lease_channel import LeaseClient, LeaseServer, Refused
+from manager.frontdoor.metering import Tokens
+
+
+@dataclass
+class DoorLease:
+    port: int
+    address: str = "127.0.0.1"
+    queued: bool = False
+    released: bool = False
+
+    def release(self) -> None:
+        self.released = True
+
+
+@dataclass
+class Door:
+    """The manager's side as the channel sees it: leases handed out when ``open`` is set."""
+
+    leases: list[DoorLease] = field(default_factory=list)
+    outcomes: list[tuple[Outcome, Held | None]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    open: asyncio.Event = field(default_factory=asyncio.Event)
+    refuse: Exception | None = None
+
+    async def acquire(self, config: str, adapter: str | None) -> Held:
+        await self.open.wait()
+        if self.refuse is not None:
+            raise self.refuse
+        lease = DoorLease(port=8000 + len(self.leases), queued=adapter is not None)
+        self.leases.append(lease)
+        return lease
+
+    def adapter_missing(self, lease: Held, adapter: str) -> None:
+        self.missing.append(adapter)
+
+    def record(self, outcome: Outcome, lease: Held | None = None) -> None:
+        if lease is not None:
+            lease.release()
+        self.outcomes.append((outcome, lease))
+
+
+def on_a_loop(test):
+    """Run an async test on its own event loop, within 20 s."""
+
+    @functools.wraps(test)
+    def run(tmp_path: Path) -> None:
+        asyncio.run(asyncio.wait_for(test(tmp_path), timeout=20))
+
+    return run
+
+
+async def until(check, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def channel(tmp_path: Path, door: Door) -> tuple[LeaseServer, LeaseClient]:
+    server = LeaseServer(door, tmp_path / "leases.sock")
+    await server.start()
+    client = LeaseClient()
+    await client.connect(server.path)
+    return server, client
+
+
+@on_a_loop
+async def test_a_lease_is_the_managers_and_ends_when_the_request_is_done(tmp_path):
+    door = Door()
+    door.open.set()
+    server, client = await channel(tmp_path, door)
+    lease = await client.acquire("a", "my-adapter")
+    assert (lease.port, lease.address, lease.queued) == (8000, "127.0.0.1", True)
+    assert not door.leases[0].released
+    client.adapter_missing(lease, "my-adapter")
+    client.record(Outcome(7, "a", 200, Tokens(5, 9), 0.0004), lease)
+    await until(lambda: door.outcomes)
+    outcome, held = door.outcomes[0]
+    assert outcome == Outcome(7, "a", 200, Tokens(5, 9), 0.0004)
+    assert held is door.leases[0] and door.leases[0].released
+    assert door.missing == ["my-adapter"]
+    # An error before any lease is counted too.
+    client.record(Outcome(7, None, 404))
+    await until(lambda: len(door.outcomes) == 2)
+    assert door.outcomes[1] == (Outcome(7, None, 404), None)
+    await client.close()
+    await server.close()
+
+
+@on_a_loop
+async def test_a_refusal_reaches_the_forwarders_client_as_the_manager_made_it(tmp_path):
+    door = Door(refuse=QueueFull("64 requests are already waiting for 'a'", retry_after_s=5))
+    door.open.set()
+    server, client = await channel(tmp_path, door)
+    with pytest.raises(Refused) as refused:
+        await client.acquire("a", None)
+    assert refused.value.status == 429
+    assert refused.value.headers == {"Retry-After": "5"}
+    assert refused.value.body() == QueueFull("64 requests are already waiting for 'a'", 5).body()
+    await client.close()
+    await server.close()
+
+
+@on_a_loop
+async def test_a_forwarder_that_goes_away_gives_back_what_it_held(tmp_path):
+    door = Door()
+    door.open.set()
+    server, client = await channel(tmp_path, door)
+    await client.acquire("a", None)
+    await client.acquire("a", None)
+    await client.close()
+    await until(lambda: all(lease.released for lease in door.leases))
+    assert len(door.leases) == 2
+    await server.close()
+
+
+@on_a_loop
+async def test_a_client_that_left_while_waiting_does_not_keep_the_lease_it_was_given(tmp_path):
+    door = Door()
+    server, client = await channel(tmp_path, door)
+    waiting = asyncio.create_task(client.acquire("a", None))
+    await asyncio.sleep(0.05)
+    waiting.cancel()  # the client left during a cold start
+    door.open.set()
+    await until(lambda: door.leases and door.leases[0].released)
+    await client.close()
+    await server.close()
+
+
+@on_a_loop
+async def test_when_the_manager_goes_away_requests_get_a_503_not_a_hang(tmp_path):
+    door = Door()
+    server, client = await channel(tmp_path, door)
+    waiting = asyncio.create_task(client.acquire("a", None))
+    await asyncio.sleep(0.05)
+    await server.close()  # as when the manager's process ends
+    with pytest.raises(ModelUnavailable):
+        await asyncio.wait_for(waiting, 5)
+    await until(client.lost.is_set)
+    with pytest.raises(ModelUnavailable):
+        await client.acquire("a", None)
+    await client.close()
