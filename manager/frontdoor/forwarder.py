@@ -202,8 +202,25 @@ class ForwarderApp:
             self.server.should_exit = True
 
 
-def run(settings: Settings, listening: socket.socket, sockets: Sockets, number: int) -> None:
-    """A forwarder process's main: serve ``listening`` until the manager's process goes away."""
+def port_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to the manager's address that shares it (SO_REUSEPORT) with the other forwarders'
+    and the manager's: the kernel spreads new connections evenly over those that listen. (One socket
+    listened on by all would not: the first process to wake takes every waiting connection.) Only
+    processes of the same user may join."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def run(settings: Settings, sockets: Sockets, number: int) -> None:
+    """A forwarder process's main: take connections on the manager's port until its process goes away."""
+    listening = port_socket(settings.host, settings.port)
     app = ForwarderApp(settings, sockets)
     config = uvicorn.Config(
         app, log_level="info", access_log=settings.access_log, lifespan="on", timeout_graceful_shutdown=5

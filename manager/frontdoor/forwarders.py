@@ -14,7 +14,6 @@ import contextlib
 import logging
 import multiprocessing
 import shutil
-import socket
 import tempfile
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -35,9 +34,8 @@ RESTART_PAUSE_S = 1.0
 class Forwarders:
     """The forwarder processes: started, watched, started again when one dies, stopped."""
 
-    def __init__(self, settings: Settings, listening: socket.socket, sockets: forwarder.Sockets) -> None:
+    def __init__(self, settings: Settings, sockets: forwarder.Sockets) -> None:
         self.settings = settings
-        self.listening = listening
         self.sockets = sockets
         self._spawn = multiprocessing.get_context("spawn")
         self.processes: list[BaseProcess | None] = [None] * settings.forwarders
@@ -46,7 +44,7 @@ class Forwarders:
     def _start(self, number: int) -> None:
         process = self._spawn.Process(
             target=forwarder.run,
-            args=(self.settings, self.listening, self.sockets, number),
+            args=(self.settings, self.sockets, number),
             name=f"vllm-manager forwarder {number}",
             daemon=True,
         )
@@ -85,8 +83,13 @@ class Forwarders:
 
 async def _serve(app: FastAPI, settings: Settings, run_dir: Path) -> None:
     sockets = forwarder.Sockets(http=run_dir / "manager.sock", leases=run_dir / "leases.sock")
-    public = uvicorn.Config(app, host=settings.host, port=settings.port)
-    listening = public.bind_socket()
+    try:
+        # Held, not listened on, for as long as the manager runs: the port stays this manager's, and a
+        # port in use ends the start here, in one line.
+        reserved = forwarder.port_socket(settings.host, settings.port)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc)
+        raise SystemExit(3) from None
     # The manager's own server: on a Unix socket only the forwarders reach (its directory is private).
     # It trusts the client address they pass on; its access log is theirs.
     config = uvicorn.Config(
@@ -102,9 +105,11 @@ async def _serve(app: FastAPI, settings: Settings, run_dir: Path) -> None:
     runtime: Runtime = app.state.runtime
     leases = LeaseServer(runtime.front_door, sockets.leases)
     await leases.start()
-    processes = Forwarders(settings, listening, sockets)
+    processes = Forwarders(settings, sockets)
     processes.start()
-    log.info("%d forwarder processes take /v1 on %s:%d", settings.forwarders, settings.host, settings.port)
+    log.info(
+        "%d forwarder processes take connections on http://%s:%d", settings.forwarders, settings.host, settings.port
+    )
     watching = asyncio.create_task(processes.watch())
     try:
         await serving
@@ -112,7 +117,7 @@ async def _serve(app: FastAPI, settings: Settings, run_dir: Path) -> None:
         watching.cancel()
         await asyncio.to_thread(processes.stop)
         await leases.close()
-        listening.close()
+        reserved.close()
 
 
 def serve(app: FastAPI, settings: Settings) -> None:

@@ -73,6 +73,17 @@ def test_the_line_per_request_can_be_turned_off(tmp_path):
         assert "Application startup complete" in output  # the rest of the log stays
 
 
+def test_with_forwarders_a_port_in_use_ends_the_start_with_one_clear_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _run(["serve", "--port", str(port)], tmp_path, VLLM_MANAGER_FORWARDERS="2")
+    assert result.returncode == 3
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "Address already in use" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_token_create_prints_once_and_guards_the_api(tmp_path):
     created = _run(["token", "create"], tmp_path)
     assert created.returncode == 0, created.stderr
