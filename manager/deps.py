@@ -295,15 +295,20 @@ class CallerSource(Protocol):
     def caller(self, bearer: str | None, settings: Settings) -> Caller: ...
 
 
+class Throttle(Protocol):
+    def retry_after(self, address: str) -> int | None: ...
+    def record_failure(self, address: str) -> None: ...
+
+
 def inference_caller(
-    request: Request, door: CallerSource, settings: Settings, throttle: WrongTokenThrottle | None = None
+    request: Request, door: CallerSource, settings: Settings, throttle: Throttle | None = None
 ) -> Caller:
     """Who may send requests to /v1 (``manager.frontdoor.access``): an inference key once any exists,
     else anyone on a loopback bind, and on a public bind the admin token unless /v1 was opened
     explicitly. Browsers on other sites are refused as for every other call: they must not make a
     visitor's machine run models. Answered from what the front door keeps of the store: no database
-    session per request. ``throttle``: the wrong keys per address (the manager's own by default; a
-    forwarder process keeps its own).
+    session per request. ``throttle``: the wrong keys per address (the manager's own; a forwarder
+    process reaches it through the lease channel).
     """
     try:
         refuse_cross_site(request)

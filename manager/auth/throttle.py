@@ -37,6 +37,9 @@ class WrongTokenThrottle:
         self.max_addresses = max_addresses
         self._clock = clock
         self._windows: OrderedDict[str, _Window] = OrderedDict()  # oldest window first
+        # Told (address, seconds it must wait) when an address reaches the limit: the forwarder
+        # processes keep no count of their own (manager.frontdoor.lease_channel).
+        self.on_limit: list[Callable[[str, int], None]] = []
 
     def __len__(self) -> int:
         return len(self._windows)
@@ -61,9 +64,13 @@ class WrongTokenThrottle:
         window = self._current(address, now)
         if window is not None:
             window.failures += 1
-            return
-        self._make_room(now)
-        self._windows[address] = _Window(started=now, failures=1)
+        else:
+            self._make_room(now)
+            window = self._windows[address] = _Window(started=now, failures=1)
+        if window.failures == self.limit:
+            wait_s = max(1, math.ceil(window.started + self.window_s - now))
+            for listener in self.on_limit:
+                listener(address, wait_s)
 
     def _make_room(self, now: float) -> None:
         while self._windows:

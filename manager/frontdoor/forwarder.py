@@ -26,7 +26,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from yarl import URL
 
-from manager.auth.throttle import WrongTokenThrottle
 from manager.db import make_engine
 from manager.deps import client_address, inference_caller
 from manager.error_responses import refusal
@@ -35,7 +34,7 @@ from manager.frontdoor.endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS
 from manager.frontdoor.errors import FrontDoorError
 from manager.frontdoor.forwarding import Forwarding
 from manager.frontdoor.lease_channel import LeaseClient
-from manager.frontdoor.upstream import Upstream
+from manager.frontdoor.upstream import KEEPALIVE_S, Upstream
 from manager.middleware import FramingForbidden, TrustedHosts
 from manager.settings import Settings
 
@@ -58,6 +57,11 @@ HOP_BY_HOP = frozenset(
 )
 
 
+DRAIN_S = 30
+
+NOT_RELAYED_BACK = HOP_BY_HOP | {"date", "server"}
+
+
 @dataclass(frozen=True)
 class Sockets:
     """Where a forwarder reaches the manager's process: its HTTP server and its lease channel."""
@@ -76,7 +80,8 @@ class Relay:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=str(self.path), limit=0),
+                # Idle connections closed before the manager's server would (uvicorn: after 5 s).
+                connector=aiohttp.UnixConnector(path=str(self.path), limit=0, keepalive_timeout=KEEPALIVE_S),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False,
                 timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=None),
@@ -93,11 +98,10 @@ class Relay:
         headers = [(k, v) for k, v in request.headers.items() if k not in HOP_BY_HOP]
         headers += [("x-forwarded-for", client_address(request)), ("x-forwarded-proto", scope.get("scheme", "http"))]
         has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
-        target = URL.build(scheme="http", host="manager", encoded=True).with_path(
-            scope.get("raw_path", b"").decode("latin-1") or scope["path"], encoded=True
-        )
-        if scope.get("query_string"):
-            target = target.with_query(scope["query_string"].decode("latin-1"))
+        path = scope.get("raw_path", b"").decode("latin-1") or scope["path"]
+        query = scope.get("query_string", b"").decode("latin-1")
+        # As the client wrote them: neither is decoded and encoded again on the way.
+        target = URL.build(scheme="http", host="manager", path=path, query_string=query, encoded=True)
         try:
             answer = await self._client().request(
                 scope["method"],
@@ -116,8 +120,9 @@ class Relay:
                 yield chunk
 
         response = StreamingResponse(body(), status_code=answer.status)
+        # The forwarder's server writes its own date and server headers.
         response.raw_headers = [
-            (k.lower(), v) for k, v in answer.raw_headers if k.decode("latin-1").lower() not in HOP_BY_HOP
+            (k.lower(), v) for k, v in answer.raw_headers if k.decode("latin-1").lower() not in NOT_RELAYED_BACK
         ]
         try:
             await response(scope, receive, send)
@@ -137,7 +142,7 @@ class ForwarderApp:
         self.forwarding = Forwarding(
             self.upstream, settings.proxy_max_body_bytes, self.catalog.resolve, self.leases, self.leases
         )
-        self.throttle = WrongTokenThrottle()
+        self.throttle = self.leases.throttle  # the manager's count of wrong tokens, not one of its own
         self.relay = Relay(sockets.http)
         self.handlers = {
             **{path: self.forwarding.forward_json for path in JSON_ENDPOINTS},
@@ -222,8 +227,9 @@ def run(settings: Settings, sockets: Sockets, number: int) -> None:
     """A forwarder process's main: take connections on the manager's port until its process goes away."""
     listening = port_socket(settings.host, settings.port)
     app = ForwarderApp(settings, sockets)
+    # Stopped, it finishes the requests it has (streams included) for up to DRAIN_S.
     config = uvicorn.Config(
-        app, log_level="info", access_log=settings.access_log, lifespan="on", timeout_graceful_shutdown=5
+        app, log_level="info", access_log=settings.access_log, lifespan="on", timeout_graceful_shutdown=DRAIN_S
     )
     server = uvicorn.Server(config)
     app.server = server

@@ -14,9 +14,12 @@ import contextlib
 import logging
 import multiprocessing
 import shutil
+import socket
+import sys
 import tempfile
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
@@ -39,7 +42,7 @@ class Forwarders:
         self.sockets = sockets
         self._spawn = multiprocessing.get_context("spawn")
         self.processes: list[BaseProcess | None] = [None] * settings.forwarders
-        self._stopping = False
+        self.stopping = False  # set as soon as the manager is told to stop: a forwarder that ends then stays ended
 
     def _start(self, number: int) -> None:
         process = self._spawn.Process(
@@ -56,10 +59,10 @@ class Forwarders:
             self._start(number)
 
     async def watch(self) -> None:
-        while not self._stopping:
+        while not self.stopping:
             await asyncio.sleep(RESTART_PAUSE_S)
             for number, process in enumerate(self.processes):
-                if process is not None and not process.is_alive() and not self._stopping:
+                if process is not None and not process.is_alive() and not self.stopping:
                     log.warning(
                         "forwarder %d (pid %s) ended with exit code %s: starting it again",
                         number,
@@ -68,25 +71,69 @@ class Forwarders:
                     )
                     self._start(number)
 
-    def stop(self, grace_s: float = 10.0) -> None:
-        self._stopping = True
+    def stop(self) -> None:
+        """SIGTERM to each: it stops taking connections and finishes its requests (up to
+        forwarder.DRAIN_S), then ends; one that does not is killed."""
+        self.stopping = True
         for process in self.processes:
             if process is not None and process.is_alive():
-                process.terminate()  # SIGTERM: uvicorn finishes the requests it has, then ends
+                process.terminate()
         for process in self.processes:
             if process is not None:
-                process.join(grace_s)
+                process.join(forwarder.DRAIN_S + 5)
                 if process.is_alive():
                     process.kill()
                     process.join()
 
 
+class ManagerServer(uvicorn.Server):
+    """The manager's own server when forwarders take the port: told to stop, it first stops them (they
+    finish their requests, whose leases it still serves) and closes the lease channel; then its own
+    parts stop (the app's shutdown), and the private directory goes. All of it before a SIGTERM,
+    which uvicorn raises again once it is done, ends the process."""
+
+    def __init__(self, config: uvicorn.Config, processes: Forwarders, run_dir: Path) -> None:
+        super().__init__(config)
+        self.processes = processes
+        self.run_dir = run_dir
+        self.leases: LeaseServer | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.processes.stopping = True
+        super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await asyncio.to_thread(self.processes.stop)
+        if self.leases is not None:
+            await self.leases.close()
+        await super().shutdown(sockets)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def hold_port(host: str, port: int) -> tuple[socket.socket, socket.socket | None]:
+    """The port, held for this manager while it runs: a socket bound to it (not listened on), and on
+    Linux a name in the abstract socket namespace that no second manager can take, since forwarders'
+    SO_REUSEPORT would otherwise let one share the port unnoticed. OSError: the port is taken."""
+    claim = None
+    if sys.platform == "linux":
+        claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            claim.bind(f"\0vllm-manager {host}:{port}")
+        except OSError:
+            claim.close()
+            raise OSError(f"another vllm-manager with forwarders serves {host}:{port}") from None
+    try:
+        return forwarder.port_socket(host, port), claim
+    except OSError:
+        if claim is not None:
+            claim.close()
+        raise
+
+
 async def _serve(app: FastAPI, settings: Settings, run_dir: Path) -> None:
     sockets = forwarder.Sockets(http=run_dir / "manager.sock", leases=run_dir / "leases.sock")
     try:
-        # Held, not listened on, for as long as the manager runs: the port stays this manager's, and a
-        # port in use ends the start here, in one line.
-        reserved = forwarder.port_socket(settings.host, settings.port)
+        held = hold_port(settings.host, settings.port)  # for as long as the manager runs
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc)
         raise SystemExit(3) from None
@@ -95,7 +142,8 @@ async def _serve(app: FastAPI, settings: Settings, run_dir: Path) -> None:
     config = uvicorn.Config(
         app, uds=str(sockets.http), log_level="info", access_log=False, proxy_headers=True, forwarded_allow_ips="*"
     )
-    server = uvicorn.Server(config)
+    processes = Forwarders(settings, sockets)
+    server = ManagerServer(config, processes, run_dir)
     serving = asyncio.create_task(server.serve())
     while not server.started:
         if serving.done():
@@ -103,9 +151,8 @@ async def _serve(app: FastAPI, settings: Settings, run_dir: Path) -> None:
             return
         await asyncio.sleep(0.05)
     runtime: Runtime = app.state.runtime
-    leases = LeaseServer(runtime.front_door, sockets.leases)
-    await leases.start()
-    processes = Forwarders(settings, sockets)
+    server.leases = LeaseServer(runtime.front_door, sockets.leases, runtime.wrong_tokens)
+    await server.leases.start()
     processes.start()
     log.info(
         "%d forwarder processes take connections on http://%s:%d", settings.forwarders, settings.host, settings.port
@@ -115,9 +162,9 @@ async def _serve(app: FastAPI, settings: Settings, run_dir: Path) -> None:
         await serving
     finally:
         watching.cancel()
-        await asyncio.to_thread(processes.stop)
-        await leases.close()
-        reserved.close()
+        for sock in held:
+            if sock is not None:
+                sock.close()
 
 
 def serve(app: FastAPI, settings: Settings) -> None:

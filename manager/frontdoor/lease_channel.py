@@ -10,8 +10,12 @@ One JSON object per line, each way. A forwarder sends
   {"op": "release", "lease": L}
   {"op": "done", "lease": L|null, "key": K, "config": C|null, "status": S, "tokens": [P, C]|null, "added": X|null}
   {"op": "adapter_missing", "lease": L, "adapter": A}
+  {"op": "wrong_token", "address": A}
 and the manager answers an acquire with
   {"id": N, "lease": L, "port": P, "address": H, "queued": B}   or   {"id": N, "refused": {"status", "body", "headers"}}
+and tells every forwarder when an address has sent too many wrong tokens (to /v1 through any of them,
+to the API or to the login page): {"op": "throttled", "address": A, "retry_after_s": S}. The count is
+the manager's alone, so the limit is the same with forwarders as without.
 A forwarder that goes away gives back every lease it held.
 """
 
@@ -22,15 +26,20 @@ import contextlib
 import itertools
 import json
 import logging
+import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from manager.auth.throttle import WrongTokenThrottle
 from manager.frontdoor.errors import FrontDoorError, ModelUnavailable
 from manager.frontdoor.forwarding import Held, Outcome
 from manager.frontdoor.metering import Tokens
 
 log = logging.getLogger("vllm_manager.frontdoor")
+
+MAX_THROTTLED = 10_000  # addresses a forwarder remembers as waiting, as the manager's own limit
 
 
 class Door(Protocol):
@@ -58,9 +67,11 @@ def _line(message: dict[str, Any]) -> bytes:
 
 # ---- the manager's side ---------------------------------------------------------------------------------
 class LeaseServer:
-    def __init__(self, door: Door, path: Path) -> None:
+    def __init__(self, door: Door, path: Path, throttle: WrongTokenThrottle | None = None) -> None:
         self.door = door
         self.path = path
+        self.throttle = WrongTokenThrottle() if throttle is None else throttle
+        self.throttle.on_limit.append(self._throttled)
         self._server: asyncio.Server | None = None
         self._numbers = itertools.count(1)
         self._writers: set[asyncio.StreamWriter] = set()
@@ -74,6 +85,14 @@ class LeaseServer:
             self._server = None
         for writer in list(self._writers):
             writer.close()
+        if self._throttled in self.throttle.on_limit:
+            self.throttle.on_limit.remove(self._throttled)
+
+    def _throttled(self, address: str, wait_s: int) -> None:
+        told = _line({"op": "throttled", "address": address, "retry_after_s": wait_s})
+        for writer in self._writers:
+            if not writer.is_closing():
+                writer.write(told)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         held: dict[int, Held] = {}
@@ -101,6 +120,8 @@ class LeaseServer:
                         message.get("added"),
                     )
                     self.door.record(outcome, held.pop(message.get("lease"), None))
+                elif op == "wrong_token":
+                    self.throttle.record_failure(str(message["address"]))
                 elif op == "adapter_missing":
                     lease = held.get(message["lease"])
                     if lease is not None:
@@ -162,6 +183,34 @@ class RemoteLease:
             self._client.send({"op": "release", "lease": self.number})
 
 
+class PushedThrottle:
+    """A forwarder's view of the manager's wrong-token limit: its wrong tokens are told to the manager,
+    which counts them, and the addresses it says must wait are refused here until then."""
+
+    def __init__(self, client: LeaseClient) -> None:
+        self._client = client
+        self._until: dict[str, float] = {}
+
+    def retry_after(self, address: str) -> int | None:
+        until = self._until.get(address)
+        if until is None:
+            return None
+        left = until - time.monotonic()
+        if left <= 0:
+            del self._until[address]
+            return None
+        return max(1, math.ceil(left))
+
+    def record_failure(self, address: str) -> None:
+        self._client.send({"op": "wrong_token", "address": address})
+
+    def limit_reached(self, address: str, wait_s: float) -> None:
+        if len(self._until) > MAX_THROTTLED:
+            now = time.monotonic()
+            self._until = {a: t for a, t in self._until.items() if t > now}
+        self._until[address] = time.monotonic() + wait_s
+
+
 class ChannelLost(Exception):
     """The manager's process no longer answers on the lease channel."""
 
@@ -176,6 +225,7 @@ class LeaseClient:
         self._numbers = itertools.count(1)
         self._reading: asyncio.Task[None] | None = None
         self.lost = asyncio.Event()
+        self.throttle = PushedThrottle(self)
 
     async def connect(self, path: Path, timeout_s: float = 30.0) -> None:
         """Connect, retrying while the manager's process is still starting its channel."""
@@ -210,6 +260,9 @@ class LeaseClient:
         try:
             while line := await self._reader.readline():
                 answer = json.loads(line)
+                if answer.get("op") == "throttled":
+                    self.throttle.limit_reached(str(answer["address"]), float(answer["retry_after_s"]))
+                    continue
                 asked = self._asked.pop(answer["id"], None)
                 if asked is not None and not asked.done():
                     asked.set_result(answer)
@@ -236,7 +289,12 @@ class LeaseClient:
         except ChannelLost:
             raise ModelUnavailable("the manager's main process stopped answering this forwarder; retry") from None
         except asyncio.CancelledError:
-            # The answer, when it comes, finds no one asking and its lease is given back (``_read``).
+            # The client left. An answer still to come finds no one asking, and its lease is given back
+            # (``_read``); one that came just now is given back here.
+            if answer_of.done() and not answer_of.cancelled() and answer_of.exception() is None:
+                given = answer_of.result().get("lease")
+                if given is not None:
+                    self.send({"op": "release", "lease": given})
             raise
         refused = answer.get("refused")
         if refused is not None:

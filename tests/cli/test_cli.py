@@ -84,6 +84,19 @@ def test_with_forwarders_a_port_in_use_ends_the_start_with_one_clear_line(tmp_pa
     assert "Traceback" not in result.stderr
 
 
+def test_a_second_manager_with_forwarders_cannot_share_the_port_of_the_first(tmp_path):
+    port = _free_port()
+    first = _serve(tmp_path / "first", port, env={"VLLM_MANAGER_FORWARDERS": "1"})
+    try:
+        # SO_REUSEPORT would let its forwarders bind beside the first's: the manager refuses instead.
+        second = _run(["serve", "--port", str(port)], tmp_path / "second", VLLM_MANAGER_FORWARDERS="1")
+        assert second.returncode == 3
+        assert "another vllm-manager with forwarders serves" in second.stderr
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=60)
+
+
 def test_token_create_prints_once_and_guards_the_api(tmp_path):
     created = _run(["token", "create"], tmp_path)
     assert created.returncode == 0, created.stderr

@@ -108,6 +108,10 @@ def test_two_forwarders_take_the_port_and_the_rest_is_the_managers(served):
     assert missing.status_code == 404 and "/docs lists the API" in missing.json()["detail"]
     invalid = httpx.post(served.url + "/api/models", json={"name": "no model"})
     assert invalid.status_code == 422 and "model" in invalid.json()["detail"]
+    # The path and query reach the manager as the client wrote them (decoded once, not twice).
+    login = httpx.get(served.url + "/login?next=/usage%3Fper%3Dday", headers={"accept": "text/html"})
+    assert login.status_code == 200 and "/usage?per=day" in login.text
+    assert "date" in page.headers and len(page.headers.get_list("date")) == 1
     # /v1's refusals come from the forwarders, in OpenAI's shape.
     unknown = httpx.post(served.url + "/v1/chat/completions", json={"model": "gpt-4o", "messages": []})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
@@ -127,10 +131,16 @@ def test_the_openai_client_through_forwarders_starts_the_model_and_is_answered(s
     assert not [c for c in chunks if c.usage is not None]  # the usage event the manager asked for is taken out
     listed = {m.id: m.model_dump() for m in client.models.list()}
     assert listed["tiny-a"]["state"] == "ready"
+
     # Counted once each, in the manager's process: its metrics and its usage table.
-    metrics = httpx.get(f"{served.url}/metrics").text
-    assert 'vllm_manager_proxy_requests_total{code="200",model="tiny-a"} 2.0' in metrics
-    assert 'vllm_manager_proxy_requests_total{code="404",model="-"} 1.0' in metrics
+    def counted() -> bool:
+        metrics = httpx.get(f"{served.url}/metrics").text
+        return (
+            'vllm_manager_proxy_requests_total{code="200",model="tiny-a"} 2.0' in metrics
+            and 'vllm_manager_proxy_requests_total{code="404",model="-"} 1.0' in metrics
+        )
+
+    wait_for(counted, 10, "the requests were not counted once each in the manager's metrics")
 
     def usage() -> dict:
         report = httpx.get(f"{served.url}/api/usage", params={"per": "minute"}).json()
@@ -168,10 +178,33 @@ def test_a_forwarder_that_dies_is_started_again(served):
         assert httpx.post(f"{served.url}/v1/completions", json=body, timeout=LONG).status_code == 200
 
 
-def test_stopping_the_manager_stops_its_forwarders(served):
+def test_wrong_keys_count_once_across_forwarders_and_then_even_the_right_key_waits(served):
+    made = httpx.post(f"{served.url}/api/keys", json={"name": "app"})
+    assert made.status_code == 201, made.text
+    key = made.json()["key"]
+    body = {"model": "tiny-a", "prompt": "hi", "max_tokens": 1}
+
+    def ask(bearer: str) -> httpx.Response:  # a new connection each time: any forwarder may take it
+        with httpx.Client() as client:
+            return client.post(
+                f"{served.url}/v1/completions", json=body, headers={"authorization": f"Bearer {bearer}"}, timeout=LONG
+            )
+
+    assert ask(key).status_code == 200
+    assert [ask(f"vmk_wrong{i}").status_code for i in range(10)] == [401] * 10  # the limit is 10 per address
+    wait_for(lambda: ask(key).status_code == 429, 5, "the tenth wrong key did not make this address wait")
+    refused = [ask(key) for _ in range(6)]
+    assert {r.status_code for r in refused} == {429}
+    assert {r.json()["error"]["code"] for r in refused} == {"too_many_wrong_keys"} and refused[0].headers["retry-after"]
+
+
+def test_stopping_the_manager_as_a_service_manager_does_stops_its_forwarders(served):
     forwarders = served.forwarders()
-    served.proc.send_signal(signal.SIGINT)
-    served.proc.wait(30)
+    private = {Path(c.laddr).parent for c in psutil.Process(served.proc.pid).net_connections("unix") if c.laddr}
+    assert len(private) == 1 and next(iter(private)).name.startswith("vllm-manager-")
+    served.proc.send_signal(signal.SIGTERM)
+    served.proc.wait(60)
     gone, alive = psutil.wait_procs(forwarders, timeout=15)
     assert not alive
     assert not answers(served.url)
+    assert not next(iter(private)).exists()  # its private sockets' directory is gone

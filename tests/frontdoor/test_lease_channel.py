@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from manager.auth.throttle import WrongTokenThrottle
 from manager.frontdoor.errors import ModelUnavailable, QueueFull
 from manager.frontdoor.forwarding import Held, Outcome
 from manager.frontdoor.lease_channel import LeaseClient, LeaseServer, Refused
@@ -155,3 +156,23 @@ async def test_when_the_manager_goes_away_requests_get_a_503_not_a_hang(tmp_path
     with pytest.raises(ModelUnavailable):
         await client.acquire("a", None)
     await client.close()
+
+
+@on_a_loop
+async def test_wrong_tokens_are_counted_by_the_manager_and_every_forwarder_hears_of_the_limit(tmp_path):
+    door = Door()
+    throttle = WrongTokenThrottle(limit=3)
+    server = LeaseServer(door, tmp_path / "leases.sock", throttle)
+    await server.start()
+    first, second = LeaseClient(), LeaseClient()
+    await first.connect(server.path)
+    await second.connect(server.path)
+    for _ in range(2):
+        first.throttle.record_failure("10.0.0.7")
+    throttle.record_failure("10.0.0.7")  # a wrong token to the manager's own API: the same count
+    await until(lambda: second.throttle.retry_after("10.0.0.7") is not None)
+    assert first.throttle.retry_after("10.0.0.7") == throttle.retry_after("10.0.0.7")
+    assert second.throttle.retry_after("10.0.0.8") is None
+    for client in (first, second):
+        await client.close()
+    await server.close()
