@@ -147,17 +147,28 @@ def is_authorized(request: Request, db: Session, settings: Settings) -> bool:
     return has_valid_session(request, db, settings)
 
 
-def refuse_while_throttled(request: Request) -> None:
-    """TooManyAttempts when this request's address sent too many wrong tokens lately."""
-    wait_s = runtime_of(request).wrong_tokens.retry_after(client_address(request))
+class Throttle(Protocol):
+    """The limit on wrong tokens per address: the manager's ``WrongTokenThrottle``, or a forwarder
+    process's view of it (``manager.frontdoor.lease_channel.PushedThrottle``)."""
+
+    def retry_after(self, address: str) -> int | None: ...
+    def record_failure(self, address: str) -> None: ...
+
+
+def refuse_while_throttled(request: Request, throttle: Throttle | None = None) -> None:
+    """TooManyAttempts when this request's address sent too many wrong tokens lately (``throttle``:
+    the manager's own unless given)."""
+    throttle = runtime_of(request).wrong_tokens if throttle is None else throttle
+    wait_s = throttle.retry_after(client_address(request))
     if wait_s is not None:
         raise TooManyAttempts(
             f"too many wrong tokens from {client_address(request)}: try again in {wait_s} s", retry_after_s=wait_s
         )
 
 
-def record_wrong_token(request: Request) -> None:
-    runtime_of(request).wrong_tokens.record_failure(client_address(request))
+def record_wrong_token(request: Request, throttle: Throttle | None = None) -> None:
+    throttle = runtime_of(request).wrong_tokens if throttle is None else throttle
+    throttle.record_failure(client_address(request))
 
 
 def refuse_cross_site(request: Request) -> None:
@@ -295,11 +306,6 @@ class CallerSource(Protocol):
     def caller(self, bearer: str | None, settings: Settings) -> Caller: ...
 
 
-class Throttle(Protocol):
-    def retry_after(self, address: str) -> int | None: ...
-    def record_failure(self, address: str) -> None: ...
-
-
 def inference_caller(
     request: Request, door: CallerSource, settings: Settings, throttle: Throttle | None = None
 ) -> Caller:
@@ -318,16 +324,14 @@ def inference_caller(
     if bearer is None:
         return door.caller(None, settings)
     # Guessing keys is slowed down as guessing the admin token is: the same limit per address.
-    if throttle is None:
-        throttle = runtime_of(request).wrong_tokens
-    address = client_address(request)
-    wait_s = throttle.retry_after(address)
-    if wait_s is not None:
-        raise TooManyWrongKeys(f"too many wrong tokens from {address}: try again in {wait_s} s", wait_s)
+    try:
+        refuse_while_throttled(request, throttle)
+    except TooManyAttempts as exc:
+        raise TooManyWrongKeys(exc.message, int(exc.detail["retry_after_s"])) from None
     try:
         return door.caller(bearer, settings)
     except NoCredentials:
-        throttle.record_failure(address)
+        record_wrong_token(request, throttle)
         raise
 
 

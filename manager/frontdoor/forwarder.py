@@ -15,7 +15,6 @@ import gc
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from manager.frontdoor.endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS
 from manager.frontdoor.errors import FrontDoorError
 from manager.frontdoor.forwarding import Forwarding
 from manager.frontdoor.lease_channel import LeaseClient
-from manager.frontdoor.upstream import KEEPALIVE_S, Upstream
+from manager.frontdoor.upstream import KEEPALIVE_S, EngineAnswer, Upstream
 from manager.middleware import FramingForbidden, TrustedHosts
 from manager.settings import Settings
 
@@ -115,11 +114,8 @@ class Relay:
             await refusal(scope["path"], 502, message)(scope, receive, send)
             return
 
-        async def body() -> AsyncIterator[bytes]:
-            async for chunk in answer.content.iter_any():
-                yield chunk
-
-        response = StreamingResponse(body(), status_code=answer.status)
+        relayed = EngineAnswer(answer)  # read as /v1 reads an engine's: its connection kept when read to the end
+        response = StreamingResponse(relayed.chunks(), status_code=relayed.status_code)
         # The forwarder's server writes its own date and server headers.
         response.raw_headers = [
             (k.lower(), v) for k, v in answer.raw_headers if k.decode("latin-1").lower() not in NOT_RELAYED_BACK
@@ -127,7 +123,7 @@ class Relay:
         try:
             await response(scope, receive, send)
         finally:
-            answer.close()
+            relayed.close()
 
 
 class ForwarderApp:
@@ -142,7 +138,6 @@ class ForwarderApp:
         self.forwarding = Forwarding(
             self.upstream, settings.proxy_max_body_bytes, self.catalog.resolve, self.leases, self.leases
         )
-        self.throttle = self.leases.throttle  # the manager's count of wrong tokens, not one of its own
         self.relay = Relay(sockets.http)
         self.handlers = {
             **{path: self.forwarding.forward_json for path in JSON_ENDPOINTS},
@@ -167,7 +162,8 @@ class ForwarderApp:
         request = Request(scope, receive)
         response: Response
         try:
-            caller = inference_caller(request, self.catalog, self.settings, self.throttle)
+            # Wrong tokens count in the manager's own limit (the lease channel tells it), not one of ours.
+            caller = inference_caller(request, self.catalog, self.settings, self.leases.throttle)
             response = await handler(request, scope["path"], caller)
         except FrontDoorError as exc:
             response = JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from manager.auth.throttle import WrongTokenThrottle
 from manager.frontdoor.errors import FrontDoorError, ModelUnavailable
-from manager.frontdoor.forwarding import Held, Outcome
+from manager.frontdoor.forwarding import Held, LeaseSource, Outcome, Tally
 from manager.frontdoor.metering import Tokens
 
 log = logging.getLogger("vllm_manager.frontdoor")
@@ -42,12 +42,8 @@ log = logging.getLogger("vllm_manager.frontdoor")
 MAX_THROTTLED = 10_000  # addresses a forwarder remembers as waiting, as the manager's own limit
 
 
-class Door(Protocol):
+class Door(LeaseSource, Tally, Protocol):
     """The manager's side: its LeaseSource and Tally (``FrontDoor``)."""
-
-    async def acquire(self, config: str, adapter: str | None) -> Held: ...
-    def adapter_missing(self, lease: Held, adapter: str) -> None: ...
-    def record(self, outcome: Outcome, lease: Held | None = None) -> None: ...
 
 
 class Refused(FrontDoorError):

@@ -7,10 +7,7 @@ left behind when the manager stops.
 from __future__ import annotations
 
 import fcntl
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,24 +18,21 @@ import psutil
 import pytest
 
 from tests.conftest import ENGINE_LOCK
-from tests.frontdoor.conftest import free_port
 from tests.frontdoor.test_engine_v1 import LONG, engine_metric, leave_after_three_tokens, workers
-from tests.support.engine import stop_leftover_engines, tiny_config
+from tests.support.engine import tiny_config
+from tests.web.conftest import LiveManager
 
 pytestmark = pytest.mark.engine
 
 
-class Served:
-    def __init__(self, proc: subprocess.Popen, url: str, data_dir: Path, log: Path) -> None:
-        self.proc, self.url, self.data_dir, self.log = proc, url, data_dir, log
-
+class Served(LiveManager):
     def forwarders(self) -> list[psutil.Process]:
         """The processes that listen on the manager's port (the manager's own holds it, and does not)."""
-        port = int(self.url.rsplit(":", 1)[1])
+        assert self.proc is not None
         found = []
         for child in psutil.Process(self.proc.pid).children():
             try:
-                if any(c.laddr.port == port and c.status == "LISTEN" for c in child.net_connections("tcp")):
+                if any(c.laddr.port == self.port and c.status == "LISTEN" for c in child.net_connections("tcp")):
                     found.append(child)
             except psutil.NoSuchProcess:
                 pass
@@ -65,33 +59,15 @@ def served(tmp_path_factory, tiny_llama) -> Iterator[Served]:
     with ENGINE_LOCK.open() as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one test module with engines at a time on this machine
         work = tmp_path_factory.mktemp("forwarders")
-        data_dir, log = work / "data", work / "manager.log"
-        port = free_port()
-        env = {
-            **os.environ,
-            "VLLM_MANAGER_FORWARDERS": "2",
-            "VLLM_MANAGER_ENGINE_PYTHON": sys.executable,
-            "VLLM_MANAGER_WORKER_PORTS": "18400-18499",
-            "VLLM_MANAGER_HEALTH_INTERVAL_S": "1",
-        }
-        env.pop("VLLM_MANAGER_API_TOKEN", None)
-        argv = [sys.executable, "-m", "manager", "serve", "--port", str(port), "--data-dir", str(data_dir)]
-        with log.open("ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        server = Served(proc, f"http://127.0.0.1:{port}", data_dir, log)
+        env = {"VLLM_MANAGER_FORWARDERS": "2", "VLLM_MANAGER_WORKER_PORTS": "18400-18499"}
+        server = Served(work / "data", work / "manager.log", env)
         try:
-            wait_for(lambda: answers(server.url), 60, f"the manager did not answer: see {log}")
+            server.start()
             body = tiny_config("tiny-a", tiny_llama, aliases=["tiny-a-alias"], max_model_len=4096)
             assert httpx.post(f"{server.url}/api/models", json=body).status_code == 201
             yield server
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-            stop_leftover_engines(data_dir)
+            server.stop()  # and the engines it leaves behind
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
@@ -171,7 +147,9 @@ def test_a_forwarder_that_dies_is_started_again(served):
     first, second = served.forwarders()
     first.kill()
     first.wait(10)
-    wait_for(lambda: len(served.forwarders()) == 2, 30, f"no forwarder took the dead one's place: see {served.log}")
+    wait_for(
+        lambda: len(served.forwarders()) == 2, 30, f"no forwarder took the dead one's place: see {served.log_path}"
+    )
     assert second.pid in {p.pid for p in served.forwarders()}
     for _ in range(6):  # connections land on either forwarder
         body = {"model": "tiny-a", "prompt": "again", "max_tokens": 2}

@@ -37,8 +37,9 @@ def free_port() -> int:
 class LiveManager:
     """``vllm-manager serve`` in its own process, so a test can kill it and start it again."""
 
-    def __init__(self, data_dir: Path, log_path: Path) -> None:
+    def __init__(self, data_dir: Path, log_path: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
+        self.env = env or {}  # more settings, over the ones below
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -50,6 +51,7 @@ class LiveManager:
             "VLLM_MANAGER_ENGINE_PYTHON": sys.executable,
             "VLLM_MANAGER_WORKER_PORTS": "18200-18299",  # away from a manager on this box
             "VLLM_MANAGER_HEALTH_INTERVAL_S": "1",
+            **self.env,
         }
         env.pop("VLLM_MANAGER_API_TOKEN", None)
         with self.log_path.open("ab") as log:
