@@ -62,7 +62,8 @@ def served(tmp_path_factory, tiny_llama) -> Iterator[Served]:
         env = {"VLLM_MANAGER_FORWARDERS": "2", "VLLM_MANAGER_WORKER_PORTS": "18400-18499"}
         server = Served(work / "data", work / "manager.log", env)
         try:
-            server.start()
+            server.start()  # it answers once one forwarder listens; the other may still be starting
+            wait_for(lambda: len(server.forwarders()) == 2, 60, f"two forwarders did not listen: see {server.log_path}")
             body = tiny_config("tiny-a", tiny_llama, aliases=["tiny-a-alias"], max_model_len=4096)
             assert httpx.post(f"{server.url}/api/models", json=body).status_code == 201
             yield server
@@ -94,7 +95,19 @@ def test_two_forwarders_take_the_port_and_the_rest_is_the_managers(served):
     assert "tiny-a, tiny-a-alias" in unknown.json()["error"]["message"]
 
 
+def counts(url: str) -> dict[str, float]:
+    """The manager's /v1 request counter by its labels, as its /metrics shows it."""
+    found = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("vllm_manager_proxy_requests_total{"):
+            labels, value = line.split("} ")
+            found[labels.removeprefix("vllm_manager_proxy_requests_total{")] = float(value)
+    return found
+
+
 def test_the_openai_client_through_forwarders_starts_the_model_and_is_answered(served):
+    before = counts(served.url)
+    usage_before = usage(served.url).get("tiny-a", {"requests": 0, "completion_tokens": 0})
     client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=LONG, max_retries=0)
     reply = client.completions.create(model="tiny-a-alias", prompt="hello world", max_tokens=4)
     assert reply.model == "tiny-a" and reply.usage is not None and reply.usage.completion_tokens == 4
@@ -108,22 +121,29 @@ def test_the_openai_client_through_forwarders_starts_the_model_and_is_answered(s
     listed = {m.id: m.model_dump() for m in client.models.list()}
     assert listed["tiny-a"]["state"] == "ready"
 
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4o", prompt="hi", max_tokens=1)
+
     # Counted once each, in the manager's process: its metrics and its usage table.
-    def counted() -> bool:
-        metrics = httpx.get(f"{served.url}/metrics").text
-        return (
-            'vllm_manager_proxy_requests_total{code="200",model="tiny-a"} 2.0' in metrics
-            and 'vllm_manager_proxy_requests_total{code="404",model="-"} 1.0' in metrics
-        )
+    def added(labels: str) -> float:
+        return counts(served.url).get(labels, 0.0) - before.get(labels, 0.0)
 
-    wait_for(counted, 10, "the requests were not counted once each in the manager's metrics")
+    wait_for(
+        lambda: added('code="200",model="tiny-a"') == 2 and added('code="404",model="-"') == 1,
+        10,
+        "the requests were not counted once each in the manager's metrics",
+    )
+    wait_for(
+        lambda: usage(served.url).get("tiny-a", {}).get("requests") == usage_before["requests"] + 2,
+        20,
+        "usage was not recorded",
+    )
+    assert usage(served.url)["tiny-a"]["completion_tokens"] == usage_before["completion_tokens"] + 4 + 6
 
-    def usage() -> dict:
-        report = httpx.get(f"{served.url}/api/usage", params={"per": "minute"}).json()
-        return {t["model"]: t for t in report["totals"]}
 
-    wait_for(lambda: usage().get("tiny-a", {}).get("requests") == 2, 20, "usage was not recorded")
-    assert usage()["tiny-a"]["completion_tokens"] == 4 + 6
+def usage(url: str) -> dict[str, dict]:
+    report = httpx.get(f"{url}/api/usage", params={"per": "minute"}).json()
+    return {t["model"]: t for t in report["totals"]}
 
 
 def test_a_client_that_leaves_mid_stream_ends_the_engines_request_and_its_lease(served):
