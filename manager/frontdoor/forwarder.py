@@ -69,6 +69,26 @@ class Sockets:
     leases: Path
 
 
+def relayed_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """The request's headers for the manager's process: those of one hop left out, with those the
+    client's ``Connection`` names, and each value sent as the same bytes (the relay's client writes
+    UTF-8). ValueError naming a header whose value is not UTF-8, which could not pass unchanged."""
+    named = {
+        token.strip().lower() for name, value in raw if name.lower() == b"connection" for token in value.split(b",")
+    }
+    left_out = HOP_BY_HOP | {token.decode("latin-1") for token in named if token != b"host"}
+    headers = []
+    for name, value in raw:
+        key = name.decode("latin-1").lower()
+        if key in left_out:
+            continue
+        try:
+            headers.append((key, value.decode("utf-8")))
+        except UnicodeDecodeError:
+            raise ValueError(f"the value of the {key} header is not UTF-8; send it as UTF-8 or ASCII") from None
+    return headers
+
+
 class Relay:
     """Passes a request to the manager's process and its answer back, both streamed."""
 
@@ -94,7 +114,11 @@ class Relay:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
-        headers = [(k, v) for k, v in request.headers.items() if k not in HOP_BY_HOP]
+        try:
+            headers = relayed_headers(scope["headers"])
+        except ValueError as exc:
+            await refusal(scope["path"], 400, str(exc))(scope, receive, send)
+            return
         headers += [("x-forwarded-for", client_address(request)), ("x-forwarded-proto", scope.get("scheme", "http"))]
         has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
         path = scope.get("raw_path", b"").decode("latin-1") or scope["path"]
@@ -208,8 +232,11 @@ def port_socket(host: str, port: int) -> socket.socket:
     and the manager's: the kernel spreads new connections evenly over those that listen. (One socket
     listened on by all would not: the first process to wake takes every waiting connection.) Only
     processes of the same user may join."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
+        if family == socket.AF_INET6:  # IPv6 only, as the manager's server binds "::" without forwarders
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
