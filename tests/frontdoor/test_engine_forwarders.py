@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.conftest import ENGINE_LOCK
-from tests.frontdoor.test_engine_v1 import LONG, engine_metric, leave_after_three_tokens, workers
+from tests.frontdoor.test_engine_v1 import LONG, engine_metric, leave_after_three_tokens, metric, workers
 from tests.support.engine import tiny_config
 from tests.web.conftest import LiveManager
 
@@ -95,18 +95,11 @@ def test_two_forwarders_take_the_port_and_the_rest_is_the_managers(served):
     assert "tiny-a, tiny-a-alias" in unknown.json()["error"]["message"]
 
 
-def counts(url: str) -> dict[str, float]:
-    """The manager's /v1 request counter by its labels, as its /metrics shows it."""
-    found = {}
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("vllm_manager_proxy_requests_total{"):
-            labels, value = line.split("} ")
-            found[labels.removeprefix("vllm_manager_proxy_requests_total{")] = float(value)
-    return found
-
-
 def test_the_openai_client_through_forwarders_starts_the_model_and_is_answered(served):
-    before = counts(served.url)
+    def requests(code: str, model: str) -> float:
+        return metric(served.url, "vllm_manager_proxy_requests_total", code=code, model=model)
+
+    answered, unknown = requests("200", "tiny-a"), requests("404", "-")
     usage_before = usage(served.url).get("tiny-a", {"requests": 0, "completion_tokens": 0})
     client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=LONG, max_retries=0)
     reply = client.completions.create(model="tiny-a-alias", prompt="hello world", max_tokens=4)
@@ -125,11 +118,8 @@ def test_the_openai_client_through_forwarders_starts_the_model_and_is_answered(s
         client.completions.create(model="gpt-4o", prompt="hi", max_tokens=1)
 
     # Counted once each, in the manager's process: its metrics and its usage table.
-    def added(labels: str) -> float:
-        return counts(served.url).get(labels, 0.0) - before.get(labels, 0.0)
-
     wait_for(
-        lambda: added('code="200",model="tiny-a"') == 2 and added('code="404",model="-"') == 1,
+        lambda: requests("200", "tiny-a") == answered + 2 and requests("404", "-") == unknown + 1,
         10,
         "the requests were not counted once each in the manager's metrics",
     )

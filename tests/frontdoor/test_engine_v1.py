@@ -62,7 +62,12 @@ def workers(url: str) -> dict[str, dict]:
 
 
 def engine_metric(port: int, name: str, **labels: str) -> float:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return metric(f"http://127.0.0.1:{port}", name, **labels)
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """The sum of the samples called ``name`` with ``labels`` on the /metrics page at ``url``."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
