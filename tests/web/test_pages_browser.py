@@ -65,3 +65,29 @@ def test_page_marks_its_data_stale_when_the_manager_goes_and_recovers(live_manag
     page.wait_for_function("document.body.dataset.live === 'fresh'", timeout=30_000)
     assert not page.locator("#stale-banner").is_visible()
     shot(page, "recovered")
+
+
+@pytest.mark.parametrize(
+    ("path", "rendered"), [("/docs", ".opblock"), ("/redoc", "[role=menuitem]")], ids=["swagger-ui", "redoc"]
+)
+def test_api_docs_render_with_no_network_beyond_the_manager(live_manager, page, shot, path, rendered):
+    """Swagger UI and ReDoc come from the manager itself: with every other host unreachable (a box
+    without internet) the pages still draw the API's operations, and load no script, style, font or
+    data from anywhere else (ReDoc's bundle still asks its maker's site for its "powered by" logo)."""
+    elsewhere: list[str] = []
+
+    def only_the_manager(route):
+        if route.request.url.startswith(live_manager.url):
+            route.continue_()
+        else:
+            if route.request.resource_type != "image":
+                elsewhere.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_the_manager)
+    page.goto(live_manager.url + path)
+    page.locator(rendered).first.wait_for(timeout=20_000)
+    assert "/api/models" in page.inner_text("body")
+    shot(page, path.strip("/"))
+    assert elsewhere == []
+    assert page.js_errors == []

@@ -67,6 +67,19 @@ def test_overview_renders_whole_before_the_stream_starts(client, tiny_llama):
         assert client.get(f"/static/vendor/{asset}").status_code == 200
 
 
+def test_api_docs_pages_load_their_scripts_from_the_manager(client):
+    """/docs and /redoc name no other host (they must work offline), and what they load is served."""
+    import re
+
+    for path in ("/docs", "/redoc"):
+        html = client.get(path).text
+        assert "https://" not in html and "http://" not in html, path
+        assets = re.findall(r"""(?:src|href)=['"]([^'"]+)['"]""", html)
+        assert any(a.endswith(".js") for a in assets), path
+        for asset in assets:
+            assert client.get(asset).status_code == 200, asset
+
+
 def test_model_form_errors_come_back_next_to_their_fields(client):
     resp = client.post("/ui/models/new", data={"name": "x", "model": "m",
                                                "gpu_memory_utilization": "3", "port": "99999"})  # fmt: skip
