@@ -362,3 +362,13 @@ def _register_key_commands() -> None:
 
 
 _register_key_commands()
+
+
+def _register_engine_commands() -> None:
+    from manager.cli_engine import demo, engine_app
+
+    app.add_typer(engine_app, name="engine")
+    app.command("demo")(demo)
+
+
+_register_engine_commands()
