@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -108,6 +109,14 @@ def serve(
             "head's host:port (or VLLM_MANAGER_RAY_ADDRESS). Needs the 'cluster' extra. Unset: this box only.",
         ),
     ] = None,
+    keep_workers: Annotated[
+        bool,
+        typer.Option(
+            "--keep-workers",
+            help="On Ctrl-C or SIGTERM leave the workers' engines running for the next manager to re-adopt "
+            "(or VLLM_MANAGER_STOP_WORKERS_ON_EXIT=0). Without it a clean stop stops them first.",
+        ),
+    ] = False,
 ) -> None:
     """Run the manager's web server and API."""
     import uvicorn
@@ -118,6 +127,8 @@ def serve(
     overrides: dict = {k: v for k, v in (("host", host), ("port", port), ("ray_address", ray_address)) if v}
     if open_reads:
         overrides["open_reads"] = True
+    if keep_workers:
+        overrides["stop_workers_on_exit"] = False
     try:
         settings = _settings(data_dir, **overrides)
         _ = settings.env_token
@@ -135,15 +146,33 @@ def serve(
             "or bind 127.0.0.1.",
             code=2,
         )
+    # The port is taken before anything else happens (the app's start adopts running engines):
+    # a second manager on a port in use ends here, having touched nothing.
+    listening = None if settings.forwarders else _take_port(host, port)
     if settings.ray_address:
         _join_cluster(settings.ray_address)
     app = create_app(settings, freeze_heap=True)
-    if settings.forwarders:
+    if listening is None:
         from manager.frontdoor import forwarders
 
         forwarders.serve(app, settings)
         return
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=settings.access_log)
+    config = uvicorn.Config(app, log_level="info", access_log=settings.access_log)
+    uvicorn.Server(config).run(sockets=[listening])
+
+
+def _take_port(host: str, port: int) -> socket.socket:
+    """A socket bound to the manager's address, or exit 3 with what holds it."""
+    from manager.frontdoor.forwarder import port_socket
+
+    try:
+        return port_socket(host, port, shared=False)
+    except OSError as exc:
+        _fail(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}. Another program (another vllm-manager?) "
+            "holds it: stop that one, or choose another --port (VLLM_MANAGER_PORT)",
+            code=3,
+        )
 
 
 def _join_cluster(address: str) -> None:

@@ -47,9 +47,10 @@ class Settings(BaseSettings):
     # Engine flags that load code of the user's choosing are refused unless this is on.
     allow_code_flags: bool = False
     stop_grace_s: float = 20.0
-    # Engines normally outlive the manager (a restarted manager adopts them). Containers and systemd
-    # units set this so that stopping the service stops its engines gracefully instead of killing them.
-    stop_workers_on_exit: bool = False
+    # A clean stop of the manager (Ctrl-C, SIGTERM) stops the workers it runs, gracefully. Off
+    # (`serve --keep-workers`): their engines keep running and the next manager re-adopts them, as it
+    # always does after a manager that died (kill -9, a crash).
+    stop_workers_on_exit: bool = True
     health_interval_s: float = 2.0
     health_failures_before_crash: int = 3
     restart_ceiling: int = 5

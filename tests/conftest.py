@@ -38,7 +38,11 @@ def tiny_moe(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def settings(tmp_path) -> Settings:
-    return Settings(data_dir=tmp_path / "data", engine_python=sys.executable, api_token=None)
+    # Tests that restart a manager look at what it re-adopts; the default, stopping the workers on a clean
+    # exit, has tests of its own (tests/cli/test_serve_exit.py).
+    return Settings(
+        data_dir=tmp_path / "data", engine_python=sys.executable, api_token=None, stop_workers_on_exit=False
+    )
 
 
 @pytest.fixture
@@ -71,6 +75,7 @@ def engine_settings(tmp_path, engine_slot) -> Iterator[Settings]:
         health_interval_s=1.0,
         backoff_base_s=1.0,
         stop_grace_s=15.0,
+        stop_workers_on_exit=False,  # as in `settings` above
         worker_ports="18100-18199",
     )
     yield settings

@@ -227,18 +227,19 @@ class ForwarderApp:
             self.server.should_exit = True
 
 
-def port_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to the manager's address that shares it (SO_REUSEPORT) with the other forwarders'
-    and the manager's: the kernel spreads new connections evenly over those that listen. (One socket
-    listened on by all would not: the first process to wake takes every waiting connection.) Only
-    processes of the same user may join."""
+def port_socket(host: str, port: int, *, shared: bool = True) -> socket.socket:
+    """A socket bound to the manager's address. Shared, it shares the address (SO_REUSEPORT) with the
+    other forwarders' and the manager's: the kernel spreads new connections evenly over those that
+    listen. (One socket listened on by all would not: the first process to wake takes every waiting
+    connection.) Only processes of the same user may join."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         if family == socket.AF_INET6:  # IPv6 only, as the manager's server binds "::" without forwarders
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
     except OSError:
         sock.close()
