@@ -174,6 +174,7 @@ class Launched:
     start_timeout_s: float
     now: float
     removed_stale: tuple[str, ...] = ()  # stale KV-offload files removed before the launch
+    port: int | None = None  # the port it listens on, when another program held the worker's own
 
 
 @dataclass(frozen=True)
@@ -483,6 +484,7 @@ def _launched(life: Life, event: Launched) -> Step:
         state=State.STARTING,
         model=event.model,
         served_name=event.served_name,
+        port=event.port or life.port,
         engine=event.engine,
         started_at=event.started_at,
         desired="running",
@@ -500,7 +502,16 @@ def _launched(life: Life, event: Launched) -> Step:
                 "cleanup", f"removed {count} stale KV-offload file(s) from /dev/shm", files=list(event.removed_stale)
             )
         )
-    message = f"{event.reason}: {event.model} on port {life.port}"
+    if new.port != life.port:
+        effects.append(
+            record(
+                "port_moved",
+                f"port {life.port} is held by another program: the worker listens on port {new.port} now",
+                previous_port=life.port,
+                port=new.port,
+            )
+        )
+    message = f"{event.reason}: {event.model} on port {new.port}"
     effects.append(_moved(life, new, "starting", message, pid=event.engine.pid, argv=list(event.argv)))
     return new, effects
 

@@ -50,6 +50,7 @@ class Prepared:
     host: ProcessHost = field(default_factory=LocalHost)  # the box it runs on
     run_dir: Path | None = None  # its run folder on that box (None: the worker's local one)
     log_dir: Path | None = None  # its log folder on that box, when that is another box
+    port: int | None = None  # the port the command names, when not the one the start was asked for
 
 
 # Builds the launch for a model config: (worker id, config name, port, gpus, force).
@@ -408,6 +409,7 @@ class WorkerRunner:
             start_timeout_s=launch.start_timeout_s,
             now=time.monotonic(),
             removed_stale=tuple(removed),
+            port=launch.port,
         )
 
     # ---- the process -----------------------------------------------------------------------------
@@ -496,6 +498,7 @@ class WorkerRunner:
         row.desired = life.desired
         row.restart_count = life.restart_count
         row.last_error = life.last_error
+        row.port = life.port
         row.node = self.node
         row.run_dir = str(self._run_dir) if self._run_dir else None
         with session(self.deps.engine) as db:

@@ -264,6 +264,8 @@ class Supervisor:
             check_launch_fields(config.extra_args, config.env, self.settings.allow_code_flags)
             node = self._place(db, worker_id, config, profile, force)
         host = self._host_of(node)
+        if isinstance(host, LocalHost) and config.port is None and not _bindable(port):
+            port = self._free_port()  # another program took the worker's port while it was stopped
         run_dir, log_dir = self.settings.run_dir / f"worker-{worker_id}", None
         if self.cluster is not None and node is not None and not isinstance(host, LocalHost):
             run_dir, log_dir = node_folders(self.settings.data_dir, node, worker_id)
@@ -291,6 +293,7 @@ class Supervisor:
             host=host,
             run_dir=run_dir,
             log_dir=log_dir,
+            port=port,
         )
 
     # ---- nodes -----------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ effects it asked for) and checks the states, the effects and the events a user w
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -68,6 +69,21 @@ def running(model: str = "a", pid: int = 100, now: float = 0.0) -> lc.Life:
     life, _ = step(life, probed(now + 1))
     assert life.state == State.READY
     return life
+
+
+def test_a_launch_on_another_port_moves_the_worker_there_and_says_why():
+    life, effects = step(stopped(), lc.StartRequested())
+    moved = dataclasses.replace(launched(effects[0]), port=18007)
+    life, effects = step(life, moved)
+    assert life.state == State.STARTING and life.port == 18007
+    assert ("port_moved", "port 18000 is held by another program: the worker listens on port 18007 now") in records(
+        effects
+    )
+    assert "on port 18007" in records(effects)[-1][1]
+    # The same port: nothing to say.
+    life, effects = step(stopped(), lc.StartRequested())
+    life, effects = step(life, dataclasses.replace(launched(effects[0]), port=18000))
+    assert life.port == 18000 and "port_moved" not in [kind for kind, _ in records(effects)]
 
 
 def test_start_launches_then_ready_when_the_engine_serves():
