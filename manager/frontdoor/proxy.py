@@ -70,12 +70,21 @@ def _too_large(size: int, limit: int, at_least: bool = False) -> str:
     return f"the request body is {more}{size} bytes; the limit is {limit} bytes (VLLM_MANAGER_PROXY_MAX_BODY_BYTES)"
 
 
+# Python's JSON reader and writer recurse once per level of nesting and give up near a thousand levels.
+TOO_DEEP = (
+    "the request body is nested too deeply to read (arrays or objects inside each other hundreds of levels deep); "
+    "send the request with its fields as the endpoint takes them"
+)
+
+
 def json_model(body: bytes) -> tuple[dict[str, Any], str]:
     """The JSON object of a request and the model it names (400 when either is missing)."""
     try:
         payload = json.loads(body)
     except ValueError as exc:
         raise BadRequest(f"the request body is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise BadRequest(TOO_DEEP) from None
     if not isinstance(payload, dict):
         raise BadRequest("the request body must be a JSON object")
     return payload, _model_field(payload.get("model"))
@@ -104,9 +113,23 @@ def with_changes(payload: dict[str, Any], body: bytes, changes: Mapping[str, Any
     ):
         # Only new fields (UTF-8, the usual case): they go in front of the client's own, whose bytes
         # pass on as sent (a long prompt is not encoded again).
-        added = json.dumps(dict(changes), ensure_ascii=False)[1:-1].encode()
+        added = _encoded(dict(changes))[1:-1]
         return body[: start + 1] + added + b"," + body[start + 1 :]
-    return json.dumps({**payload, **changes}, ensure_ascii=False).encode()
+    return _encoded({**payload, **changes})
+
+
+def _encoded(value: dict[str, Any]) -> bytes:
+    """``value`` as JSON in UTF-8. A string the client sent as a lone surrogate escape (``"\\ud800"``), which
+    UTF-8 cannot hold, is passed on escaped as it came; a value nested as deeply as Python's reader just
+    managed may still be too deep to write from here (400)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+        try:
+            return text.encode()
+        except UnicodeEncodeError:
+            return json.dumps(value).encode()
+    except RecursionError:
+        raise BadRequest(TOO_DEEP) from None
 
 
 async def multipart_model(request: Request, body: bytes) -> tuple[str, Callable[[str], tuple[bytes, str]]]:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from manager.frontdoor.errors import BadRequest
 from manager.frontdoor.proxy import json_model, with_changes
 
 USAGE = {"stream_options": {"include_usage": True}}
@@ -36,3 +39,21 @@ def test_nothing_to_change_passes_the_body_as_sent():
 def test_a_body_in_utf_16_is_encoded_again_rather_than_spliced():
     body = json.dumps({"model": "a", "stream": True}).encode("utf-16-le")
     assert json.loads(forwarded(body, USAGE)) == {"model": "a", "stream": True, **USAGE}
+
+
+def test_a_lone_surrogate_escape_passes_on_escaped():
+    body = b'{"model": "alias", "prompt": "\\ud800 x"}'
+    sent = forwarded(body, {"model": "org/model"})
+    assert json.loads(sent) == {"model": "org/model", "prompt": "\ud800 x"}
+    added = forwarded(b'{"model": "a", "stream_options": {"\\udfff": 1}}', {"stream_options": {"\udfff": 1}})
+    assert json.loads(added)["stream_options"] == {"\udfff": 1}
+
+
+def test_a_value_too_deep_to_write_again_is_a_bad_request():
+    deep: list = []
+    for _ in range(100_000):  # deeper than any recursion limit, built without recursing
+        deep = [deep]
+    with pytest.raises(BadRequest, match="nested too deeply"):
+        with_changes({"model": "alias", "prompt": deep}, b"{}", {"model": "org/model"})
+    with pytest.raises(BadRequest, match="nested too deeply"):
+        with_changes({"model": "a"}, b'{"model": "a"}', {"stream_options": {"x": deep}})

@@ -138,6 +138,21 @@ def test_client_errors_in_openais_shape(door):
     assert door.get("/api/workers").json() == []  # none of these started anything
 
 
+def test_json_nested_too_deeply_is_a_400_in_openais_shape(door):
+    deep = 100_000
+    for body in (
+        "[" * deep,
+        '{"a": ' * deep,
+        '{"model": "alpha", "messages": ' + "[" * deep + "]" * deep + "}",
+        '{"model": "a", "messages": [{"role": "user", "content": ' + '{"a": ' * deep + "1" + "}" * deep + "}]}",
+    ):
+        for path in ("/v1/chat/completions", "/tokenize"):
+            resp = door.post(path, content=body, headers={"content-type": "application/json"})
+            error = assert_openai_error(resp, 400, "invalid_request")
+            assert "nested too deeply" in error["message"], body[:40]
+    assert door.get("/api/workers").json() == []  # none of these started anything
+
+
 def test_engine_control_endpoints_are_never_forwarded(door):
     chat(door, "a")
     for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/anything"):
