@@ -60,8 +60,9 @@ class UnknownModel(LookupError):
 class NameTable:
     """Every name a request may use, each leading to one target.
 
-    The store refuses names that would lead to two targets; should a database still hold such a pair
-    (written before that rule), the first config in name order keeps the name.
+    The store holds each name once (``manager.schemas.routing_name``). One pair can remain from a store
+    written before it did: a LoRA adapter named like a config's name or alias, which routes nowhere
+    (configs are added first, and the first target of a name keeps it).
     """
 
     def __init__(self, configs: Iterable[ConfigNames], adapters: Iterable[AdapterNames] = ()) -> None:

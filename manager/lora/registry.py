@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from manager.db import commit_or_conflict
 from manager.errors import Conflict, NotFound
 from manager.lora.checks import AdapterCheck, check_adapter
 from manager.lora.records import LoraAdapter, LoraAdapterCreate, LoraAdapterPublic
 from manager.schemas.common import expand_home, utcnow
-from manager.services import models
+from manager.services import models, routing_names
 
 
 def list_adapters(db: Session, base_config: str | None = None) -> list[LoraAdapter]:
@@ -36,10 +36,9 @@ def add_adapter(db: Session, data: LoraAdapterCreate) -> tuple[LoraAdapter, Adap
             f"{data.name!r} is the base model's own name; requests could not tell "
             f"the adapter from the model: choose another name"
         )
-    for other in models.list_models(db):
-        for name, kind in models.routing_names(other.name, other.served_model_name, other.aliases):
-            if name == data.name:
-                raise Conflict(f"{name!r} is the {kind} of model config {other.name!r}; {models.NAMES_RULE}")
+    held = routing_names.taken(db, [(data.name, "adapter")])
+    if held is not None:  # said before its folder is read; the store still decides when two add at once
+        raise held
     check = check_adapter(data.path, config)
     # Engines run in their own folder: keep the absolute path the manager checked.
     adapter = LoraAdapter(
@@ -50,7 +49,16 @@ def add_adapter(db: Session, data: LoraAdapterCreate) -> tuple[LoraAdapter, Adap
         pinned=data.pinned,
     )
     db.add(adapter)
-    commit_or_conflict(db, f"a LoRA adapter named {data.name!r} already exists")
+    try:
+        db.flush()
+        routing_names.hold_adapter_name(db, adapter)
+        db.commit()
+    except IntegrityError as exc:
+        db.rollback()
+        refusal = routing_names.taken(db, [(data.name, "adapter")])
+        if refusal is not None and refusal.detail.get("held_by") != data.name:
+            raise refusal from exc
+        raise Conflict(f"a LoRA adapter named {data.name!r} already exists") from exc
     db.refresh(adapter)
     return adapter, check
 

@@ -4,8 +4,9 @@ from manager.schemas.event import Event
 from manager.schemas.inference_key import InferenceKey
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
+from manager.schemas.routing_name import RoutingName
 from manager.schemas.token import ApiToken
 from manager.schemas.usage import UsageMinute
 from manager.schemas.worker import Worker
 
-__all__ = ["ApiToken", "Event", "InferenceKey", "ModelConfig", "OffloadProfile", "UsageMinute", "Worker"]
+__all__ = ["ApiToken", "Event", "InferenceKey", "ModelConfig", "OffloadProfile", "RoutingName", "UsageMinute", "Worker"]

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from manager.db import commit_or_conflict
 from manager.errors import Conflict, NotFound
 from manager.launch.refusals import check_launch_fields
 from manager.launch.secrets import keep_stored
-from manager.lora.records import LoraAdapter
 from manager.schemas.common import utcnow
 from manager.schemas.model_config import (
     ModelConfig,
@@ -19,57 +18,31 @@ from manager.schemas.model_config import (
     ModelConfigPublic,
 )
 from manager.schemas.offload_profile import OffloadProfile
-from manager.services import profiles
+from manager.services import profiles, routing_names
 from manager.supervisor.lifecycle import ACTIVE
 
-NAMES_RULE = (
-    "the names /v1 requests use (config names, served model names, aliases, LoRA adapter names) must each "
-    "lead to one model"
-)
 
-
-def routing_names(name: str, served_model_name: str | None, aliases: Sequence[str]) -> list[tuple[str, str]]:
-    """The names a request's "model" can use for one config, each with what it is."""
-    names = [(name, "name")]
-    if served_model_name and served_model_name != name:
-        names.append((served_model_name, "served model name"))
-    return names + [(alias, "alias") for alias in aliases]
-
-
-def name_clash(
-    configs: Iterable[tuple[str, str | None, Sequence[str]]], adapters: Iterable[tuple[str, str]] = ()
-) -> str | None:
-    """The first name that two things would answer to, said as a refusal; None when all are unique.
-
-    ``configs``: (name, served_model_name, aliases); ``adapters``: (adapter name, its base config).
-    """
-    owner: dict[str, str] = {}
-
-    def claim(name: str, what: str) -> str | None:
-        if name in owner:
-            return f"{name!r} is both the {owner[name]} and the {what}; {NAMES_RULE}"
-        owner[name] = what
-        return None
-
-    for config_name, served, aliases in configs:
-        for name, kind in routing_names(config_name, served, aliases):
-            clash = claim(name, f"{kind} of model config {config_name!r}")
-            if clash:
-                return clash
-    for adapter, base in adapters:
-        clash = claim(adapter, f"LoRA adapter of {base!r}")
-        if clash:
-            return clash
-    return None
-
-
-def check_names(db: Session, name: str, data: ModelConfigIn) -> None:
-    """Refuse (409) a config whose name, served name or an alias already routes to something else."""
-    others = [(m.name, m.served_model_name, m.aliases) for m in list_models(db) if m.name != name]
-    adapters = [(a.name, a.base_config) for a in db.exec(select(LoraAdapter))]
-    clash = name_clash([(name, data.served_model_name, data.aliases), *others], adapters)
+def check_own_names(name: str, data: ModelConfigIn) -> None:
+    """Refuse (409) a config that would answer to one name twice (an alias that is its own name). Names
+    other configs and adapters hold are refused by the store when the config is written."""
+    clash = routing_names.name_clash([(name, data.served_model_name, data.aliases)])
     if clash:
         raise Conflict(clash, field="aliases")
+
+
+def _save(db: Session, config: ModelConfig, clash: str) -> None:
+    """Commit ``config`` (added to ``db``) with the names it answers to, or roll both back with a 409 that
+    names who holds a name already (or ``clash``, for another constraint: its name, its profile)."""
+    wanted = routing_names.names_of(config)
+    try:
+        db.flush()
+        routing_names.hold_config_names(db, config)
+        db.commit()
+    except IntegrityError as exc:
+        db.rollback()
+        # Its own name held by another config is the name taken (``clash``), not a routing name.
+        refusal = routing_names.taken(db, wanted, mine=[wanted[0][0]])
+        raise (refusal or Conflict(clash)) from exc
 
 
 def list_models(db: Session) -> list[ModelConfig]:
@@ -111,10 +84,10 @@ def create_model(
         check_node(data.node)
     if db.exec(select(ModelConfig).where(ModelConfig.name == data.name)).first():
         raise Conflict(f"a model config named {data.name!r} already exists")
-    check_names(db, data.name, data)
+    check_own_names(data.name, data)
     config = ModelConfig(name=data.name, **_fields(db, data, allow_code_flags))
     db.add(config)
-    commit_or_conflict(db, f"a model config named {data.name!r} already exists")
+    _save(db, config, f"a model config named {data.name!r} already exists")
     db.refresh(config)
     return config
 
@@ -130,12 +103,12 @@ def replace_model(
     config = get_model(db, name)
     if data.node and data.node != config.node and check_node is not None:
         check_node(data.node)
-    check_names(db, name, data)
+    check_own_names(name, data)
     for key, value in _fields(db, data, allow_code_flags, stored=config).items():
         setattr(config, key, value)
     config.updated_at = utcnow()
     db.add(config)
-    commit_or_conflict(db, f"model config {name!r} changed meanwhile (its offload profile was removed?); try again")
+    _save(db, config, f"model config {name!r} changed meanwhile (its offload profile was removed?); try again")
     db.refresh(config)
     return config
 

@@ -11,10 +11,9 @@ from sqlmodel import Session, select
 
 from manager.errors import Conflict, Invalid
 from manager.launch.refusals import check_launch_fields
-from manager.lora.records import LoraAdapter
 from manager.schemas.model_config import ModelConfig, ModelConfigCreate
 from manager.schemas.offload_profile import OffloadProfile, OffloadProfileCreate
-from manager.services import models, profiles
+from manager.services import models, profiles, routing_names
 
 FORMAT_VERSION = 1
 _STAMPS = {"created_at", "updated_at"}
@@ -112,18 +111,23 @@ def import_data(
         clashes += [m.name for m in new_models if _exists(db, ModelConfig, m.name)]
         if clashes:
             raise Conflict(f"already stored: {', '.join(clashes)} (import with overwrite to replace them)")
-    _check_names(db, new_models)
+    clash = routing_names.name_clash((m.name, m.served_model_name, m.aliases) for m in new_models)
+    if clash:
+        raise Conflict(f"import refused: {clash}")
 
     # A name another client stores between our reads and our commit breaks a UNIQUE constraint: with
     # overwrite, write once more (that name is replaced now); without, it is a clash like any other.
+    # A name /v1 routes by that a config or adapter outside the file holds is refused either way.
     try:
         return _commit(db, new_profiles, new_models, overwrite)
     except IntegrityError as exc:
+        _refuse_names_held(db, new_models, exc)
         if not overwrite:
             raise Conflict(_STORED_MEANWHILE) from exc
     try:
         return _commit(db, new_profiles, new_models, overwrite)
     except IntegrityError as exc:
+        _refuse_names_held(db, new_models, exc)
         raise Conflict(_STORED_MEANWHILE) from exc
 
 
@@ -164,6 +168,7 @@ def _write(
             db.add(stored_profile)
             result["replaced"].append(f"profile {p.name}")
     db.flush()
+    configs: list[ModelConfig] = []
     for m in new_models:
         fields = m.model_dump(exclude={"name", "offload_profile"})
         fields["offload_profile_id"] = (
@@ -173,26 +178,33 @@ def _write(
         )
         stored_model = db.exec(select(ModelConfig).where(ModelConfig.name == m.name)).first()
         if stored_model is None:
-            db.add(ModelConfig(name=m.name, **fields))
+            stored_model = ModelConfig(name=m.name, **fields)
             result["created"].append(f"model {m.name}")
         elif not overwrite:
             raise Conflict(_STORED_MEANWHILE)
         else:
             for key, value in fields.items():
                 setattr(stored_model, key, value)
-            db.add(stored_model)
             result["replaced"].append(f"model {m.name}")
+        db.add(stored_model)
+        configs.append(stored_model)
+    db.flush()
+    # Every config's old names are let go before any takes its new ones: a file may move an alias
+    # from one of its configs to another.
+    for config in configs:
+        routing_names.release_config_names(db, config)
+    for config in configs:
+        routing_names.hold_config_names(db, config)
     return result
 
 
-def _check_names(db: Session, new_models: list[ModelConfigCreate]) -> None:
-    """The names requests route by stay unique once the file's configs replace the stored ones."""
-    incoming = {m.name for m in new_models}
-    kept = [(m.name, m.served_model_name, m.aliases) for m in models.list_models(db) if m.name not in incoming]
-    adapters = [(a.name, a.base_config) for a in db.exec(select(LoraAdapter))]
-    clash = models.name_clash([*((m.name, m.served_model_name, m.aliases) for m in new_models), *kept], adapters)
-    if clash:
-        raise Conflict(f"import refused: {clash}")
+def _refuse_names_held(db: Session, new_models: list[ModelConfigCreate], exc: IntegrityError) -> None:
+    """Conflict naming the first name of the file that a config or adapter outside it holds, if one does."""
+    incoming = [m.name for m in new_models]
+    for m in new_models:
+        refusal = routing_names.taken(db, routing_names.routing_names(m.name, m.served_model_name, m.aliases), incoming)
+        if refusal is not None:
+            raise Conflict(f"import refused: {refusal.message}", **refusal.detail) from exc
 
 
 def _exists(db: Session, table, name: str) -> bool:

@@ -71,3 +71,42 @@ def test_imports_with_overwrite_at_once_all_succeed(client):
     )
     assert [r.status_code for r in responses] == [200] * 8, [r.text for r in responses if r.status_code != 200]
     assert client.get("/api/models/same").json()["max_num_seqs"] in range(1, 9)
+
+
+def test_configs_sharing_an_alias_created_at_once_one_holds_it(client):
+    responses = _all_at_once(
+        lambda i: client.post("/api/models", json={"name": f"m{i}", "model": "/models/m", "aliases": ["shared"]})
+    )
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [201] + [409] * (CLIENTS - 1), codes
+    winner = next(r.json()["name"] for r in responses if r.status_code == 201)
+    for r in responses:
+        if r.status_code == 409:
+            body = r.json()
+            assert f"'shared' is the alias of model config '{winner}'" in body["detail"], body
+            assert (body["name"], body["held_by"]) == ("shared", winner)
+    stored = client.get("/api/models").json()
+    assert [(m["name"], m["aliases"]) for m in stored] == [(winner, ["shared"])]
+    # The store goes on taking configs and imports.
+    assert client.post("/api/models", json={"name": "after", "model": "/m", "aliases": ["other"]}).status_code == 201
+    doc = yaml.safe_dump({"format": "vllm-manager", "version": 1, "models": [{"name": "imported", "model": "/m"}]})
+    assert client.post("/api/import", content=doc, headers={"content-type": "application/yaml"}).status_code == 200
+    assert client.delete(f"/api/models/{winner}").status_code == 204
+    assert client.post("/api/models", json={"name": "next", "model": "/m", "aliases": ["shared"]}).status_code == 201
+
+
+def test_configs_renamed_to_one_alias_at_once_one_holds_it(client):
+    n = 10
+    for i in range(n):
+        assert client.post("/api/models", json={"name": f"m{i}", "model": "/models/m"}).status_code == 201
+    responses = _all_at_once(
+        lambda i: client.put(f"/api/models/m{i}", json={"model": "/models/m", "aliases": ["shared"]}), n=n
+    )
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [200] + [409] * (n - 1), codes
+    holders = [m["name"] for m in client.get("/api/models").json() if m["aliases"] == ["shared"]]
+    assert len(holders) == 1
+    # Its alias given up, another config may take it.
+    assert client.put(f"/api/models/{holders[0]}", json={"model": "/models/m"}).status_code == 200
+    other = next(f"m{i}" for i in range(n) if f"m{i}" != holders[0])
+    assert client.put(f"/api/models/{other}", json={"model": "/models/m", "aliases": ["shared"]}).status_code == 200

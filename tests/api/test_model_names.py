@@ -12,7 +12,7 @@ from sqlalchemy import MetaData, create_engine, inspect, text
 
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
-from manager.services.models import name_clash
+from manager.services.routing_names import name_clash
 
 VERSIONS = Path(__file__).resolve().parents[2] / "manager/migrations/versions"
 
@@ -75,9 +75,12 @@ def test_a_name_that_already_routes_elsewhere_is_a_409(client):
 
 
 def test_name_clash_says_who_holds_the_name():
-    assert name_clash([("a", None, ["x"]), ("b", "b", ["y"])], [("lora", "a")]) is None
-    clash = name_clash([("a", None, ["x"])], [("x", "a")])
-    assert clash is not None and "'x' is both the alias of model config 'a' and the LoRA adapter of 'a'" in clash
+    assert name_clash([("a", None, ["x"]), ("b", "b", ["y"])]) is None
+    clash = name_clash([("a", None, ["x"]), ("b", "x", [])])
+    assert (
+        clash is not None
+        and "'x' is both the alias of model config 'a' and the served model name of model config 'b'" in clash
+    )
 
 
 def test_an_import_that_would_make_two_models_answer_one_name_changes_nothing(client):
@@ -138,3 +141,21 @@ def test_a_lora_adapter_cannot_take_a_name_a_model_answers_to(client, tmp_path):
     refused = client.post("/api/loras", json={"name": "chat", "path": str(tmp_path), "base_config": "qwen"})
     assert refused.status_code == 409
     assert "'chat' is the alias of model config 'llama'" in refused.json()["detail"]
+
+
+def test_a_model_config_cannot_take_a_lora_adapters_name_until_it_is_removed(client, tiny_llama, tmp_path):
+    from tests.lora.peft_adapters import make_llama_adapter
+
+    tiny = {"name": "tiny", "model": str(tiny_llama), "enable_lora": True, "max_lora_rank": 16}
+    assert client.post("/api/models", json=tiny).status_code == 201
+    folder = make_llama_adapter(tmp_path / "sql", tiny_llama, rank=8)
+    assert client.post("/api/loras", json={"name": "sql", "path": str(folder), "base_config": "tiny"}).status_code == 201
+    refused = client.post("/api/models", json=_model("other", aliases=["sql"]))
+    assert refused.status_code == 409
+    assert refused.json()["detail"].startswith("'sql' is a LoRA adapter of model config 'tiny'")
+    assert (refused.json()["name"], refused.json()["held_by"]) == ("sql", "sql")
+    doc = "format: vllm-manager\nversion: 1\nmodels:\n- name: sql\n  model: /models/sql\n"
+    imported = client.post("/api/import", content=doc, headers={"content-type": "application/yaml"})
+    assert imported.status_code == 409 and "'sql' is a LoRA adapter" in imported.json()["detail"]
+    assert client.delete("/api/loras/sql").status_code == 204
+    assert client.post("/api/models", json=_model("other", aliases=["sql"])).status_code == 201
