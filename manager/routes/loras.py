@@ -13,6 +13,8 @@ from manager.schemas.common import keep_bools_and_numbers_apart
 
 router = APIRouter(prefix="/api", tags=["loras"])
 
+NOT_READY = "The worker is not ready (starting, sleeping, stopped): adapters are loaded into a serving worker"
+
 
 class Pin(BaseModel):
     pinned: bool = True
@@ -52,17 +54,20 @@ async def pin_lora(name: str, db: SessionDep, keeper: PinKeeperDep, body: Pin | 
     return {**registry.to_public(adapter).model_dump(mode="json"), "loaded_now": loaded}
 
 
-@router.get("/workers/{worker_id:int}/loras", responses=errors(404, 502))
+@router.get("/workers/{worker_id:int}/loras", responses=errors(404, 409, 502, _409=NOT_READY))
 async def worker_loras(worker_id: WorkerId, db: SessionDep, sup: SupervisorDep, http: EngineHttpDep) -> dict:
     result = await workers.worker_loras(db, sup, http, worker_id)
     return result.as_dict()
 
 
-@router.post("/workers/{worker_id:int}/loras/{name}/load", responses=errors(404, 409, 422, 502))
+@router.post(
+    "/workers/{worker_id:int}/loras/{name}/load",
+    responses=errors(404, 409, 422, 502, _409=NOT_READY + ", or the adapter is registered for another model config"),
+)
 async def load_lora(worker_id: WorkerId, name: str, db: SessionDep, sup: SupervisorDep, http: EngineHttpDep) -> dict:
     return await workers.load_on_worker(db, sup, http, worker_id, name)
 
 
-@router.post("/workers/{worker_id:int}/loras/{name}/unload", responses=errors(404, 422, 502))
+@router.post("/workers/{worker_id:int}/loras/{name}/unload", responses=errors(404, 409, 422, 502, _409=NOT_READY))
 async def unload_lora(worker_id: WorkerId, name: str, db: SessionDep, sup: SupervisorDep, http: EngineHttpDep) -> dict:
     return await workers.unload_from_worker(db, sup, http, worker_id, name)

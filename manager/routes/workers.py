@@ -66,8 +66,17 @@ def list_workers(sup: SupervisorDep) -> list[WorkerView]:
     return sup.views()
 
 
-@router.post("/workers", status_code=201, responses=errors(404, 409, 422, _404="No model config of that name"))
+@router.post(
+    "/workers",
+    status_code=201,
+    responses={
+        200: {"model": WorkerView, "description": "A worker of this config already runs (or starts): that one"},
+        **errors(404, 409, 422, _404="No model config of that name"),
+    },
+)
 async def start_worker(body: WorkerStart, sup: SupervisorDep, response: Response) -> WorkerView:
+    """Start a worker for a model config (201). A config runs in one worker at a time: while one runs or
+    starts, the answer is that worker (200)."""
     view, created = await sup.create_worker(body.model, body.gpus, body.port, body.force, body.node)
     if not created:
         response.status_code = 200

@@ -1,9 +1,11 @@
 """The OpenAPI schema is the truth: schemathesis drives every operation of the real app with all of its
 checks (status codes, error shapes, media types, constraints, methods, authentication), without a token
-and with one, and finds nothing the schema does not say."""
+and with one, and finds nothing the schema does not say: against an empty store, and the calls on a
+worker against one whose worker is starting and never ready."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ from schemathesis.python import asgi
 
 from manager.app import create_app
 from manager.settings import Settings
+from tests.support.engine import stop_leftover_engines
 
 TOKEN = "vmt_contract-test-token-" + "t" * 20
 EXAMPLES = 8  # per operation and phase, from a fixed seed: the whole file runs in about 2 minutes on 2 cores
@@ -64,15 +67,19 @@ def _config(token: str | None, left_out: list[dict[str, str]]) -> schemathesis.C
     )
 
 
-def _started(tmp: Path, token: str | None) -> FastAPI:
+def _started(settings: Settings) -> FastAPI:
     """A running app (schemathesis keeps it running for every call), its first metrics sample taken."""
-    settings = Settings(data_dir=tmp / "data", engine_python=str(tmp / "no-engine-here"), api_token=token)
     app = create_app(settings)
     with asgi.get_client(cast(Any, app)) as client:  # schemathesis types ASGI apps narrowly
         deadline = time.monotonic() + 30
         while client.get("/api/metrics").status_code == 503 and time.monotonic() < deadline:
             time.sleep(0.2)
     return app
+
+
+def _settings(tmp: Path, token: str | None, engine_python: str | None = None) -> Settings:
+    engine_python = engine_python or str(tmp / "no-engine-here")
+    return Settings(data_dir=tmp / "data", engine_python=engine_python, api_token=token, stop_workers_on_exit=True)
 
 
 def _failures(app: FastAPI, token: str | None, left_out: list[dict[str, str]]) -> list[str]:
@@ -114,12 +121,46 @@ def quiet_machine() -> Iterator[None]:
 
 
 def test_every_call_does_what_the_schema_says(tmp_path, token, quiet_machine):
-    app = _started(tmp_path, token)
+    app = _started(_settings(tmp_path, token))
     failures = _failures(app, token, [{"include-path-regex": STREAMS}, {"include-path-regex": ENGINE_STARTS}])
     assert not failures, "\n\n".join(failures)
 
 
 def test_the_calls_that_start_engines_do_what_the_schema_says(tmp_path, token, quiet_machine):
-    app = _started(tmp_path, token)  # its store stays empty: no model config for them to start
+    app = _started(_settings(tmp_path, token))  # its store stays empty: no model config for them to start
     failures = _failures(app, token, [{"exclude-path-regex": ENGINE_STARTS}])
+    assert not failures, "\n\n".join(failures)
+
+
+# The calls on a worker, against a manager with one model config whose engine runs and never answers,
+# and a worker of it that is starting (not ready) when they begin.
+WORKER_CALLS = r"^/api/workers"
+
+
+def _never_ready(tmp: Path) -> str:
+    """An "engine interpreter" that runs whatever it is asked to and never answers: its worker stays starting."""
+    script = tmp / "engine-that-never-answers"
+    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_the_calls_on_a_worker_that_is_not_ready_do_what_the_schema_says(tmp_path, token, quiet_machine):
+    settings = _settings(tmp_path, token, engine_python=_never_ready(tmp_path))
+    app = _started(settings)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=_config(token, []), headers=headers)
+    try:
+        start = schema["/api/workers"]["POST"]
+        config = {"name": "never-ready", "model": "/models/never-ready", "start_timeout_s": 600}
+        with asgi.get_client(cast(Any, app)) as client:
+            assert client.post("/api/models", json=config, headers=headers).status_code == 201
+        for expected in (201, 200):  # a second start answers with the worker already starting
+            case = start.Case(body={"model": "never-ready"}, headers=headers)
+            started = case.call()
+            assert started.status_code == expected and started.json()["state"] == "starting", started.text
+            case.validate_response(started)
+        failures = _failures(app, token, [{"include-path-regex": STREAMS}, {"exclude-path-regex": WORKER_CALLS}])
+    finally:
+        stop_leftover_engines(settings.data_dir)
     assert not failures, "\n\n".join(failures)
