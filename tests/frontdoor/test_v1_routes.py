@@ -6,6 +6,7 @@ proxy forwarded. The real-engine tests (test_engine_v1.py) repeat the main paths
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from manager.app import create_app
+from manager.db import make_engine, migrate
+from manager.frontdoor.forwarder import ForwarderApp, Sockets
 from tests.frontdoor.conftest import two_models
 from tests.lora.peft_adapters import make_llama_adapter
 
@@ -151,6 +154,23 @@ def test_json_nested_too_deeply_is_a_400_in_openais_shape(door):
             error = assert_openai_error(resp, 400, "invalid_request")
             assert "nested too deeply" in error["message"], body[:40]
     assert door.get("/api/workers").json() == []  # none of these started anything
+
+
+def test_a_forwarder_process_answers_json_nested_too_deeply_with_the_same_400(settings, tmp_path):
+    migrate(make_engine(settings.db_path))
+    forwarder = ForwarderApp(settings, Sockets(tmp_path / "http.sock", tmp_path / "leases.sock"))
+
+    async def post(body: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=forwarder.guarded, client=("127.0.0.1", 5000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:7999") as client:
+            return await client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+
+    try:
+        for body in ("[" * 100_000, '{"model": "a", "messages": ' + '{"a": ' * 100_000):
+            error = assert_openai_error(asyncio.run(post(body)), 400, "invalid_request")
+            assert "nested too deeply" in error["message"]
+    finally:
+        forwarder.catalog.close()
 
 
 def test_engine_control_endpoints_are_never_forwarded(door):
