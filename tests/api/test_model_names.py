@@ -13,6 +13,7 @@ from sqlalchemy import MetaData, create_engine, inspect, text
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.services.routing_names import name_clash
+from tests.lora.peft_adapters import make_llama_adapter
 
 VERSIONS = Path(__file__).resolve().parents[2] / "manager/migrations/versions"
 
@@ -144,12 +145,12 @@ def test_a_lora_adapter_cannot_take_a_name_a_model_answers_to(client, tmp_path):
 
 
 def test_a_model_config_cannot_take_a_lora_adapters_name_until_it_is_removed(client, tiny_llama, tmp_path):
-    from tests.lora.peft_adapters import make_llama_adapter
-
     tiny = {"name": "tiny", "model": str(tiny_llama), "enable_lora": True, "max_lora_rank": 16}
     assert client.post("/api/models", json=tiny).status_code == 201
     folder = make_llama_adapter(tmp_path / "sql", tiny_llama, rank=8)
-    assert client.post("/api/loras", json={"name": "sql", "path": str(folder), "base_config": "tiny"}).status_code == 201
+    assert (
+        client.post("/api/loras", json={"name": "sql", "path": str(folder), "base_config": "tiny"}).status_code == 201
+    )
     refused = client.post("/api/models", json=_model("other", aliases=["sql"]))
     assert refused.status_code == 409
     assert refused.json()["detail"].startswith("'sql' is a LoRA adapter of model config 'tiny'")
