@@ -236,6 +236,7 @@ def models_list(data_dir: DataDir = None) -> None:
     from manager.services import models
 
     with _open_db(_settings(data_dir)) as db:
+        typer.echo("name\tmodel\toffload profile")
         for m in models.list_models(db):
             profile = models.profile_of(db, m)
             typer.echo(f"{m.name}\t{m.model}\t{profile.name if profile else '-'}")

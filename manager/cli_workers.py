@@ -40,9 +40,18 @@ def call(url, token, method: str, path: str, **kwargs):
             detail = resp.json().get("detail", resp.text)
         except ValueError:
             detail = resp.text
+        if resp.status_code == 401:
+            given = "the token given was not accepted" if token or os.environ.get("VLLM_MANAGER_API_TOKEN") else None
+            detail = (
+                f"{given or 'this manager needs its API token'}: pass --token TOKEN or set VLLM_MANAGER_API_TOKEN "
+                "(`vllm-manager token create` on the manager's machine makes one)"
+            )
         typer.secho(f"{resp.status_code}: {detail}", fg="red", err=True)
         raise typer.Exit(1)
     return resp.json() if resp.content else None
+
+
+PS_HEADER = f"{'id':>3}  {'state':<9} {'model':<24} {'port':<11} {'pid':<12} {'up':<10} restarts  detail"
 
 
 def _line(w: dict) -> str:
@@ -89,6 +98,7 @@ def register(app: typer.Typer) -> None:
         token: Token = None,
     ) -> None:
         """List workers."""
+        typer.echo(PS_HEADER)
         for w in call(url, token, "GET", "/api/workers"):
             typer.echo(_line(w))
         if all_:

@@ -126,11 +126,20 @@ def window(since: datetime | None, until: datetime | None, per: str, now: dateti
     if end - start > MAX_RANGE[per]:
         wider = {"minute": "per=hour", "hour": "per=day", "day": "several requests"}[per]
         raise Invalid(
-            f"a report per {per} covers at most {MAX_RANGE[per].days} day(s); this range is {end - start}: "
+            f"a report per {per} covers at most {MAX_RANGE[per].days} day(s); this range is {_span(end - start)}: "
             f"ask a shorter range, or {wider}",
             field="since",
         )
     return start, end
+
+
+def _span(length: timedelta) -> str:
+    """A range's length as a person says it: "2 days 3 hours", "45 minutes" (whole minutes at most)."""
+    minutes = int(length.total_seconds() // 60)
+    days, rest = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(rest, 60)
+    parts = [f"{n} {unit}{'s' * (n != 1)}" for n, unit in ((days, "day"), (hours, "hour"), (minutes, "minute")) if n]
+    return " ".join(parts) or "under a minute"
 
 
 def report(

@@ -113,6 +113,13 @@ def test_token_create_prints_once_and_guards_the_api(tmp_path):
         assert httpx.get(url, headers=auth).json()[0]["name"] == "p"
         page = httpx.get(f"http://127.0.0.1:{port}/models", headers={"Accept": "text/html"})
         assert page.status_code == 303 and page.headers["location"] == "/login?next=/models"
+        # The CLI says how to give it the token, not to log in on a page.
+        ps = [*CLI, "ps", "--url", f"http://127.0.0.1:{port}"]
+        refused = subprocess.run(ps, capture_output=True, text=True, timeout=60,
+                                 env={**os.environ, "VLLM_MANAGER_API_TOKEN": ""})  # fmt: skip
+        assert refused.returncode == 1 and "--token" in refused.stderr and "VLLM_MANAGER_API_TOKEN" in refused.stderr
+        listed = subprocess.run([*ps, "--token", token], capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0 and listed.stdout.split()[:3] == ["id", "state", "model"]
     finally:
         proc.terminate()
         proc.wait(10)
@@ -145,7 +152,8 @@ def test_models_profiles_export_import(tmp_path):
     assert _run(["models", "add", str(tmp_path / "m.yaml")], data).returncode == 0
     dup = _run(["models", "add", str(tmp_path / "m.yaml")], data)
     assert dup.returncode == 1 and "already exists" in dup.stderr
-    assert "m1" in _run(["models", "list"], data).stdout
+    listed = _run(["models", "list"], data).stdout.splitlines()
+    assert listed[0].split("\t") == ["name", "model", "offload profile"] and listed[1].startswith("m1\t")
     assert json.loads(_run(["models", "show", "m1"], data).stdout)["offload_profile"] == "kv"
     in_use = _run(["profiles", "rm", "kv"], data)
     assert in_use.returncode == 1 and "m1" in in_use.stderr

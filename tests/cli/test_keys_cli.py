@@ -38,6 +38,7 @@ def test_usage_prints_a_report_and_explains_bad_ranges(tmp_path):
     assert "per hour" in shown.stdout and "requests" in shown.stdout
     too_long = _run(["usage", "--since", "3d", "--per", "minute"], tmp_path)
     assert too_long.returncode == 1 and "per=hour" in too_long.stderr
+    assert "this range is 3 days:" in too_long.stderr  # as a person says it, not "3 days, 0:00:00.132541"
     garbled = _run(["usage", "--since", "yesterday"], tmp_path)
     assert garbled.returncode == 1 and "--since takes" in garbled.stderr
 
