@@ -376,7 +376,7 @@ def step(life: Life, event: Event, policy: Policy) -> Step:
                 return _launch(
                     gone, StartKind.CRASH_RESTART, life.model, "its engine was gone when its node came back", False
                 )
-            if life.state == State.STOPPED:
+            if life.state in (State.STOPPED, State.FAILED):  # a failed start keeps its reason
                 return replace(life, engine=None), []
             new = replace(life, state=State.STOPPED, engine=None)
             return new, [_moved(life, new, "stopped", "its process was gone after a manager restart; marked stopped")]

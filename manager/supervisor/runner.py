@@ -151,10 +151,12 @@ class WorkerRunner:
         """Start the owner task; `first` reconciles the stored worker with what is running now, whose
         config's ``secrets`` its events and log lines hide."""
         self.secrets = secrets or Redactor()
-        if isinstance(first, lc.Adopted):
-            logs = sorted(self.log_dir.glob("start-*.log"))
-            if logs:
-                self.logs.follow(logs[-1], from_start=True, secrets=self.secrets)
+        # A worker the store already had (a new one has no log yet): its last start's output stays
+        # readable, a failed start's above all.
+        logs = sorted(self.log_dir.glob("start-*.log"))
+        if logs:
+            self.logs.follow(logs[-1], from_start=True, secrets=self.secrets)
+            if isinstance(first, lc.Adopted):
                 self._copy_log_from(logs[-1])
         if first is not None:
             await self._feed(first)

@@ -340,6 +340,12 @@ def test_a_worker_whose_engine_is_gone_after_a_manager_restart_is_stopped():
     assert records(effects) == [("stopped", "its process was gone after a manager restart; marked stopped")]
 
 
+def test_a_failed_worker_stays_failed_with_its_reason_after_a_manager_restart():
+    stored = lc.Life(state=State.FAILED, model="a", port=18000, last_error="ValueError: no room")
+    life, effects = step(stored, lc.FoundGone())
+    assert life.state == State.FAILED and life.last_error == "ValueError: no room" and effects == []
+
+
 @pytest.mark.parametrize("state", list(State))
 def test_every_state_answers_every_event_without_error(state: State) -> None:
     life = lc.Life(state=state, model="a", port=1, engine=lc.Engine(1, 1.0, ()))
