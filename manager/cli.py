@@ -54,12 +54,20 @@ def _settings(data_dir: Path | None = None, **overrides) -> Settings:
     return Settings(**overrides)
 
 
-def _open_db(settings: Settings):
-    """The store, or exit 2 with what is wrong with the data dir or the database in it."""
+def _open_db(settings: Settings, *, reading: bool = False):
+    """The store, or exit 2 with what is wrong with the data dir or the database in it. ``reading``:
+    the command only reads or removes, so a data dir without a store is a mistaken folder, said so
+    (and not made)."""
     from manager.db import make_engine, migrate, session
     from manager.errors import ManagerError
     from manager.settings import DataDirUnusable
 
+    if reading and not settings.db_path.exists():
+        _fail(
+            f"no manager data in {settings.data_dir} (it holds no manager.db): pass --data-dir, or set "
+            "VLLM_MANAGER_DATA_DIR, to the folder `vllm-manager serve` uses",
+            code=2,
+        )
     try:
         settings.ensure_dirs()
         engine = make_engine(settings.db_path)
@@ -233,9 +241,10 @@ def _validation_message(exc) -> str:
 
 @models_app.command("list")
 def models_list(data_dir: DataDir = None) -> None:
+    """List the stored model configs: name, model and offload profile."""
     from manager.services import models
 
-    with _open_db(_settings(data_dir)) as db:
+    with _open_db(_settings(data_dir), reading=True) as db:
         typer.echo("name\tmodel\toffload profile")
         for m in models.list_models(db):
             profile = models.profile_of(db, m)
@@ -244,9 +253,10 @@ def models_list(data_dir: DataDir = None) -> None:
 
 @models_app.command("show")
 def models_show(name: str, data_dir: DataDir = None) -> None:
+    """Show one model config's fields as JSON."""
     from manager.services import models
 
-    with _open_db(_settings(data_dir)) as db:
+    with _open_db(_settings(data_dir), reading=True) as db:
         _print(_run(lambda: models.to_public(db, models.get_model(db, name))).model_dump(mode="json"))
 
 
@@ -255,6 +265,7 @@ def models_add(
     file: Annotated[Path, typer.Argument(help="YAML or JSON file with the config's fields, name included.")],
     data_dir: DataDir = None,
 ) -> None:
+    """Add a model config from a YAML or JSON file."""
     from pydantic import ValidationError
 
     from manager.schemas.model_config import ModelConfigCreate
@@ -272,27 +283,30 @@ def models_add(
 
 @models_app.command("rm")
 def models_rm(name: str, data_dir: DataDir = None) -> None:
+    """Delete a model config (its workers must be stopped)."""
     from manager.services import models
 
-    with _open_db(_settings(data_dir)) as db:
+    with _open_db(_settings(data_dir), reading=True) as db:
         _run(models.delete_model, db, name)
     typer.echo(f"removed model config {name}")
 
 
 @profiles_app.command("list")
 def profiles_list(data_dir: DataDir = None) -> None:
+    """List the stored offload profiles."""
     from manager.services import profiles
 
-    with _open_db(_settings(data_dir)) as db:
+    with _open_db(_settings(data_dir), reading=True) as db:
         for p in profiles.list_profiles(db):
             typer.echo(f"{p.name}\tkv_offload_gib={p.kv_offload_gib}\tmoe_offload={p.moe_expert_offload}")
 
 
 @profiles_app.command("show")
 def profiles_show(name: str, data_dir: DataDir = None) -> None:
+    """Show one offload profile's fields as JSON."""
     from manager.services import profiles
 
-    with _open_db(_settings(data_dir)) as db:
+    with _open_db(_settings(data_dir), reading=True) as db:
         _print(_run(lambda: profiles.to_public(profiles.get_profile(db, name))).model_dump(mode="json"))
 
 
@@ -301,6 +315,7 @@ def profiles_add(
     file: Annotated[Path, typer.Argument(help="YAML or JSON file with the profile's fields, name included.")],
     data_dir: DataDir = None,
 ) -> None:
+    """Add an offload profile from a YAML or JSON file."""
     from pydantic import ValidationError
 
     from manager.schemas.offload_profile import OffloadProfileCreate
@@ -317,9 +332,10 @@ def profiles_add(
 
 @profiles_app.command("rm")
 def profiles_rm(name: str, data_dir: DataDir = None) -> None:
+    """Delete an offload profile no model config uses."""
     from manager.services import profiles
 
-    with _open_db(_settings(data_dir)) as db:
+    with _open_db(_settings(data_dir), reading=True) as db:
         _run(profiles.delete_profile, db, name)
     typer.echo(f"removed offload profile {name}")
 

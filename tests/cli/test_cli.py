@@ -182,3 +182,14 @@ def test_acknowledged_write_survives_kill_9(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_read_from_a_folder_without_manager_data_names_the_folder_and_makes_nothing(tmp_path):
+    wrong = tmp_path / "not-the-data-dir"
+    for args in (["models", "list"], ["models", "show", "tiny"], ["profiles", "list"]):
+        done = _run(args, wrong)
+        assert done.returncode == 2, done
+        assert f"no manager data in {wrong}" in done.stderr and "--data-dir" in done.stderr
+    assert not wrong.exists()
+    helped = subprocess.run([*CLI, "models", "--help"], capture_output=True, text=True, timeout=60)
+    assert "List the stored model configs" in helped.stdout and "Add a model config from a YAML" in helped.stdout
