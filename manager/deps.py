@@ -171,20 +171,71 @@ def record_wrong_token(request: Request, throttle: Throttle | None = None) -> No
     throttle.record_failure(client_address(request))
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
+PROXY_HINT = (
+    "; behind a proxy that serves it over https, name the proxy in VLLM_MANAGER_FORWARDED_ALLOW_IPS so that "
+    "the manager believes its X-Forwarded-Proto"
+)
+
+
+def _origin(scheme: str, netloc: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) with the scheme's default port filled in; None when it cannot be read."""
+    parts = urlsplit(f"//{netloc}")
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname:
+        return None
+    scheme = scheme.lower()
+    return scheme, parts.hostname, port or DEFAULT_PORTS.get(scheme, 0)
+
+
+def own_origin(request: Request) -> str:
+    return f"{request.url.scheme}://{request.headers.get('host', '')}"
+
+
+def is_own_origin(origin: str, request: Request) -> bool:
+    """Whether a browser's Origin header names this manager: scheme, host and port all the same."""
+    given = urlsplit(origin)
+    if given.path or given.query or given.fragment or given.username is not None:
+        return False  # an Origin header is scheme://host[:port], nothing more
+    mine = _origin(request.url.scheme, request.headers.get("host", ""))
+    return mine is not None and _origin(given.scheme, given.netloc) == mine
+
+
 def refuse_cross_site(request: Request) -> None:
     """A page on another site must not make the user's browser change anything here (CSRF).
 
-    Browsers send Origin (and Sec-Fetch-Site) with cross-origin writes; scripts and the CLI send neither.
+    Browsers send Origin (and Sec-Fetch-Site) with their writes; scripts and the CLI send neither.
     """
     if request.method in SAFE_METHODS:
         return
     if request.headers.get("sec-fetch-site") == "cross-site":
         raise Forbidden("cross-site request refused")
     origin = request.headers.get("origin")
-    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host", ""):
-        raise Forbidden(f"request from another origin ({origin}) refused")
     if origin == "null":
         raise Forbidden("request from an opaque origin refused")
+    if origin and not is_own_origin(origin, request):
+        hint = PROXY_HINT if request.url.scheme == "http" and origin.lower().startswith("https://") else ""
+        raise Forbidden(f"request from another origin ({origin}) refused: this manager is {own_origin(request)}{hint}")
+
+
+def refuse_unproven_origin(request: Request) -> None:
+    """A write that a session cookie authorizes must show it comes from this manager's own pages.
+
+    A browser sends the cookie with any request to this host, and some (older ones, form posts from
+    plugins) send no Origin: without Origin or Sec-Fetch-Site the write cannot be told from another
+    site's, so it is refused. Scripts send the token instead, and are not held to this.
+    """
+    if request.method in SAFE_METHODS or "origin" in request.headers:
+        return  # an Origin header was checked by refuse_cross_site
+    if request.headers.get("sec-fetch-site") == "same-origin":
+        return
+    raise Forbidden(
+        "a change made with a login session must come from this manager's own pages: the request carries "
+        "neither an Origin nor a Sec-Fetch-Site header (scripts send 'Authorization: Bearer <token>' instead)"
+    )
 
 
 class InferenceRoute(APIRoute):
@@ -242,7 +293,10 @@ def has_credentials(request: Request, db: Session, settings: Settings) -> bool:
     and an address with too many wrong ones gets 429 until its window ends, right token or not."""
     token = _bearer(request)
     if token is None:
-        return has_valid_session(request, db, settings)
+        if not has_valid_session(request, db, settings):
+            return False
+        refuse_unproven_origin(request)
+        return True
     refuse_while_throttled(request)
     if tokens.token_is_valid(db, token, settings.env_token):
         return True

@@ -31,7 +31,8 @@ REASONS = {
     400: "The request cannot be read: a Host name this manager does not answer to, or a body that is not "
     "valid JSON (or form data)",
     401: "The call needs 'Authorization: Bearer <token>' (once a token exists) and has none, or a wrong one",
-    403: "Refused: a browser sent it from another site",
+    403: "Refused: a browser sent it from another site, or sent a change made with a login session without "
+    "saying where it comes from (Origin)",
     404: "Nothing stored under that name or id",
     405: "The path does not take this method (the Allow header lists those it takes)",
     409: "Conflicts with what is stored or running now (a name taken, a worker in the way); the message says "

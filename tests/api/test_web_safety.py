@@ -45,3 +45,26 @@ def test_with_a_token_and_open_reads_secrets_are_hidden_from_readers_without_it(
         assert "hf_SECRET" not in c.get("/api/models/m/command?validate=false").text
         assert c.get("/api/export").status_code == 401
         assert "hf_SECRET" in c.get("/api/export", headers=auth).text
+
+
+def test_a_logged_in_browser_changes_things_only_from_this_managers_own_origin(settings):
+    token = "t" * 32
+    with TestClient(create_app(settings.model_copy(update={"api_token": token}))) as c:
+        assert c.post("/login", data={"token": token}, follow_redirects=False).status_code == 303
+        # The same host and port over another scheme, or another port, is another site's page.
+        for other in ("https://testserver", "http://testserver:8080", "http://testserver.evil.example"):
+            refused = c.post("/api/profiles", json={"name": "p"}, headers={"Origin": other})
+            assert refused.status_code == 403, other
+            assert other in refused.json()["detail"] and "http://testserver" in refused.json()["detail"]
+        # A form post that says nothing of where it comes from is not taken on the cookie's word.
+        silent = c.post("/ui/profiles/new", data={"name": "p"})
+        assert silent.status_code == 403 and "Origin" in silent.json()["detail"]
+        assert c.get("/api/profiles").json() == []
+        own = c.post("/ui/profiles/new", data={"name": "p"}, headers={"Origin": "http://testserver"})
+        assert own.status_code == 200 and own.headers["HX-Redirect"] == "/models"
+        same = c.post("/api/profiles", json={"name": "q"}, headers={"Sec-Fetch-Site": "same-origin"})
+        assert same.status_code == 201
+    # Scripts and the CLI send the token and neither header: they are not browsers.
+    with TestClient(create_app(settings.model_copy(update={"api_token": token}))) as script:
+        made = script.post("/api/profiles", json={"name": "r"}, headers={"Authorization": f"Bearer {token}"})
+        assert made.status_code == 201

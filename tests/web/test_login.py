@@ -10,6 +10,7 @@ from manager.app import create_app
 
 TOKEN = "a-long-enough-admin-token-" + "t" * 20
 PAGE = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}  # a browser's
+OWN_PAGE = {"Origin": "http://testserver"}  # what a browser sends with a write from this manager's pages
 
 
 @pytest.fixture
@@ -74,8 +75,9 @@ def test_a_session_opens_pages_reads_streams_and_dashboard_writes(c):
     assert c.get("/api/models").status_code == 200
     with c.stream("GET", "/api/metrics/stream") as stream:
         assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
-    assert c.post("/ui/profiles/new", data={"name": "p", "kv_offload_gib": "8"}).headers["HX-Redirect"] == "/models"
-    assert c.post("/api/profiles", json={"name": "q"}).status_code == 201
+    made = c.post("/ui/profiles/new", data={"name": "p", "kv_offload_gib": "8"}, headers=OWN_PAGE)
+    assert made.headers["HX-Redirect"] == "/models"
+    assert c.post("/api/profiles", json={"name": "q"}, headers=OWN_PAGE).status_code == 201
     # The cookie does not make a write from another site's page acceptable.
     cross = c.post("/api/profiles", json={"name": "r"}, headers={"Origin": "https://attacker.example"})
     assert cross.status_code == 403
@@ -122,9 +124,9 @@ def test_without_a_token_there_is_nothing_to_log_in_to(client):
 def test_with_open_reads_pages_show_without_login_and_changes_still_need_it(guarded):
     with TestClient(create_app(guarded.model_copy(update={"open_reads": True}))) as c:
         assert c.get("/", headers=PAGE, follow_redirects=False).status_code == 200
-        assert c.post("/ui/profiles/new", data={"name": "p"}).status_code == 401
+        assert c.post("/ui/profiles/new", data={"name": "p"}, headers=OWN_PAGE).status_code == 401
         _log_in(c)
-        assert c.post("/ui/profiles/new", data={"name": "p"}).headers["HX-Redirect"] == "/models"
+        assert c.post("/ui/profiles/new", data={"name": "p"}, headers=OWN_PAGE).headers["HX-Redirect"] == "/models"
 
 
 @pytest.mark.browser
