@@ -1,4 +1,4 @@
-"""`vllm-manager keys create|list|revoke` and `vllm-manager usage`: inference keys for /v1 and what
+"""`vllm-manager keys create|list|revoke|open-v1` and `vllm-manager usage`: inference keys for /v1 and what
 they used, straight in the store (as `token create`), so keys can be made before the manager runs."""
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def list_(data_dir: DataDir = None) -> None:
 
     with _open_db(_settings(data_dir)) as db:
         keys = [inference_keys.to_public(k) for k in inference_keys.list_keys(db)]
+        access = inference_keys.access_now(db)
     for k in keys:
         used = _when(k.last_used_at) if k.last_used_at else "never used"
         state = f"revoked {_when(k.revoked_at)}" if k.revoked_at else "active"
@@ -61,6 +62,7 @@ def list_(data_dir: DataDir = None) -> None:
             f"{k.name:<20} {k.prefix}...  {','.join(k.models) or 'all models':<24} "
             f"made {_when(k.created_at)}  {used:<16}  {state}"
         )
+    typer.secho(access.message, err=True)
 
 
 @keys_app.command("revoke")
@@ -70,7 +72,25 @@ def revoke(name: str, data_dir: DataDir = None) -> None:
 
     with _open_db(_settings(data_dir)) as db:
         _run(inference_keys.revoke_key, db, name)
+        last = not inference_keys.any_active(db)
     typer.echo(f"revoked {name}")
+    if last:
+        typer.secho(
+            "That was the last active key: /v1 stays closed to callers without a key until you make a new one "
+            "or open it with `vllm-manager keys open-v1`.",
+            err=True,
+        )
+
+
+@keys_app.command("open-v1")
+def open_v1(data_dir: DataDir = None) -> None:
+    """Let /v1 be used without a key again, as before any key was made. Once a key was made, revoking
+    the last one leaves /v1 closed; this opens it (refused while a key is active)."""
+    from manager.services import inference_keys
+
+    with _open_db(_settings(data_dir)) as db:
+        access = _run(inference_keys.open_without_keys, db)
+    typer.echo(access.message)
 
 
 def usage(

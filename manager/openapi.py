@@ -158,7 +158,7 @@ def with_security(app: FastAPI, settings: Settings, schema: dict[str, Any]) -> d
     else:
         with session(runtime.engine) as db:
             exist = tokens.auth_required(db, settings.env_token)
-            keys = inference_keys.any_active(db)
+            keys = inference_keys.needs_key(db)
     described = copy.deepcopy(schema)
     for route, method in _operations(app):
         operation = described["paths"][route.path_format][method.lower()]

@@ -144,10 +144,12 @@ def log_inference_access(settings: Settings, engine: Engine) -> None:
     if not settings.open_inference or is_loopback(settings.host):
         return
     with session(engine) as db:
-        keys = inference_keys.any_active(db)
+        keys = inference_keys.needs_key(db)
     if keys:
         log.warning(
-            "VLLM_MANAGER_OPEN_INFERENCE is set, but inference keys exist: /v1 on %s still needs one", settings.host
+            "VLLM_MANAGER_OPEN_INFERENCE is set, but inference keys were made: /v1 on %s still needs one "
+            "(`vllm-manager keys list` says why)",
+            settings.host,
         )
     else:
         log.warning("/v1 is open to anyone who reaches %s (VLLM_MANAGER_OPEN_INFERENCE is set)", settings.host)

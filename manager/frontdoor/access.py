@@ -1,9 +1,10 @@
 """Who may send requests to /v1, and which models each caller may use.
 
-Inference keys, once any is active, are needed on every bind; the admin token also works, so the
-owner can try a model. Without keys, /v1 is open on a loopback bind; on a public bind it takes the
-admin token, unless the operator opened it (VLLM_MANAGER_OPEN_INFERENCE). A key made for some model
-configs sees only those: the others are answered as names that do not exist.
+Inference keys, once any is made, are needed on every bind, even after the last one is revoked, until
+the admin opens /v1 again (`vllm-manager keys open-v1`); the admin token also works, so the owner can
+try a model. Before any key, /v1 is open on a loopback bind; on a public bind it takes the admin token,
+unless the operator opened it (VLLM_MANAGER_OPEN_INFERENCE). A revoked key is refused everywhere. A key
+made for some model configs sees only those: the others are answered as names that do not exist.
 """
 
 from __future__ import annotations
@@ -38,10 +39,13 @@ ANYONE = Caller()
 @dataclass(frozen=True)
 class Credentials:
     """What the store says about who may call /v1: the active inference keys by their SHA-256 digest,
-    and the digests of the stored admin tokens. Read once per change of the store, not per request."""
+    the digests of the revoked ones and of the stored admin tokens, and whether /v1 stays closed though
+    no key is active. Read once per change of the store, not per request."""
 
     keys: dict[str, Caller] = field(default_factory=dict)
     admin_digests: frozenset[str] = frozenset()
+    revoked: frozenset[str] = frozenset()
+    closed_by_revoked_keys: bool = False
 
 
 def read_credentials(db: Session) -> Credentials:
@@ -49,17 +53,25 @@ def read_credentials(db: Session) -> Credentials:
         digest: Caller(key_id, name, frozenset(models) if models else None)
         for digest, key_id, name, models in inference_keys.active_digests(db)
     }
-    return Credentials(keys, frozenset(tokens.valid_digests(db, None)))
+    return Credentials(
+        keys,
+        frozenset(tokens.valid_digests(db, None)),
+        frozenset(inference_keys.revoked_digests(db)),
+        inference_keys.closed_by_revoked_keys(db),
+    )
 
 
 def caller_for(credentials: Credentials, bearer: str | None, settings: Settings) -> Caller:
     """The caller a request's bearer token makes it, or NoCredentials (401) saying what to send."""
     if bearer is not None:
-        key = credentials.keys.get(tokens.digest(bearer)) if bearer.startswith(inference_keys.KEY_START) else None
+        digest = tokens.digest(bearer) if bearer.startswith(inference_keys.KEY_START) else None
+        key = credentials.keys.get(digest) if digest is not None else None
         if key is not None:
             return key
         if tokens.matches(bearer, settings.env_token, credentials.admin_digests):
             return ANYONE
+        if digest in credentials.revoked:
+            raise NoCredentials("the key sent was revoked: ask the owner of this server for a new one")
     if credentials.keys:
         if bearer is None:
             raise NoCredentials(
@@ -67,6 +79,12 @@ def caller_for(credentials: Credentials, bearer: str | None, settings: Settings)
                 "`vllm-manager keys create NAME` or on the Keys page"
             )
         raise NoCredentials("the key sent is not a valid inference key (mistyped, or revoked)")
+    if credentials.closed_by_revoked_keys:
+        raise NoCredentials(
+            f"/v1 on this server needs an inference key ({SEND_KEY}) or the admin token: its keys were all "
+            "revoked, and it stays closed until its owner makes a new key (`vllm-manager keys create NAME`) or "
+            "opens it again (`vllm-manager keys open-v1`)"
+        )
     if is_loopback(settings.host) or settings.open_inference:
         return ANYONE
     raise NoCredentials(

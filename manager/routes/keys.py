@@ -6,7 +6,12 @@ from fastapi import APIRouter, Response
 
 from manager.deps import SessionDep
 from manager.openapi import errors
-from manager.schemas.inference_key import InferenceKeyCreate, InferenceKeyCreated, InferenceKeyPublic
+from manager.schemas.inference_key import (
+    InferenceAccessPublic,
+    InferenceKeyCreate,
+    InferenceKeyCreated,
+    InferenceKeyPublic,
+)
 from manager.services import inference_keys
 
 router = APIRouter(prefix="/api", tags=["inference keys"])
@@ -22,6 +27,19 @@ def list_keys(db: SessionDep) -> list[InferenceKeyPublic]:
 def create_key(body: InferenceKeyCreate, db: SessionDep) -> InferenceKeyCreated:
     """Make a key for /v1. The answer holds the key itself, this once: only its hash is stored."""
     return inference_keys.create_key(db, body)
+
+
+@router.get("/v1-access")
+def v1_access(db: SessionDep) -> InferenceAccessPublic:
+    """Whether /v1 takes only inference keys now, and who may use it, in words."""
+    return inference_keys.access_now(db)
+
+
+@router.post("/v1-access/open", responses=errors(409))
+def open_v1(db: SessionDep) -> InferenceAccessPublic:
+    """Let /v1 be used without a key again, as before any key was made (once a key was made, revoking the
+    last one leaves /v1 closed). 409 while a key is active; making a key closes /v1 again."""
+    return inference_keys.open_without_keys(db)
 
 
 @router.delete("/keys/{name}", status_code=204, responses=errors(404))

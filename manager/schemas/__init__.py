@@ -1,7 +1,8 @@
 """Database tables and API shapes, one module per thing."""
 
+from manager.schemas.browser_session import BrowserSession
 from manager.schemas.event import Event
-from manager.schemas.inference_key import InferenceKey
+from manager.schemas.inference_key import InferenceAccess, InferenceKey
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.schemas.routing_name import RoutingName
@@ -9,4 +10,15 @@ from manager.schemas.token import ApiToken
 from manager.schemas.usage import UsageMinute
 from manager.schemas.worker import Worker
 
-__all__ = ["ApiToken", "Event", "InferenceKey", "ModelConfig", "OffloadProfile", "RoutingName", "UsageMinute", "Worker"]
+__all__ = [
+    "ApiToken",
+    "BrowserSession",
+    "Event",
+    "InferenceAccess",
+    "InferenceKey",
+    "ModelConfig",
+    "OffloadProfile",
+    "RoutingName",
+    "UsageMinute",
+    "Worker",
+]

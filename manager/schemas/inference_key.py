@@ -37,6 +37,23 @@ class InferenceKey(SQLModel, table=True):
     revoked_at: datetime | None = None
 
 
+class InferenceAccess(SQLModel, table=True):
+    """Whether the admin opened /v1 again after its keys were revoked: one row, made when first needed.
+
+    Once a key has been made, /v1 needs one even after the last is revoked (a revoked key must not find
+    /v1 open), until the admin says otherwise; making a key closes it again."""
+
+    __tablename__ = "inference_access"
+    id: int | None = Field(default=None, primary_key=True)
+    open_without_keys: bool = False
+    changed_at: datetime = Field(default_factory=utcnow)
+
+
+class InferenceAccessPublic(SQLModel):
+    needs_key: bool = Field(description="Whether /v1 takes only an inference key (or the admin token)")
+    message: str = Field(description="Who may use /v1 now, in words")
+
+
 class InferenceKeyCreate(SQLModel):
     name: Slug = Field(description="A label for the key: who or what uses it")
     models: list[Slug] = Field(

@@ -2,6 +2,8 @@
 
 ``active_digests`` is what /v1 checks keys against (manager.frontdoor.access keeps it until the next
 commit). ``allowed_models`` is what a key may use: the names of model configs, or None for all.
+Once a key has been made, /v1 needs one until the admin opens it again (``open_without_keys``), so
+that revoking the last key does not quietly let everyone in.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from manager.errors import Conflict, Invalid, NotFound
 from manager.schemas.common import utcnow
 from manager.schemas.inference_key import (
     PREFIX_CHARS,
+    InferenceAccess,
+    InferenceAccessPublic,
     InferenceKey,
     InferenceKeyCreate,
     InferenceKeyCreated,
@@ -46,6 +50,7 @@ def create_key(db: Session, data: InferenceKeyCreate) -> InferenceKeyCreated:
         name=data.name, sha256=tokens.digest(secret), prefix=secret[:PREFIX_CHARS], models=list(data.models)
     )
     db.add(key)
+    _set_open_without_keys(db, False)  # a new key closes /v1 to callers without one
     commit_or_conflict(db, taken)
     db.refresh(key)
     return InferenceKeyCreated(**to_public(key).model_dump(), key=secret)
@@ -81,8 +86,70 @@ def active_digests(db: Session) -> list[tuple[str, int, str, list[str]]]:
     return [(digest, key_id, name, list(models or [])) for digest, key_id, name, models in rows if key_id is not None]
 
 
+def revoked_digests(db: Session) -> list[str]:
+    """The SHA-256 digests of the revoked keys: /v1 refuses them by name, even where it is open."""
+    return list(db.exec(select(InferenceKey.sha256).where(col(InferenceKey.revoked_at).is_not(None))))
+
+
 def any_active(db: Session) -> bool:
     return db.exec(select(InferenceKey.id).where(col(InferenceKey.revoked_at).is_(None)).limit(1)).first() is not None
+
+
+def closed_by_revoked_keys(db: Session) -> bool:
+    """Whether /v1 needs a key although none is active: keys were made, and the admin has not opened
+    /v1 again since the last was revoked."""
+    if db.exec(select(InferenceKey.id).limit(1)).first() is None:
+        return False
+    access = db.get(InferenceAccess, 1)
+    return access is None or not access.open_without_keys
+
+
+def needs_key(db: Session) -> bool:
+    """Whether /v1 takes only an inference key (or the admin token), on any bind."""
+    return any_active(db) or closed_by_revoked_keys(db)
+
+
+def open_without_keys(db: Session) -> InferenceAccessPublic:
+    """/v1 back to how it was before any key: open on a loopback bind (or with
+    VLLM_MANAGER_OPEN_INFERENCE), the admin token elsewhere. Conflict while a key is active."""
+    active = [k.name for k in list_keys(db, include_revoked=False)]
+    if active:
+        raise Conflict(
+            f"active inference keys exist ({', '.join(active)}): /v1 takes only them (or the admin token) while "
+            "any is active. Revoke them first (`vllm-manager keys revoke NAME`), then open /v1"
+        )
+    _set_open_without_keys(db, True)
+    db.commit()
+    return access_now(db)
+
+
+def access_now(db: Session) -> InferenceAccessPublic:
+    if any_active(db):
+        return InferenceAccessPublic(needs_key=True, message="/v1 needs one of the active inference keys")
+    if closed_by_revoked_keys(db):
+        return InferenceAccessPublic(
+            needs_key=True,
+            message="/v1 needs an inference key: every key was revoked, and /v1 stays closed until a new key is "
+            "made or it is opened (`vllm-manager keys open-v1`)",
+        )
+    return InferenceAccessPublic(
+        needs_key=False,
+        message="/v1 needs no inference key: on a loopback bind anyone on this machine may use it; on a public "
+        "bind it takes the admin token unless VLLM_MANAGER_OPEN_INFERENCE=1",
+    )
+
+
+def _set_open_without_keys(db: Session, value: bool) -> None:
+    access = db.get(InferenceAccess, 1)
+    if access is None:
+        if not value:
+            return  # no row: closed once a key exists
+        access = InferenceAccess(id=1)
+    elif access.open_without_keys == value:
+        return
+    access.open_without_keys = value
+    access.changed_at = utcnow()
+    db.add(access)
 
 
 def names_by_id(db: Session) -> dict[int, str]:

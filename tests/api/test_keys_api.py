@@ -126,3 +126,28 @@ def test_migration_creates_exactly_the_key_and_usage_tables(tmp_path):
         InferenceKey.__table__.to_metadata(model)
         UsageMinute.__table__.to_metadata(model)
         assert compare_metadata(MigrationContext.configure(conn), model) == []
+
+
+def test_migration_0008_creates_exactly_the_session_and_v1_access_tables(tmp_path):
+    from manager.schemas.browser_session import BrowserSession
+    from manager.schemas.inference_key import InferenceAccess
+
+    path = MIGRATION.with_name("0008_browser_sessions.py")
+    spec = importlib.util.spec_from_file_location("m0008", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (module.revision, module.down_revision) == ("0008_browser_sessions", "0007_nodes")
+    engine = create_engine(f"sqlite:///{tmp_path / 'mig.db'}")
+    with engine.begin() as conn:
+        with Operations.context(MigrationContext.configure(conn)):
+            module.upgrade()
+        model = MetaData()
+        BrowserSession.__table__.to_metadata(model)
+        InferenceAccess.__table__.to_metadata(model)
+        assert compare_metadata(MigrationContext.configure(conn), model) == []
+        # Ids are never given again: a listed id names one session only.
+        assert (
+            "AUTOINCREMENT"
+            in conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE name='browser_session'").scalar()
+        )

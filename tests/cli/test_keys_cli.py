@@ -24,10 +24,17 @@ def test_keys_create_list_revoke(tmp_path):
     assert key.startswith("vmk_") and "not shown again" in made.stderr
     listed = _run(["keys", "list"], data).stdout
     assert "app" in listed and key[:12] in listed and key[12:] not in listed and "active" in listed
-    assert _run(["keys", "revoke", "app"], data).returncode == 0
-    assert "revoked" in _run(["keys", "list"], data).stdout
+    assert "needs one of the active inference keys" in _run(["keys", "list"], data).stderr
+    busy = _run(["keys", "open-v1"], data)
+    assert busy.returncode == 1 and "active inference keys exist (app)" in busy.stderr
+    revoked = _run(["keys", "revoke", "app"], data)
+    assert revoked.returncode == 0 and "keys open-v1" in revoked.stderr
+    shown = _run(["keys", "list"], data)
+    assert "revoked" in shown.stdout and "stays closed" in shown.stderr
     again = _run(["keys", "revoke", "app"], data)
     assert again.returncode == 1 and "no active inference key named 'app'" in again.stderr
+    opened = _run(["keys", "open-v1"], data)
+    assert opened.returncode == 0 and "needs no inference key" in opened.stdout
     bad = _run(["keys", "create", "Not A Slug"], data)
     assert bad.returncode == 1 and "slug" in bad.stderr
 

@@ -112,7 +112,34 @@ def test_a_public_bind_needs_a_key_or_the_admin_token_or_an_explicit_opening(doo
         assert_openai_error(chat(client, "a"), 401, "invalid_api_key")
         assert chat(client, "a", key).status_code == 200
         client.delete("/api/keys/app", headers=ADMIN)
+        # Nor once the last key is revoked: the admin opens it again, by name.
+        assert_openai_error(chat(client, "a"), 401, "invalid_api_key")
+        assert client.post("/api/v1-access/open", headers=ADMIN).json()["needs_key"] is False
         assert chat(client, "a").status_code == 200
+        assert_openai_error(chat(client, "a", key), 401, "invalid_api_key")
+
+
+def test_revoking_the_last_key_leaves_v1_closed_until_the_admin_opens_it(door):
+    key = make_key(door, "app")
+    assert door.delete("/api/keys/app").status_code == 204
+    closed = assert_openai_error(chat(door, "a"), 401, "invalid_api_key")
+    assert "revoked" in closed["message"] and "keys open-v1" in closed["message"]
+    revoked = assert_openai_error(chat(door, "a", key), 401, "invalid_api_key")
+    assert "revoked" in revoked["message"]
+    assert_openai_error(door.get("/v1/models"), 401, "invalid_api_key")
+    opened = door.post("/api/v1-access/open")
+    assert opened.status_code == 200 and opened.json()["needs_key"] is False
+    assert "loopback" in opened.json()["message"]
+    assert chat(door, "a").status_code == 200
+    assert chat(door, "a", "EMPTY").status_code == 200  # what OpenAI clients send when /v1 needs nothing
+    # The revoked key stays refused, even on an open /v1: its holder must not think it still counts.
+    assert_openai_error(chat(door, "a", key), 401, "invalid_api_key")
+    # A new key closes /v1 again, and it cannot be opened while a key is active.
+    renewed = make_key(door, "app")
+    assert_openai_error(chat(door, "a"), 401, "invalid_api_key")
+    refused = door.post("/api/v1-access/open")
+    assert refused.status_code == 409 and "app" in refused.json()["detail"]
+    assert chat(door, "a", renewed).status_code == 200
 
 
 def test_usage_counts_requests_and_the_tokens_engines_report(door):
