@@ -12,7 +12,21 @@ from manager import __version__, error_responses, openapi, web
 from manager.deps import require_admin_access
 from manager.frontdoor.endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS
 from manager.middleware import BodyLimit, FramingForbidden, HeadAsGet, TrustedHosts
-from manager.routes import docs, health, keys, loras, models, nodes, plan, profiles, transfer, usage, v1, workers
+from manager.routes import (
+    docs,
+    health,
+    keys,
+    loras,
+    models,
+    nodes,
+    plan,
+    profiles,
+    sessions,
+    transfer,
+    usage,
+    v1,
+    workers,
+)
 from manager.runtime import Runtime
 from manager.settings import Settings
 
@@ -67,7 +81,7 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
 
     error_responses.install(app)
     # /v1 first: a route is found by trying each in turn, and /v1 takes the most requests by far.
-    for module in (v1, health, docs, models, profiles, transfer, workers, nodes, plan, loras, keys, usage):
+    for module in (v1, health, docs, models, profiles, transfer, workers, nodes, plan, loras, keys, sessions, usage):
         app.include_router(module.router)
     web.install(app)
     openapi.install(app, settings)

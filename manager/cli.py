@@ -15,10 +15,8 @@ from manager.settings import DEFAULT_PORT, Settings, is_loopback
 app = typer.Typer(help="Run and manage vLLM servers.", no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="Model configs.", no_args_is_help=True)
 profiles_app = typer.Typer(help="Offload profiles.", no_args_is_help=True)
-token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(profiles_app, name="profiles")
-app.add_typer(token_app, name="token")
 
 
 def _plan_command():
@@ -196,23 +194,6 @@ def _join_cluster(address: str) -> None:
         connect(address)
     except RayUnreachable as exc:
         _fail(str(exc), code=2)
-
-
-@token_app.command("create")
-def token_create(
-    name: Annotated[str, typer.Option(help="A label for the token.")] = "default", data_dir: DataDir = None
-) -> None:
-    """Create an API token. It is printed once; only its hash is stored."""
-    from manager.services import tokens
-
-    with _open_db(_settings(data_dir)) as db:
-        token = tokens.create_token(db, name)
-    typer.echo(token)
-    typer.secho(
-        "Store it now: it is not shown again. Send it as 'Authorization: Bearer <token>', "
-        "or enter it on the dashboard's login page (/login).",
-        err=True,
-    )
 
 
 def _run(fn, *args, **kwargs):
@@ -402,7 +383,10 @@ def import_(
 def _register_key_commands() -> None:
     # At the end: these commands use the store helpers above.
     from manager.cli_keys import keys_app, usage
+    from manager.cli_tokens import sessions_app, token_app
 
+    app.add_typer(token_app, name="token")
+    app.add_typer(sessions_app, name="sessions")
     app.add_typer(keys_app, name="keys")
     app.command("usage")(usage)
 

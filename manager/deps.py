@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Annotated, Any, Protocol
 from urllib.parse import urlsplit
@@ -14,7 +13,7 @@ from fastapi.routing import APIRoute
 from sqlmodel import Session
 from starlette.responses import Response
 
-from manager.auth.sessions import BrowserSessions
+from manager.auth import sessions
 from manager.auth.throttle import WrongTokenThrottle
 from manager.db import session as open_session
 from manager.errors import Forbidden, ManagerError, TooManyAttempts, Unauthorized
@@ -25,6 +24,8 @@ from manager.frontdoor.usage import UsageRecorder
 from manager.lora.pin_keeper import PinKeeper
 from manager.metrics import MetricsCollector
 from manager.runtime import Runtime
+from manager.schemas.browser_session import BrowserSession
+from manager.schemas.common import utcnow
 from manager.services import tokens
 from manager.settings import Settings, is_loopback
 from manager.supervisor.supervisor import Supervisor
@@ -91,10 +92,6 @@ async def get_front_door(runtime: RuntimeDep) -> FrontDoor:
     return runtime.front_door
 
 
-async def get_browser_sessions(runtime: RuntimeDep) -> BrowserSessions:
-    return runtime.browser_sessions
-
-
 async def get_wrong_tokens(runtime: RuntimeDep) -> WrongTokenThrottle:
     return runtime.wrong_tokens
 
@@ -111,7 +108,6 @@ LiveViewsDep = Annotated[LiveViews, Depends(get_live_views)]
 PinKeeperDep = Annotated[PinKeeper, Depends(get_pin_keeper)]
 EngineHttpDep = Annotated[httpx.AsyncClient, Depends(get_engine_http)]
 FrontDoorDep = Annotated[FrontDoor, Depends(get_front_door)]
-BrowserSessionsDep = Annotated[BrowserSessions, Depends(get_browser_sessions)]
 WrongTokensDep = Annotated[WrongTokenThrottle, Depends(get_wrong_tokens)]
 UsageRecorderDep = Annotated[UsageRecorder, Depends(get_usage_recorder)]
 
@@ -128,13 +124,24 @@ def client_address(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
-def has_valid_session(request: Request, db: Session, settings: Settings) -> bool:
-    """True when the request carries a session cookie from the login page that is still good."""
+def current_session(request: Request, db: Session, settings: Settings) -> BrowserSession | None:
+    """The live browser session the request's cookie stands for: not expired, not logged out or ended
+    by the admin, and its token still valid (a session of a token gone is ended here)."""
     value = request.cookies.get(SESSION_COOKIE)
     if not value:
-        return False
-    sessions = runtime_of(request).browser_sessions
-    return sessions.is_valid(value, tokens.valid_digests(db, settings.env_token), time.time())
+        return None
+    found = sessions.find(db, value, utcnow())
+    if found is None:
+        return None
+    if not tokens.digest_is_valid(db, found.token_sha256, settings.env_token):
+        sessions.end(db, value)  # its token was revoked, or VLLM_MANAGER_API_TOKEN changed
+        return None
+    return found
+
+
+def has_valid_session(request: Request, db: Session, settings: Settings) -> bool:
+    """True when the request carries a session cookie from the login page that is still good."""
+    return current_session(request, db, settings) is not None
 
 
 def is_authorized(request: Request, db: Session, settings: Settings) -> bool:

@@ -2,8 +2,8 @@
 
 The store, the HTTP client to the engines, the supervisor (with the planner's pre-start check), the
 metrics collector and the views of it that the pages stream, the keeper of pinned LoRA adapters, the
-front door (/v1: the scheduler and the proxy) and the recorder of its usage, and login: browser
-sessions and the limit on wrong tokens.
+front door (/v1: the scheduler and the proxy) and the recorder of its usage, and the limit on wrong
+tokens (browser sessions live in the store: manager.auth.sessions).
 The app's lifespan opens one ``Runtime``; routes reach its parts through ``manager.deps``.
 """
 
@@ -18,7 +18,7 @@ import httpx
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
-from manager.auth.sessions import BrowserSessions
+from manager.auth import sessions
 from manager.auth.throttle import WrongTokenThrottle
 from manager.cluster.ray_cluster import RayCluster
 from manager.db import make_engine, migrate, session
@@ -28,10 +28,10 @@ from manager.frontdoor.usage import UsageRecorder
 from manager.launch.preflight import refuse_if_it_cannot_fit
 from manager.lora.pin_keeper import PinKeeper
 from manager.metrics import HistoryStore, ManagerExposition, MetricsCollector, WorkerInfo
-from manager.schemas.common import expand_home
+from manager.schemas.common import expand_home, utcnow
 from manager.schemas.model_config import ModelConfig
-from manager.services import inference_keys, models
-from manager.settings import DataDirUnusable, Settings, is_loopback
+from manager.services import inference_keys, models, tokens
+from manager.settings import Settings, is_loopback
 from manager.supervisor.supervisor import Supervisor
 from manager.supervisor.view import WorkerView
 from manager.web.live import LiveViews
@@ -50,16 +50,15 @@ class Runtime:
     live_views: LiveViews
     pin_keeper: PinKeeper
     front_door: FrontDoor
-    browser_sessions: BrowserSessions
     wrong_tokens: WrongTokenThrottle
     usage: UsageRecorder
 
     @classmethod
     async def open(cls, settings: Settings) -> Runtime:
         settings.ensure_dirs()
-        browser_sessions = open_browser_sessions(settings)
         engine = make_engine(settings.db_path)
         migrate(engine)
+        end_sessions_of_tokens_gone(settings, engine)
         # Probes, scrapes and control calls to every engine (what /v1 forwards has its own pool).
         http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
         cluster = open_cluster(settings)
@@ -91,7 +90,6 @@ class Runtime:
             pin_keeper=PinKeeper(engine, supervisor, http),
             front_door=FrontDoor(settings, engine, supervisor, http, FrontDoorMetrics(exposition.registry), usage),
             usage=usage,
-            browser_sessions=browser_sessions,
             wrong_tokens=WrongTokenThrottle(),
         )
         collector.start()
@@ -132,11 +130,14 @@ def open_cluster(settings: Settings) -> RayCluster | None:
     return RayCluster(settings.ray_address)
 
 
-def open_browser_sessions(settings: Settings) -> BrowserSessions:
-    try:
-        return BrowserSessions.from_key_file(settings.session_key_path)
-    except (OSError, ValueError) as exc:
-        raise DataDirUnusable(f"the login page's session key cannot be used: {exc}") from exc
+def end_sessions_of_tokens_gone(settings: Settings, engine: Engine) -> None:
+    """Browser sessions whose token is no longer valid (VLLM_MANAGER_API_TOKEN changed since they
+    logged in) end now, and expired ones are deleted."""
+    with session(engine) as db:
+        sessions.remove_expired(db, utcnow())
+        ended = sessions.end_unless_made_with(db, tokens.valid_digests(db, settings.env_token))
+    if ended:
+        log.info("%d browser sessions ended: the token they logged in with is no longer valid", ended)
 
 
 def log_inference_access(settings: Settings, engine: Engine) -> None:

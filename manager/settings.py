@@ -127,11 +127,6 @@ class Settings(BaseSettings):
     def run_dir(self) -> Path:
         return self.data_dir / "run"
 
-    @property
-    def session_key_path(self) -> Path:
-        """The key that signs the login page's browser sessions (0600; deleting it ends every session)."""
-        return self.data_dir / "session.key"
-
     @cached_property
     def env_token(self) -> str | None:
         """The token from VLLM_MANAGER_API_TOKEN or VLLM_MANAGER_API_TOKEN_FILE; ValueError, saying

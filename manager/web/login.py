@@ -1,14 +1,13 @@
 """The login page: the API token in, a session cookie out, so that a browser need not keep the token.
 
 The cookie is HttpOnly (scripts cannot read it), SameSite=Strict (other sites' pages cannot send it)
-and Secure when the page came over https. Its value is a signed session (manager.auth.sessions),
-never the token. Wrong tokens count against the address, as wrong bearer tokens do.
+and Secure when the page came over https. Its value names a session the manager keeps
+(manager.auth.sessions), never the token; logging out ends that session on the manager, not only in
+the browser. Wrong tokens count against the address, as wrong bearer tokens do.
 """
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -16,18 +15,18 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from manager.auth.sessions import SESSION_LIFETIME_S, BrowserSessions
+from manager.auth import sessions
 from manager.deps import (
     SESSION_COOKIE,
-    BrowserSessionsDep,
     LoginNeeded,
     OpenRoute,
     SessionDep,
     SettingsDep,
     WrongTokensDep,
     client_address,
-    has_valid_session,
+    current_session,
 )
+from manager.schemas.common import utcnow
 from manager.services import tokens
 from manager.web.render import render
 
@@ -49,13 +48,8 @@ def safe_next(value: str | None) -> str:
 
 
 def _page(status: int = 200, headers: dict[str, str] | None = None, **context: Any) -> HTMLResponse:
-    days = SESSION_LIFETIME_S // 86400
+    days = sessions.SESSION_LIFETIME.days
     return HTMLResponse(render("login.html", page="login", days=days, **context), status, headers=headers)
-
-
-def _until(cookie: str) -> str | None:
-    expires = BrowserSessions.expires_at(cookie)
-    return None if expires is None else datetime.fromtimestamp(expires, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 @router.get("/login", response_class=HTMLResponse)
@@ -63,15 +57,15 @@ def login_page(request: Request, db: SessionDep, settings: SettingsDep, next: st
     """The form; or, for a browser already logged in, until when and a way to log out."""
     if not tokens.auth_required(db, settings.env_token):
         return _page(state="open", next=safe_next(next))
-    if has_valid_session(request, db, settings):
-        return _page(state="signed-in", next=safe_next(next), until=_until(request.cookies.get(SESSION_COOKIE, "")))
+    session = current_session(request, db, settings)
+    if session is not None:
+        until = sessions.ends_at(session).strftime("%Y-%m-%d %H:%M UTC")
+        return _page(state="signed-in", next=safe_next(next), until=until)
     return _page(state="form", next=safe_next(next))
 
 
 @router.post("/login", response_class=HTMLResponse)
-async def log_in(
-    request: Request, db: SessionDep, settings: SettingsDep, sessions: BrowserSessionsDep, throttle: WrongTokensDep
-) -> Response:
+async def log_in(request: Request, db: SessionDep, settings: SettingsDep, throttle: WrongTokensDep) -> Response:
     form = await request.form()
     token = str(form.get("token") or "").strip()
     next_path = safe_next(str(form.get("next") or ""))
@@ -88,11 +82,13 @@ async def log_in(
     if digest is None:
         throttle.record_failure(address)
         return _page(401, state="form", next=next_path, error="That is not a valid API token.")
+    user_agent = request.headers.get("user-agent", "")
+    value = await run_in_threadpool(sessions.start, db, digest, address, user_agent, utcnow())
     response = RedirectResponse(next_path, 303)
     response.set_cookie(
         SESSION_COOKIE,
-        sessions.issue(digest, time.time()),
-        max_age=sessions.lifetime_s,
+        value,
+        max_age=int(sessions.SESSION_LIFETIME.total_seconds()),
         path="/",
         secure=request.url.scheme == "https",
         httponly=True,
@@ -102,7 +98,10 @@ async def log_in(
 
 
 @router.post("/logout")
-def log_out(request: Request) -> Response:
+def log_out(request: Request, db: SessionDep) -> Response:
+    value = request.cookies.get(SESSION_COOKIE)
+    if value:
+        sessions.end(db, value)  # the cookie the browser deletes stops working everywhere else too
     response = RedirectResponse("/login", 303)
     response.delete_cookie(
         SESSION_COOKIE, path="/", secure=request.url.scheme == "https", httponly=True, samesite="strict"

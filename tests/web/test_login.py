@@ -7,6 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from manager.app import create_app
+from manager.deps import SESSION_COOKIE
 
 TOKEN = "a-long-enough-admin-token-" + "t" * 20
 PAGE = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}  # a browser's
@@ -92,6 +93,19 @@ def test_the_login_page_says_who_is_logged_in_and_logs_out(c):
     assert "Max-Age=0" in out.headers["set-cookie"] or "expires=" in out.headers["set-cookie"].lower()
     assert c.get("/", headers=PAGE, follow_redirects=False).status_code == 303
     assert c.get("/api/models").status_code == 401
+
+
+def test_logging_out_ends_the_session_on_the_manager_not_only_in_the_browser(c):
+    _log_in(c)
+    copied = c.cookies[SESSION_COOKIE]  # as someone who read the cookie off the machine before the logout
+    assert c.post("/logout", headers=OWN_PAGE, follow_redirects=False).status_code == 303
+    c.cookies.set(SESSION_COOKIE, copied)
+    assert c.get("/api/models").status_code == 401
+    assert c.post("/api/profiles", json={"name": "p"}, headers=OWN_PAGE).status_code == 401
+    with c.stream("GET", "/api/metrics/stream") as stream:
+        assert stream.status_code == 401
+    assert c.get("/", headers=PAGE, follow_redirects=False).status_code == 303
+    assert 'data-testid="signed-in"' not in c.get("/login").text
 
 
 def test_sessions_survive_a_restart_and_end_when_the_token_changes(settings, guarded):
