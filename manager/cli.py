@@ -123,14 +123,24 @@ def serve(
             "(or VLLM_MANAGER_STOP_WORKERS_ON_EXIT=0). Without it a clean stop stops them first.",
         ),
     ] = False,
+    forwarded_allow_ips: Annotated[
+        str | None,
+        typer.Option(
+            help="Proxies in front of the manager whose X-Forwarded-For/-Proto headers are believed: addresses "
+            "or networks, comma separated (or VLLM_MANAGER_FORWARDED_ALLOW_IPS). Default: none, so each client "
+            "is known by the address it connects from.",
+        ),
+    ] = None,
 ) -> None:
     """Run the manager's web server and API."""
     import uvicorn
+    from pydantic import ValidationError
 
     from manager.app import create_app
     from manager.services import tokens
 
-    overrides: dict = {k: v for k, v in (("host", host), ("port", port), ("ray_address", ray_address)) if v}
+    named = (("host", host), ("port", port), ("ray_address", ray_address), ("forwarded_allow_ips", forwarded_allow_ips))
+    overrides: dict = {k: v for k, v in named if v}
     if open_reads:
         overrides["open_reads"] = True
     if keep_workers:
@@ -138,6 +148,8 @@ def serve(
     try:
         settings = _settings(data_dir, **overrides)
         _ = settings.env_token
+    except ValidationError as exc:
+        _fail(_validation_message(exc), code=2)
     except ValueError as exc:
         _fail(str(exc), code=2)
     host, port = settings.host, settings.port
@@ -163,7 +175,7 @@ def serve(
 
         forwarders.serve(app, settings)
         return
-    config = uvicorn.Config(app, log_level="info", access_log=settings.access_log)
+    config = uvicorn.Config(app, log_level="info", access_log=settings.access_log, **settings.proxy_header_options())
     uvicorn.Server(config).run(sockets=[listening])
 
 

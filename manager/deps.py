@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Annotated, Any, Protocol
 from urllib.parse import urlsplit
 
@@ -14,7 +14,7 @@ from sqlmodel import Session
 from starlette.responses import Response
 
 from manager.auth import sessions
-from manager.auth.throttle import WrongTokenThrottle
+from manager.auth.throttle import ADMIN_TOKEN, INFERENCE_KEY, WRONG, WrongTokenThrottle
 from manager.db import session as open_session
 from manager.errors import Forbidden, ManagerError, TooManyAttempts, Unauthorized
 from manager.frontdoor.access import Caller
@@ -26,7 +26,7 @@ from manager.metrics import MetricsCollector
 from manager.runtime import Runtime
 from manager.schemas.browser_session import BrowserSession
 from manager.schemas.common import utcnow
-from manager.services import tokens
+from manager.services import inference_keys, tokens
 from manager.settings import Settings, is_loopback
 from manager.supervisor.supervisor import Supervisor
 from manager.web.live import LiveViews
@@ -92,8 +92,8 @@ async def get_front_door(runtime: RuntimeDep) -> FrontDoor:
     return runtime.front_door
 
 
-async def get_wrong_tokens(runtime: RuntimeDep) -> WrongTokenThrottle:
-    return runtime.wrong_tokens
+async def get_throttles(runtime: RuntimeDep) -> Mapping[str, WrongTokenThrottle]:
+    return runtime.throttles
 
 
 def get_usage_recorder(runtime: RuntimeDep) -> UsageRecorder:
@@ -108,7 +108,7 @@ LiveViewsDep = Annotated[LiveViews, Depends(get_live_views)]
 PinKeeperDep = Annotated[PinKeeper, Depends(get_pin_keeper)]
 EngineHttpDep = Annotated[httpx.AsyncClient, Depends(get_engine_http)]
 FrontDoorDep = Annotated[FrontDoor, Depends(get_front_door)]
-WrongTokensDep = Annotated[WrongTokenThrottle, Depends(get_wrong_tokens)]
+ThrottlesDep = Annotated[Mapping[str, WrongTokenThrottle], Depends(get_throttles)]
 UsageRecorderDep = Annotated[UsageRecorder, Depends(get_usage_recorder)]
 
 
@@ -162,19 +162,27 @@ class Throttle(Protocol):
     def record_failure(self, address: str) -> None: ...
 
 
-def refuse_while_throttled(request: Request, throttle: Throttle | None = None) -> None:
-    """TooManyAttempts when this request's address sent too many wrong tokens lately (``throttle``:
-    the manager's own unless given)."""
-    throttle = runtime_of(request).wrong_tokens if throttle is None else throttle
-    wait_s = throttle.retry_after(client_address(request))
+Throttles = Mapping[str, Throttle]  # one per kind of secret (manager.auth.throttle.KINDS)
+
+
+def kind_of(secret: str) -> str:
+    """Which limit a wrong secret counts against: the inference keys' for one that looks like a key,
+    the admin token's for any other (wherever it was sent)."""
+    return INFERENCE_KEY if secret.startswith(inference_keys.KEY_START) else ADMIN_TOKEN
+
+
+def refuse_while_throttled(request: Request, kind: str, throttles: Throttles | None = None) -> None:
+    """TooManyAttempts when this request's address sent too many wrong secrets of this kind lately
+    (``throttles``: the manager's own unless given)."""
+    throttle = (runtime_of(request).throttles if throttles is None else throttles)[kind]
+    address = client_address(request)
+    wait_s = throttle.retry_after(address)
     if wait_s is not None:
-        raise TooManyAttempts(
-            f"too many wrong tokens from {client_address(request)}: try again in {wait_s} s", retry_after_s=wait_s
-        )
+        raise TooManyAttempts(f"too many {WRONG[kind]} from {address}: try again in {wait_s} s", retry_after_s=wait_s)
 
 
-def record_wrong_token(request: Request, throttle: Throttle | None = None) -> None:
-    throttle = runtime_of(request).wrong_tokens if throttle is None else throttle
+def record_wrong_token(request: Request, kind: str, throttles: Throttles | None = None) -> None:
+    throttle = (runtime_of(request).throttles if throttles is None else throttles)[kind]
     throttle.record_failure(client_address(request))
 
 
@@ -297,17 +305,19 @@ def has_credentials(request: Request, db: Session, settings: Settings) -> bool:
     """Whether the request carries a valid bearer token or a good session cookie.
 
     A bearer token is always checked: a wrong one is a 401 and counts against the request's address,
-    and an address with too many wrong ones gets 429 until its window ends, right token or not."""
+    and an address with too many wrong ones gets 429 until its window ends, right token or not. An
+    inference key sent here counts against the keys' limit, not the admin token's."""
     token = _bearer(request)
     if token is None:
         if not has_valid_session(request, db, settings):
             return False
         refuse_unproven_origin(request)
         return True
-    refuse_while_throttled(request)
+    kind = kind_of(token)
+    refuse_while_throttled(request, kind)
     if tokens.token_is_valid(db, token, settings.env_token):
         return True
-    record_wrong_token(request)
+    record_wrong_token(request, kind)
     raise Unauthorized("the bearer token is not valid")
 
 
@@ -368,14 +378,14 @@ class CallerSource(Protocol):
 
 
 def inference_caller(
-    request: Request, door: CallerSource, settings: Settings, throttle: Throttle | None = None
+    request: Request, door: CallerSource, settings: Settings, throttles: Throttles | None = None
 ) -> Caller:
     """Who may send requests to /v1 (``manager.frontdoor.access``): an inference key once any exists,
     else anyone on a loopback bind, and on a public bind the admin token unless /v1 was opened
     explicitly. Browsers on other sites are refused as for every other call: they must not make a
     visitor's machine run models. Answered from what the front door keeps of the store: no database
-    session per request. ``throttle``: the wrong keys per address (the manager's own; a forwarder
-    process reaches it through the lease channel).
+    session per request. ``throttles``: the wrong secrets per address (the manager's own; a forwarder
+    process reaches them through the lease channel).
     """
     try:
         refuse_cross_site(request)
@@ -384,15 +394,17 @@ def inference_caller(
     bearer = _bearer(request)
     if bearer is None:
         return door.caller(None, settings)
-    # Guessing keys is slowed down as guessing the admin token is: the same limit per address.
+    # Guessing keys is slowed down as guessing the admin token is: the same limit per address, each
+    # kind of secret counted apart.
+    kind = kind_of(bearer)
     try:
-        refuse_while_throttled(request, throttle)
+        refuse_while_throttled(request, kind, throttles)
     except TooManyAttempts as exc:
         raise TooManyWrongKeys(exc.message, int(exc.detail["retry_after_s"])) from None
     try:
         return door.caller(bearer, settings)
     except NoCredentials:
-        record_wrong_token(request, throttle)
+        record_wrong_token(request, kind, throttles)
         raise
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 
 from manager.auth import sessions
-from manager.auth.throttle import WrongTokenThrottle
+from manager.auth.throttle import ADMIN_TOKEN, INFERENCE_KEY, WrongTokenThrottle
 from manager.cluster.ray_cluster import RayCluster
 from manager.db import make_engine, migrate, session
 from manager.frontdoor.front_door import FrontDoor
@@ -50,8 +50,14 @@ class Runtime:
     live_views: LiveViews
     pin_keeper: PinKeeper
     front_door: FrontDoor
-    wrong_tokens: WrongTokenThrottle
+    wrong_tokens: WrongTokenThrottle  # guesses at the admin token, wherever they are sent
+    wrong_keys: WrongTokenThrottle  # inference keys that are not (any more), sent anywhere
     usage: UsageRecorder
+
+    @property
+    def throttles(self) -> dict[str, WrongTokenThrottle]:
+        """The limits on wrong secrets, by kind (manager.auth.throttle.KINDS)."""
+        return {ADMIN_TOKEN: self.wrong_tokens, INFERENCE_KEY: self.wrong_keys}
 
     @classmethod
     async def open(cls, settings: Settings) -> Runtime:
@@ -91,6 +97,7 @@ class Runtime:
             front_door=FrontDoor(settings, engine, supervisor, http, FrontDoorMetrics(exposition.registry), usage),
             usage=usage,
             wrong_tokens=WrongTokenThrottle(),
+            wrong_keys=WrongTokenThrottle(),
         )
         collector.start()
         runtime.pin_keeper.start()

@@ -8,6 +8,7 @@ import sys
 import tempfile
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -82,6 +83,10 @@ class Settings(BaseSettings):
     # (everything else they pass to the manager's process). 0: the manager's process does it all. On a
     # box with cores to spare, a few let /v1 keep up with many clients (bench/README.md).
     forwarders: int = Field(default=0, ge=0, le=64)
+    # Proxies in front of the manager whose X-Forwarded-For and X-Forwarded-Proto are believed: addresses
+    # or networks, comma separated ("*": any peer). Empty: none, so a client's address is the peer's,
+    # and no client can claim another address to escape the limit on wrong tokens.
+    forwarded_allow_ips: str = ""
     # Host names this manager answers to (DNS-rebinding guard). Default: loopback names when bound to
     # loopback, any name when bound to a public address (where the API token guards changes).
     allowed_hosts: list[str] | None = None
@@ -92,6 +97,35 @@ class Settings(BaseSettings):
         if is_loopback(self.host):
             return ["localhost", "127.0.0.1", "::1", "[::1]"]
         return ["*"]
+
+    def proxy_header_options(self) -> dict[str, Any]:
+        """uvicorn's options for forwarded headers: believed only from the proxies named."""
+        proxies = self.forwarded_proxies
+        if not proxies:
+            return {"proxy_headers": False}
+        return {"proxy_headers": True, "forwarded_allow_ips": proxies}
+
+    @property
+    def forwarded_proxies(self) -> list[str]:
+        items = [item.strip() for item in self.forwarded_allow_ips.split(",") if item.strip()]
+        # A network written with host bits (10.0.0.1/8) as the network it names: uvicorn would take it for
+        # a name and never match it.
+        return [str(ipaddress.ip_network(item, strict=False)) if "/" in item else item for item in items]
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _check_proxies(cls, value: str) -> str:
+        for item in (item.strip() for item in value.split(",")):
+            if not item or item == "*":
+                continue
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"forwarded_allow_ips takes IP addresses or networks separated by commas (e.g. "
+                    f"127.0.0.1,10.0.0.0/8), or '*'; {item!r} is neither"
+                ) from None
+        return value
 
     @field_validator("worker_ports")
     @classmethod

@@ -5,6 +5,10 @@ from it that brings a token (a bearer header, the login form) is refused until t
 even one with the right token: otherwise a guesser could keep guessing and only learn later which
 guess was right. Memory stays bounded: at most ``max_addresses`` are remembered, the oldest windows
 are forgotten first.
+
+Admin tokens and inference keys are counted apart (one limit each, ``KINDS``): a client that keeps
+sending a revoked key must not lock the admin out of the API from the same address, and guesses at
+the admin token count together wherever they are sent (/api, /login or /v1).
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+ADMIN_TOKEN = "admin token"
+INFERENCE_KEY = "inference key"
+KINDS = (ADMIN_TOKEN, INFERENCE_KEY)
+WRONG = {ADMIN_TOKEN: "wrong tokens", INFERENCE_KEY: "wrong inference keys"}  # in messages
 
 
 @dataclass

@@ -187,7 +187,7 @@ class ForwarderApp:
         response: Response
         try:
             # Wrong tokens count in the manager's own limit (the lease channel tells it), not one of ours.
-            caller = inference_caller(request, self.catalog, self.settings, self.leases.throttle)
+            caller = inference_caller(request, self.catalog, self.settings, self.leases.throttles)
             response = await handler(request, scope["path"], caller)
         except FrontDoorError as exc:
             response = JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
@@ -252,8 +252,15 @@ def run(settings: Settings, sockets: Sockets, number: int) -> None:
     listening = port_socket(settings.host, settings.port)
     app = ForwarderApp(settings, sockets)
     # Stopped, it finishes the requests it has (streams included) for up to DRAIN_S.
+    # A client's X-Forwarded-For is believed only from a proxy the admin named: the relay passes on the
+    # address found here, which the manager's process believes (manager.frontdoor.forwarders).
     config = uvicorn.Config(
-        app, log_level="info", access_log=settings.access_log, lifespan="on", timeout_graceful_shutdown=DRAIN_S
+        app,
+        log_level="info",
+        access_log=settings.access_log,
+        lifespan="on",
+        timeout_graceful_shutdown=DRAIN_S,
+        **settings.proxy_header_options(),
     )
     server = uvicorn.Server(config)
     app.server = server

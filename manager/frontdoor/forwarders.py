@@ -138,7 +138,8 @@ async def _serve(app: FastAPI, settings: Settings, run_dir: Path) -> None:
         log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc)
         raise SystemExit(3) from None
     # The manager's own server: on a Unix socket only the forwarders reach (its directory is private).
-    # It trusts the client address they pass on; its access log is theirs.
+    # It trusts the client address they pass on (a forwarder believes a client's X-Forwarded-For only
+    # from a proxy the admin named: manager.frontdoor.forwarder.run); its access log is theirs.
     config = uvicorn.Config(
         app, uds=str(sockets.http), log_level="info", access_log=False, proxy_headers=True, forwarded_allow_ips="*"
     )
@@ -151,7 +152,7 @@ async def _serve(app: FastAPI, settings: Settings, run_dir: Path) -> None:
             return
         await asyncio.sleep(0.05)
     runtime: Runtime = app.state.runtime
-    server.leases = LeaseServer(runtime.front_door, sockets.leases, runtime.wrong_tokens)
+    server.leases = LeaseServer(runtime.front_door, sockets.leases, runtime.throttles)
     await server.leases.start()
     processes.start()
     log.info(

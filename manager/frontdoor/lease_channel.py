@@ -10,12 +10,13 @@ One JSON object per line, each way. A forwarder sends
   {"op": "release", "lease": L}
   {"op": "done", "lease": L|null, "key": K, "config": C|null, "status": S, "tokens": [P, C]|null, "added": X|null}
   {"op": "adapter_missing", "lease": L, "adapter": A}
-  {"op": "wrong_token", "address": A}
+  {"op": "wrong_token", "kind": K, "address": A}
 and the manager answers an acquire with
   {"id": N, "lease": L, "port": P, "address": H, "queued": B}   or   {"id": N, "refused": {"status", "body", "headers"}}
-and tells every forwarder when an address has sent too many wrong tokens (to /v1 through any of them,
-to the API or to the login page): {"op": "throttled", "address": A, "retry_after_s": S}. The count is
-the manager's alone, so the limit is the same with forwarders as without.
+and tells every forwarder when an address has sent too many wrong secrets of a kind (an admin token or
+an inference key, K: manager.auth.throttle.KINDS; to /v1 through any of them, to the API or to the
+login page): {"op": "throttled", "kind": K, "address": A, "retry_after_s": S}. The counts are the
+manager's alone, so the limits are the same with forwarders as without.
 A forwarder that goes away gives back every lease it held.
 """
 
@@ -23,16 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from manager.auth.throttle import WrongTokenThrottle
+from manager.auth.throttle import KINDS, WrongTokenThrottle
 from manager.frontdoor.errors import FrontDoorError, ModelUnavailable
 from manager.frontdoor.forwarding import Held, LeaseSource, Outcome, Tally
 from manager.frontdoor.metering import Tokens
@@ -63,11 +66,15 @@ def _line(message: dict[str, Any]) -> bytes:
 
 # ---- the manager's side ---------------------------------------------------------------------------------
 class LeaseServer:
-    def __init__(self, door: Door, path: Path, throttle: WrongTokenThrottle | None = None) -> None:
+    def __init__(self, door: Door, path: Path, throttles: Mapping[str, WrongTokenThrottle] | None = None) -> None:
         self.door = door
         self.path = path
-        self.throttle = WrongTokenThrottle() if throttle is None else throttle
-        self.throttle.on_limit.append(self._throttled)
+        self.throttles = {kind: WrongTokenThrottle() for kind in KINDS} if throttles is None else dict(throttles)
+        self._listening: list[tuple[WrongTokenThrottle, Callable[[str, int], None]]] = []
+        for kind, throttle in self.throttles.items():
+            listener = functools.partial(self._throttled, kind)
+            throttle.on_limit.append(listener)
+            self._listening.append((throttle, listener))
         self._server: asyncio.Server | None = None
         self._numbers = itertools.count(1)
         self._writers: set[asyncio.StreamWriter] = set()
@@ -81,11 +88,13 @@ class LeaseServer:
             self._server = None
         for writer in list(self._writers):
             writer.close()
-        if self._throttled in self.throttle.on_limit:
-            self.throttle.on_limit.remove(self._throttled)
+        for throttle, listener in self._listening:
+            if listener in throttle.on_limit:
+                throttle.on_limit.remove(listener)
+        self._listening.clear()
 
-    def _throttled(self, address: str, wait_s: int) -> None:
-        told = _line({"op": "throttled", "address": address, "retry_after_s": wait_s})
+    def _throttled(self, kind: str, address: str, wait_s: int) -> None:
+        told = _line({"op": "throttled", "kind": kind, "address": address, "retry_after_s": wait_s})
         for writer in self._writers:
             if not writer.is_closing():
                 writer.write(told)
@@ -117,7 +126,7 @@ class LeaseServer:
                     )
                     self.door.record(outcome, held.pop(message.get("lease"), None))
                 elif op == "wrong_token":
-                    self.throttle.record_failure(str(message["address"]))
+                    self.throttles[str(message["kind"])].record_failure(str(message["address"]))
                 elif op == "adapter_missing":
                     lease = held.get(message["lease"])
                     if lease is not None:
@@ -180,11 +189,13 @@ class RemoteLease:
 
 
 class PushedThrottle:
-    """A forwarder's view of the manager's wrong-token limit: its wrong tokens are told to the manager,
-    which counts them, and the addresses it says must wait are refused here until then."""
+    """A forwarder's view of one of the manager's limits on wrong secrets (``kind``): its wrong ones are
+    told to the manager, which counts them, and the addresses it says must wait are refused here until
+    then."""
 
-    def __init__(self, client: LeaseClient) -> None:
+    def __init__(self, client: LeaseClient, kind: str) -> None:
         self._client = client
+        self.kind = kind
         self._until: dict[str, float] = {}
 
     def retry_after(self, address: str) -> int | None:
@@ -198,7 +209,7 @@ class PushedThrottle:
         return max(1, math.ceil(left))
 
     def record_failure(self, address: str) -> None:
-        self._client.send({"op": "wrong_token", "address": address})
+        self._client.send({"op": "wrong_token", "kind": self.kind, "address": address})
 
     def limit_reached(self, address: str, wait_s: float) -> None:
         if len(self._until) > MAX_THROTTLED:
@@ -221,7 +232,7 @@ class LeaseClient:
         self._numbers = itertools.count(1)
         self._reading: asyncio.Task[None] | None = None
         self.lost = asyncio.Event()
-        self.throttle = PushedThrottle(self)
+        self.throttles = {kind: PushedThrottle(self, kind) for kind in KINDS}
 
     async def connect(self, path: Path, timeout_s: float = 30.0) -> None:
         """Connect, retrying while the manager's process is still starting its channel."""
@@ -257,7 +268,8 @@ class LeaseClient:
             while line := await self._reader.readline():
                 answer = json.loads(line)
                 if answer.get("op") == "throttled":
-                    self.throttle.limit_reached(str(answer["address"]), float(answer["retry_after_s"]))
+                    pushed = self.throttles[str(answer["kind"])]
+                    pushed.limit_reached(str(answer["address"]), float(answer["retry_after_s"]))
                     continue
                 asked = self._asked.pop(answer["id"], None)
                 if asked is not None and not asked.done():

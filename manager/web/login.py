@@ -16,15 +16,17 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from manager.auth import sessions
+from manager.auth.throttle import WRONG
 from manager.deps import (
     SESSION_COOKIE,
     LoginNeeded,
     OpenRoute,
     SessionDep,
     SettingsDep,
-    WrongTokensDep,
+    ThrottlesDep,
     client_address,
     current_session,
+    kind_of,
 )
 from manager.schemas.common import utcnow
 from manager.services import tokens
@@ -65,16 +67,18 @@ def login_page(request: Request, db: SessionDep, settings: SettingsDep, next: st
 
 
 @router.post("/login", response_class=HTMLResponse)
-async def log_in(request: Request, db: SessionDep, settings: SettingsDep, throttle: WrongTokensDep) -> Response:
+async def log_in(request: Request, db: SessionDep, settings: SettingsDep, throttles: ThrottlesDep) -> Response:
     form = await request.form()
     token = str(form.get("token") or "").strip()
     next_path = safe_next(str(form.get("next") or ""))
     if not await run_in_threadpool(tokens.auth_required, db, settings.env_token):
         return RedirectResponse(next_path, 303)  # nothing to log in to: every page is open
     address = client_address(request)
+    kind = kind_of(token)
+    throttle = throttles[kind]
     wait_s = throttle.retry_after(address)
     if wait_s is not None:
-        message = f"Too many wrong tokens from {address}: try again in {wait_s} s."
+        message = f"Too many {WRONG[kind]} from {address}: try again in {wait_s} s."
         return _page(429, {"Retry-After": str(wait_s)}, state="form", next=next_path, error=message)
     if not token:
         return _page(401, state="form", next=next_path, error="Enter the API token.")

@@ -134,3 +134,24 @@ def test_only_the_hash_is_stored(settings):
     token = _make_token(settings)
     raw = b"".join(f.read_bytes() for f in settings.data_dir.glob("manager.db*"))
     assert token.encode() not in raw
+
+
+def test_a_stale_inference_key_does_not_lock_the_admin_out(settings):
+    guarded = settings.model_copy(update={"api_token": ENV_TOKEN})
+    right = {"Authorization": f"Bearer {ENV_TOKEN}"}
+    with TestClient(create_app(guarded)) as c:
+        # A script that kept a revoked key (or points its key at the API) from the admin's own address.
+        for n in range(10):
+            assert c.get("/api/profiles", headers={"Authorization": f"Bearer vmk_stale-{n}"}).status_code == 401
+        stale = c.get("/api/profiles", headers={"Authorization": "Bearer vmk_stale-10"})
+        assert stale.status_code == 429 and "too many wrong inference keys" in stale.json()["detail"]
+        assert c.get("/api/profiles", headers=right).status_code == 200
+        assert c.post("/login", data={"token": ENV_TOKEN}, follow_redirects=False).status_code == 303
+        # Guesses at the admin token count together wherever they are sent, /v1 included.
+        key = c.post("/api/keys", json={"name": "app"}, headers=right).json()["key"]
+        for n in range(5):
+            assert c.get("/v1/models", headers={"Authorization": f"Bearer guess-{n}"}).status_code == 401
+            assert c.get("/api/profiles", headers={"Authorization": f"Bearer guess-{n}"}).status_code == 401
+        assert c.get("/api/profiles", headers=right).status_code == 429
+        assert c.get("/v1/models", headers=right).status_code == 429
+        assert c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 429  # keys: still waiting

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 CLI = [sys.executable, "-m", "manager"]
@@ -193,3 +194,62 @@ def test_a_read_from_a_folder_without_manager_data_names_the_folder_and_makes_no
     assert not wrong.exists()
     helped = subprocess.run([*CLI, "models", "--help"], capture_output=True, text=True, timeout=60)
     assert "List the stored model configs" in helped.stdout and "Add a model config from a YAML" in helped.stdout
+
+
+def _wrong_tokens(port: int, forged: list[str]) -> list[httpx.Response]:
+    """A wrong token from this machine per address it claims to come from."""
+    return [
+        httpx.get(
+            f"http://127.0.0.1:{port}/api/profiles",
+            headers={"Authorization": f"Bearer wrong-{n}", "X-Forwarded-For": address},
+        )
+        for n, address in enumerate(forged)
+    ]
+
+
+@pytest.mark.parametrize("forwarders", ["0", "1"])
+def test_a_client_cannot_claim_other_addresses_to_escape_the_wrong_token_limit(tmp_path, forwarders):
+    token = _run(["token", "create"], tmp_path).stdout.strip()
+    assert _run(["keys", "create", "app"], tmp_path).returncode == 0  # /v1 then takes keys only
+    env = {"VLLM_MANAGER_FORWARDERS": forwarders}
+    port = _free_port()
+    proc = _serve(tmp_path, port, env=env)
+    try:
+        # /v1 (answered by a forwarder when there are some): wrong keys from forged addresses count as one.
+        chat = f"http://127.0.0.1:{port}/v1/chat/completions"
+        statuses = []
+        for n in range(30):
+            forged = {"Authorization": f"Bearer vmk_wrong-{n}", "X-Forwarded-For": f"203.0.113.{n}"}
+            statuses.append(httpx.post(chat, json={"model": "m", "messages": []}, headers=forged).status_code)
+            if statuses[-1] == 429:
+                break
+            time.sleep(0.05 * (n >= 10))  # a forwarder hears of the limit from the manager a moment later
+        assert statuses[:10] == [401] * 10 and statuses[-1] == 429
+        # Wrong keys do not lock the admin out of the API.
+        assert (
+            httpx.get(f"http://127.0.0.1:{port}/api/profiles", headers={"Authorization": f"Bearer {token}"}).status_code
+            == 200
+        )
+        answers = _wrong_tokens(port, [f"203.0.113.{n}" for n in range(11)])
+        assert [a.status_code for a in answers] == [401] * 10 + [429]
+        assert "too many wrong tokens from 127.0.0.1" in answers[-1].json()["detail"]
+        right = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(f"http://127.0.0.1:{port}/api/profiles", headers=right).status_code == 429
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    # A proxy the admin names is believed: each client behind it has a limit of its own.
+    port = _free_port()
+    proc = _serve(tmp_path, port, "--forwarded-allow-ips", "127.0.0.1", env=env)
+    try:
+        assert [a.status_code for a in _wrong_tokens(port, [f"203.0.113.{n}" for n in range(11)])] == [401] * 11
+        behind = _wrong_tokens(port, ["198.51.100.7"] * 11)[-1]
+        assert behind.status_code == 429 and "from 198.51.100.7" in behind.json()["detail"]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+
+
+def test_a_proxy_setting_that_is_not_an_address_stops_serve_with_what_to_do(tmp_path):
+    result = _run(["serve", "--port", str(_free_port()), "--forwarded-allow-ips", "proxy.local"], tmp_path)
+    assert result.returncode == 2 and "'proxy.local' is neither" in result.stderr and "Traceback" not in result.stderr

@@ -200,7 +200,7 @@ def test_guessing_keys_is_slowed_down_like_guessing_the_token(door):
         assert_openai_error(chat(door, "a", f"vmk_guess{i}"), 401, "invalid_api_key")
     refused = chat(door, "a", key)  # the right key too, until the window has passed
     body = assert_openai_error(refused, 429, "too_many_wrong_keys")
-    assert int(refused.headers["retry-after"]) > 0 and "too many wrong tokens" in body["message"]
+    assert int(refused.headers["retry-after"]) > 0 and "too many wrong inference keys" in body["message"]
 
 
 def cli(settings, *args: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from manager.auth.throttle import WrongTokenThrottle
+from manager.auth.throttle import ADMIN_TOKEN, INFERENCE_KEY, WrongTokenThrottle
 from manager.frontdoor.errors import ModelUnavailable, QueueFull
 from manager.frontdoor.forwarding import Held, Outcome
 from manager.frontdoor.lease_channel import LeaseClient, LeaseServer, Refused
@@ -161,18 +161,26 @@ async def test_when_the_manager_goes_away_requests_get_a_503_not_a_hang(tmp_path
 @on_a_loop
 async def test_wrong_tokens_are_counted_by_the_manager_and_every_forwarder_hears_of_the_limit(tmp_path):
     door = Door()
-    throttle = WrongTokenThrottle(limit=3)
-    server = LeaseServer(door, tmp_path / "leases.sock", throttle)
+    tokens, keys = WrongTokenThrottle(limit=3), WrongTokenThrottle(limit=3)
+    server = LeaseServer(door, tmp_path / "leases.sock", {ADMIN_TOKEN: tokens, INFERENCE_KEY: keys})
     await server.start()
     first, second = LeaseClient(), LeaseClient()
     await first.connect(server.path)
     await second.connect(server.path)
     for _ in range(2):
-        first.throttle.record_failure("10.0.0.7")
-    throttle.record_failure("10.0.0.7")  # a wrong token to the manager's own API: the same count
-    await until(lambda: second.throttle.retry_after("10.0.0.7") is not None)
-    assert first.throttle.retry_after("10.0.0.7") == throttle.retry_after("10.0.0.7")
-    assert second.throttle.retry_after("10.0.0.8") is None
+        first.throttles[INFERENCE_KEY].record_failure("10.0.0.7")
+    keys.record_failure("10.0.0.7")  # a stale key sent to the manager's own API: the same count
+    await until(lambda: second.throttles[INFERENCE_KEY].retry_after("10.0.0.7") is not None)
+    assert first.throttles[INFERENCE_KEY].retry_after("10.0.0.7") == keys.retry_after("10.0.0.7")
+    assert second.throttles[INFERENCE_KEY].retry_after("10.0.0.8") is None
+    # Keys and the admin token are counted apart: the address may still bring the admin token.
+    assert tokens.retry_after("10.0.0.7") is None
+    assert second.throttles[ADMIN_TOKEN].retry_after("10.0.0.7") is None
+    for _ in range(3):
+        second.throttles[ADMIN_TOKEN].record_failure("10.0.0.9")
+    await until(lambda: first.throttles[ADMIN_TOKEN].retry_after("10.0.0.9") is not None)
+    assert tokens.retry_after("10.0.0.9") is not None and keys.retry_after("10.0.0.9") is None
+    assert first.throttles[INFERENCE_KEY].retry_after("10.0.0.9") is None
     for client in (first, second):
         await client.close()
     await server.close()
