@@ -57,7 +57,8 @@ def find(db: Session, value: str, now: datetime) -> BrowserSession | None:
     if row is None:
         return None
     if row.expires_at <= now:
-        _delete(db, row)
+        db.delete(row)
+        _commit_if_it_can(db)
         return None
     if now - row.last_seen_at >= LAST_SEEN_EVERY:
         row.last_seen_at = now
@@ -161,7 +162,8 @@ def _delete(db: Session, row: BrowserSession) -> None:
 
 
 def _commit_if_it_can(db: Session) -> None:
-    """A last-seen time that cannot be written now (the database busy) does not refuse the request."""
+    """A last-seen time or an expired row that cannot be written now (the database busy) does not
+    refuse the request: the one is written, the other deleted, on a later one."""
     try:
         db.commit()
     except ManagerError:
