@@ -128,16 +128,16 @@ def test_migration_creates_exactly_the_key_and_usage_tables(tmp_path):
         assert compare_metadata(MigrationContext.configure(conn), model) == []
 
 
-def test_migration_0008_creates_exactly_the_session_and_v1_access_tables(tmp_path):
+def test_migration_0009_creates_exactly_the_session_and_v1_access_tables(tmp_path):
     from manager.schemas.browser_session import BrowserSession
     from manager.schemas.inference_key import InferenceAccess
 
-    path = MIGRATION.with_name("0008_browser_sessions.py")
-    spec = importlib.util.spec_from_file_location("m0008", path)
+    path = MIGRATION.with_name("0009_browser_sessions.py")
+    spec = importlib.util.spec_from_file_location("m0009", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert (module.revision, module.down_revision) == ("0008_browser_sessions", "0007_nodes")
+    assert (module.revision, module.down_revision) == ("0009_browser_sessions", "0008_routing_names")
     engine = create_engine(f"sqlite:///{tmp_path / 'mig.db'}")
     with engine.begin() as conn:
         with Operations.context(MigrationContext.configure(conn)):

@@ -1,15 +1,15 @@
 """Browser sessions kept by the manager (logging out ends one), and whether /v1 was opened again after
 its inference keys were revoked.
 
-Revision ID: 0008_browser_sessions
-Revises: 0007_nodes
+Revision ID: 0009_browser_sessions
+Revises: 0008_routing_names
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008_browser_sessions"
-down_revision = "0007_nodes"
+revision = "0009_browser_sessions"
+down_revision = "0008_routing_names"
 branch_labels = None
 depends_on = None
 
