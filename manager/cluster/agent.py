@@ -17,6 +17,7 @@ from pathlib import Path
 
 from manager.cluster.hosts import Spawned, read_chunk
 from manager.errors import ManagerError
+from manager.launch.engine_key import ENV_NAME
 from manager.launch.preflight import HostClaims, refuse_if_it_cannot_fit
 from manager.metrics.gpu import GpuCollector, GpuReport
 from manager.metrics.host import HostCollector, HostSample, ProcessTreeSample
@@ -34,12 +35,13 @@ AGENT_VERSION = "1"  # raise it when a method's signature or meaning changes
 
 
 def engine_env(inherited: dict[str, str], wanted: dict[str, str]) -> dict[str, str]:
-    """The environment an engine gets on a node: the node's, without Ray's per-worker settings, then
+    """The environment an engine gets on a node: the node's, without Ray's per-worker settings and
+    without an API key of the node's (the engine asks for its config's, which the manager sends), then
     the command's own (which sets the GPUs it may use, and RAY_ADDRESS for multi-node engines)."""
     kept = {
         key: value
         for key, value in inherited.items()
-        if key not in _DEVICE_MASKS and not (key.startswith("RAY_") and key != "RAY_ADDRESS")
+        if key not in _DEVICE_MASKS and key != ENV_NAME and not (key.startswith("RAY_") and key != "RAY_ADDRESS")
     }
     return {**kept, **wanted}
 

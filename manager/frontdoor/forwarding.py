@@ -29,6 +29,7 @@ class Held(Protocol):
     port: int
     address: str
     queued: bool  # it waited for its model (a start, a swap, a drain, an adapter load)
+    engine_key: str | None  # the API key the engine asks for (its config's --api-key)
 
     def release(self) -> None: ...
 
@@ -130,7 +131,16 @@ class Forwarding:
         try:
             body, content_type = encoded()
             upstream = await proxy.send_upstream(
-                self.upstream, lease.port, request.method, path, body, request, content_type, added, lease.address
+                self.upstream,
+                lease.port,
+                request.method,
+                path,
+                body,
+                request,
+                content_type,
+                added,
+                lease.address,
+                lease.engine_key,
             )
         except BaseException:
             lease.release()

@@ -12,7 +12,9 @@ One JSON object per line, each way. A forwarder sends
   {"op": "adapter_missing", "lease": L, "adapter": A}
   {"op": "wrong_token", "kind": K, "address": A}
 and the manager answers an acquire with
-  {"id": N, "lease": L, "port": P, "address": H, "queued": B}   or   {"id": N, "refused": {"status", "body", "headers"}}
+  {"id": N, "lease": L, "port": P, "address": H, "queued": B, "engine_key": K|null}
+  or   {"id": N, "refused": {"status", "body", "headers"}}
+(the engine's API key passes here: the socket lives in the manager's private run folder)
 and tells every forwarder when an address has sent too many wrong secrets of a kind (an admin token or
 an inference key, K: manager.auth.throttle.KINDS; to /v1 through any of them, to the API or to the
 login page): {"op": "throttled", "kind": K, "address": A, "retry_after_s": S}. The counts are the
@@ -167,6 +169,7 @@ class LeaseServer:
                 "port": lease.port,
                 "address": lease.address,
                 "queued": lease.queued,
+                "engine_key": lease.engine_key,
             }
         if not writer.is_closing():
             writer.write(_line(answer))
@@ -180,6 +183,7 @@ class RemoteLease:
     address: str
     queued: bool
     _client: LeaseClient = field(repr=False)
+    engine_key: str | None = field(default=None, repr=False)
     released: bool = False
 
     def release(self) -> None:
@@ -307,7 +311,9 @@ class LeaseClient:
         refused = answer.get("refused")
         if refused is not None:
             raise Refused(refused["status"], refused["body"], refused["headers"])
-        return RemoteLease(answer["lease"], answer["port"], answer["address"], answer["queued"], self)
+        return RemoteLease(
+            answer["lease"], answer["port"], answer["address"], answer["queued"], self, answer.get("engine_key")
+        )
 
     def adapter_missing(self, lease: Held, adapter: str) -> None:
         assert isinstance(lease, RemoteLease)

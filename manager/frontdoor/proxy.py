@@ -28,9 +28,11 @@ from starlette.types import Message, Receive, Scope, Send
 
 from manager.frontdoor.errors import BadRequest, EngineUnreachable, TooLarge
 from manager.frontdoor.upstream import EngineAnswer, Upstream, UpstreamError
+from manager.launch.engine_key import bearer
 
 # Client headers the engine may see: the body's type, what the client accepts, its request id. Never
-# the client's Authorization (the manager's token is not the engine's business).
+# the client's Authorization (the manager's token is not the engine's business): an engine with an
+# API key gets its own key from the manager.
 FORWARD_HEADERS = ("content-type", "accept", "x-request-id")
 # Engine headers the client sees; length and framing are the manager's own (it streams).
 RETURN_HEADERS = ("content-type", "content-encoding", "x-request-id", "cache-control")
@@ -204,10 +206,12 @@ async def send_upstream(
     content_type: str,
     added: AddedTime | None = None,
     address: str = "127.0.0.1",
+    engine_key: str | None = None,
 ) -> EngineAnswer:
     """Send to the engine on loopback (or on its node) and return as soon as its status and headers are in."""
     headers = {name: request.headers[name] for name in FORWARD_HEADERS if name in request.headers}
     headers["content-type"] = content_type
+    headers.update(bearer(engine_key))
     # Uncompressed on loopback, so that the answer's usage can be read as it passes.
     headers["accept-encoding"] = "identity"
     if added is not None:

@@ -59,6 +59,8 @@ class Workers(Protocol):
 
     def view(self, worker_id: int) -> WorkerView: ...
 
+    def engine_key(self, worker_id: int) -> str | None: ...
+
     async def create_worker(
         self, model: str, gpus: list[int] | None = None, port: int | None = None, force: bool = False
     ) -> tuple[WorkerView, bool]: ...
@@ -106,6 +108,7 @@ class Lease:
     released: bool = False
     queued: bool = False  # it waited (for a start, a swap or a drain) rather than being served at once
     address: str = "127.0.0.1"  # where the engine answers (another node's address in a cluster)
+    engine_key: str | None = field(default=None, repr=False)  # the API key the engine asks for
 
     def release(self) -> None:
         if not self.released:
@@ -237,7 +240,16 @@ class Scheduler:
             self.metrics.queue_wait.observe(waited)
         served = view.served_model_name or config
         return Lease(
-            config, view.id, view.pid, view.port, served, waited, self._release, queued=queued, address=view.address
+            config,
+            view.id,
+            view.pid,
+            view.port,
+            served,
+            waited,
+            self._release,
+            queued=queued,
+            address=view.address,
+            engine_key=self.workers.engine_key(view.id),
         )
 
     def _release(self, lease: Lease) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from engine_patches.settings import PatchSettings
 from manager.errors import Invalid
 from manager.launch.allowed_env import env_notes
+from manager.launch.engine_key import ENV_NAME, key_through_env
 from manager.launch.flags import flag_value, managed_argv
 from manager.launch.refusals import check_launch_fields
 from manager.schemas.model_config import ModelConfig
@@ -177,9 +178,10 @@ def build_command(
     argv = [engine_python, "-m", ENTRY_MODULE, *managed_argv(values), *capture_flag]
     if kv_connector is not None:
         argv += ["--kv-transfer-config", kv_connector]
-    argv += config.extra_args
+    # The engine's key goes through its environment: argv is readable by every local user.
+    extra_args, env = key_through_env(config.extra_args, config.env)
+    argv += extra_args
 
-    env = dict(config.env)
     notes += env_notes(env)
     if gpus:
         visible = ",".join(str(g) for g in gpus)
@@ -247,5 +249,6 @@ def preview_command(config: ModelConfig, profile: OffloadProfile | None, setting
 
 def inherited_env() -> dict[str, str]:
     """The manager's environment as an engine gets it: without the manager's own settings, which hold
-    its API token and mean nothing to vLLM (which warns about every unknown VLLM_* name it sees)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("VLLM_MANAGER_")}
+    its API token and mean nothing to vLLM (which warns about every unknown VLLM_* name it sees), and
+    without a VLLM_API_KEY of its own: an engine asks for its config's key, the one the manager sends."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("VLLM_MANAGER_") and k != ENV_NAME}

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from manager.errors import Invalid
 from manager.launch.command import LaunchCommand
+from manager.launch.engine_key import ENV_NAME
 from manager.launch.flags import flag_name
 from manager.schemas.model_config import ModelConfigFields
 
@@ -148,8 +149,9 @@ class Redactor:
         return hide_flag_values(argv)
 
     def env(self, env: Mapping[str, str]) -> dict[str, str]:
-        """The environment with the config's own variables hidden (the ones the manager adds stay)."""
-        return {name: MARKER if name in self._env_names else value for name, value in env.items()}
+        """The environment with the config's own variables and the engine's key hidden (the settings
+        the manager adds stay)."""
+        return {name: MARKER if name in self._env_names or name == ENV_NAME else value for name, value in env.items()}
 
     def command(self, cmd: LaunchCommand) -> LaunchCommand:
         return LaunchCommand(argv=self.argv(cmd.argv), env=self.env(cmd.env), notes=list(cmd.notes))

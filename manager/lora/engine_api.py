@@ -2,6 +2,7 @@
 
 ``POST /v1/load_lora_adapter {lora_name, lora_path}``, ``POST /v1/unload_lora_adapter
 {lora_name}``; loaded adapters appear in ``GET /v1/models`` with their base model as ``parent``.
+An engine started with an API key asks for it on all three (``key``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import time
 import httpx
 
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
+from manager.launch.engine_key import bearer
 from manager.lora.records import LoadedAdapter
 
 LOOPBACK = "127.0.0.1"
@@ -36,20 +38,27 @@ def _engine_message(resp: httpx.Response) -> str:
 
 
 async def _post(
-    http: httpx.AsyncClient, port: int, path: str, body: dict, timeout: float, address: str
+    http: httpx.AsyncClient, port: int, path: str, body: dict, timeout: float, address: str, key: str | None
 ) -> httpx.Response:
     try:
-        return await http.post(_url(port, path, address), json=body, timeout=timeout)
+        return await http.post(_url(port, path, address), json=body, headers=bearer(key), timeout=timeout)
     except httpx.HTTPError as exc:
         raise EngineUnreachable(f"the worker on port {port} did not answer {path} ({exc})") from exc
 
 
 async def load(
-    http: httpx.AsyncClient, port: int, name: str, path: str, timeout: float = 600.0, address: str = LOOPBACK
+    http: httpx.AsyncClient,
+    port: int,
+    name: str,
+    path: str,
+    timeout: float = 600.0,
+    address: str = LOOPBACK,
+    key: str | None = None,
 ) -> float:
     """Load the adapter; returns the seconds the engine took (read from disk into its cache)."""
     started = time.perf_counter()
-    resp = await _post(http, port, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout, address)
+    body = {"lora_name": name, "lora_path": path}
+    resp = await _post(http, port, "/v1/load_lora_adapter", body, timeout, address, key)
     seconds = time.perf_counter() - started
     if resp.status_code == 404:
         raise Invalid(
@@ -66,9 +75,14 @@ async def load(
 
 
 async def unload(
-    http: httpx.AsyncClient, port: int, name: str, timeout: float = 120.0, address: str = LOOPBACK
+    http: httpx.AsyncClient,
+    port: int,
+    name: str,
+    timeout: float = 120.0,
+    address: str = LOOPBACK,
+    key: str | None = None,
 ) -> None:
-    resp = await _post(http, port, "/v1/unload_lora_adapter", {"lora_name": name}, timeout, address)
+    resp = await _post(http, port, "/v1/unload_lora_adapter", {"lora_name": name}, timeout, address, key)
     if resp.status_code == 404 and "cannot be found" not in resp.text:
         raise Invalid(f"the worker on port {port} has no runtime LoRA endpoints (enable_lora off?)")
     if resp.status_code >= 400:
@@ -79,11 +93,11 @@ async def unload(
 
 
 async def loaded(
-    http: httpx.AsyncClient, port: int, timeout: float = 10.0, address: str = LOOPBACK
+    http: httpx.AsyncClient, port: int, timeout: float = 10.0, address: str = LOOPBACK, key: str | None = None
 ) -> list[LoadedAdapter]:
     """The adapters the worker serves now (entries of /v1/models that have a parent)."""
     try:
-        resp = await http.get(_url(port, "/v1/models", address), timeout=timeout)
+        resp = await http.get(_url(port, "/v1/models", address), headers=bearer(key), timeout=timeout)
         resp.raise_for_status()
         entries = resp.json().get("data", [])
     except (httpx.HTTPError, ValueError) as exc:

@@ -61,8 +61,9 @@ class PinKeeper:
             pinned = [a for a in registry.list_adapters(db, model_config) if a.pinned]
         if not pinned:
             return []
+        key = self.supervisor.engine_key(worker_id)
         try:
-            present = {a.name for a in await engine_api.loaded(self.http, port, address=address)}
+            present = {a.name for a in await engine_api.loaded(self.http, port, address=address, key=key)}
         except ManagerError as exc:
             log.warning("worker %s: cannot list its adapters (%s)", worker_id, exc.message)
             return []
@@ -71,7 +72,7 @@ class PinKeeper:
             if adapter.name in present:
                 continue
             try:
-                seconds = await engine_api.load(self.http, port, adapter.name, adapter.path, address=address)
+                seconds = await engine_api.load(self.http, port, adapter.name, adapter.path, address=address, key=key)
             except ManagerError as exc:
                 self.supervisor.events.record(
                     "lora_pin_failed",

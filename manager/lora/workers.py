@@ -33,6 +33,7 @@ class WorkerTarget:
     model_config: str
     run_dir: str | None
     address: str = "127.0.0.1"
+    key: str | None = field(default=None, repr=False)  # the engine's API key, which its /v1 endpoints ask for
 
 
 @dataclass
@@ -62,7 +63,7 @@ def ready_worker(supervisor: Supervisor, worker_id: int) -> WorkerTarget:
             f"worker {worker_id} is {view.state}, not ready: adapters load into a "
             f"serving worker (start it, or wait until it is ready)"
         )
-    return WorkerTarget(worker_id, view.port, view.model, view.run_dir, view.address)
+    return WorkerTarget(worker_id, view.port, view.model, view.run_dir, view.address, supervisor.engine_key(worker_id))
 
 
 def _check_base(adapter_config: str, target: WorkerTarget, name: str) -> None:
@@ -79,7 +80,9 @@ async def load_on_worker(
     adapter = registry.get_adapter(db, name)
     target = ready_worker(supervisor, worker_id)
     _check_base(adapter.base_config, target, name)
-    seconds = await engine_api.load(http, target.port, adapter.name, adapter.path, address=target.address)
+    seconds = await engine_api.load(
+        http, target.port, adapter.name, adapter.path, address=target.address, key=target.key
+    )
     registry.record_load(db, adapter.name, seconds)
     supervisor.events.record(
         "lora_loaded",
@@ -95,7 +98,7 @@ async def unload_from_worker(
     db: Session, supervisor: Supervisor, http: httpx.AsyncClient, worker_id: int, name: str
 ) -> dict[str, Any]:
     target = ready_worker(supervisor, worker_id)
-    await engine_api.unload(http, target.port, name, address=target.address)
+    await engine_api.unload(http, target.port, name, address=target.address, key=target.key)
     pinned = False
     with contextlib.suppress(NotFound):  # loaded by hand, never registered: unloading it is still fine
         pinned = registry.get_adapter(db, name).pinned
@@ -110,7 +113,7 @@ async def worker_loras(
     db: Session, supervisor: Supervisor, http: httpx.AsyncClient, worker_id: int, pools: PoolsReader | None = None
 ) -> WorkerLoras:
     target = ready_worker(supervisor, worker_id)
-    loaded = await engine_api.loaded(http, target.port, address=target.address)
+    loaded = await engine_api.loaded(http, target.port, address=target.address, key=target.key)
     registered = [
         {
             "name": a.name,

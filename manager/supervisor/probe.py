@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from manager.launch.engine_key import bearer
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -14,7 +16,10 @@ class Probe:
     detail: str
 
 
-async def probe(client: httpx.AsyncClient, port: int, served_name: str, address: str = "127.0.0.1") -> Probe:
+async def probe(
+    client: httpx.AsyncClient, port: int, served_name: str, address: str = "127.0.0.1", key: str | None = None
+) -> Probe:
+    """``key``: the engine's API key, which its /v1/models asks for (its /health does not)."""
     base = f"http://{address}:{port}"
     try:
         health = await client.get(f"{base}/health", timeout=5)
@@ -24,7 +29,11 @@ async def probe(client: httpx.AsyncClient, port: int, served_name: str, address:
     if health.status_code != 200:
         return Probe(False, False, f"/health answered {health.status_code}")
     try:
-        listing = await client.get(f"{base}/v1/models", timeout=5)
+        listing = await client.get(f"{base}/v1/models", headers=bearer(key), timeout=5)
+        if listing.status_code == 401:
+            return Probe(
+                True, False, "/v1/models answered 401: the engine asks for an API key its config does not give"
+            )
         names = {m.get("id") for m in listing.json().get("data", [])}
     except (httpx.HTTPError, ValueError) as exc:
         return Probe(True, False, f"/v1/models: {type(exc).__name__}")

@@ -47,6 +47,7 @@ class Prepared:
     command: LaunchCommand
     start_timeout_s: float
     secrets: Redactor = field(default_factory=Redactor)  # the config's, hidden in its events and log lines
+    engine_key: str | None = field(default=None, repr=False)  # the API key the engine will ask for
     host: ProcessHost = field(default_factory=LocalHost)  # the box it runs on
     run_dir: Path | None = None  # its run folder on that box (None: the worker's local one)
     log_dir: Path | None = None  # its log folder on that box, when that is another box
@@ -123,6 +124,7 @@ class WorkerRunner:
         self.life = life_of(row)
         self.logs = LogTail()
         self.secrets = Redactor()  # of the config the engine was started with
+        self.engine_key: str | None = None  # the API key that engine asks for on its /v1 endpoints
         self._row = row
         self.node: str | None = row.node
         self.host: ProcessHost = deps.host_of(row.node)
@@ -146,11 +148,15 @@ class WorkerRunner:
 
     # ---- used by the supervisor ----------------------------------------------------------------
     async def begin(
-        self, first: lc.Adopted | lc.FoundGone | lc.NodeLost | None = None, secrets: Redactor | None = None
+        self,
+        first: lc.Adopted | lc.FoundGone | lc.NodeLost | None = None,
+        secrets: Redactor | None = None,
+        engine_key: str | None = None,
     ) -> None:
         """Start the owner task; `first` reconciles the stored worker with what is running now, whose
-        config's ``secrets`` its events and log lines hide."""
+        config's ``secrets`` its events and log lines hide, and whose engine asks for ``engine_key``."""
         self.secrets = secrets or Redactor()
+        self.engine_key = engine_key
         # A worker the store already had (a new one has no log yet): its last start's output stays
         # readable, a failed start's above all.
         logs = sorted(self.log_dir.glob("start-*.log"))
@@ -305,7 +311,11 @@ class WorkerRunner:
                 await self._feed(lc.Exited(self._exit_text(), reason, time.monotonic()))
                 return
             result = await probe(
-                self.deps.http, self._port(), self.life.served_name or self.life.model, self.host.address
+                self.deps.http,
+                self._port(),
+                self.life.served_name or self.life.model,
+                self.host.address,
+                self.engine_key,
             )
             await self._feed(
                 lc.Probed(result.healthy, result.serves, result.detail, self.logs.latest(), time.monotonic())
@@ -360,11 +370,13 @@ class WorkerRunner:
                 return lc.Killed(reason, time.monotonic())
             case lc.PutToSleep(level=level):
                 ok, seconds, detail = await sleep_mode.put_to_sleep(
-                    self.deps.http, self._port(), level, self.host.address
+                    self.deps.http, self._port(), level, self.host.address, self.engine_key
                 )
                 return lc.Slept(ok, seconds, detail)
             case lc.WakeUp(level=level):
-                ok, seconds, detail = await sleep_mode.wake_up(self.deps.http, self._port(), level, self.host.address)
+                ok, seconds, detail = await sleep_mode.wake_up(
+                    self.deps.http, self._port(), level, self.host.address, self.engine_key
+                )
                 return lc.Woke(ok, seconds, detail, time.monotonic())
             case lc.Reject(error=error):
                 raise error
@@ -388,6 +400,7 @@ class WorkerRunner:
             shutil.rmtree(run_dir, ignore_errors=True)
             run_dir.mkdir(parents=True, exist_ok=True)
         self.secrets = launch.secrets
+        self.engine_key = launch.engine_key
         shown_argv = self.secrets.argv(launch.command.argv)
         log_path = new_log_file(self.log_dir)
         log_path.write_text(f"# vllm-manager: {effect.reason}: {effect.model}\n# argv: {shown_argv}\n")

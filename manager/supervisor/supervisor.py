@@ -21,6 +21,7 @@ from manager.cluster.views import NodeView, node_view, this_box
 from manager.db import session
 from manager.errors import Conflict, Invalid, NotFound
 from manager.launch.command import build_command, served_name, sleep_pool_on
+from manager.launch.engine_key import ENV_NAME, engine_key, key_values
 from manager.launch.flags import flag_value
 from manager.launch.preflight import HostClaims, Sleeper, host_bytes_of, sleep_host_bytes
 from manager.launch.refusals import check_launch_fields
@@ -103,7 +104,9 @@ class Supervisor:
                 first = self._adopted(runner, f"re-adopted pid {row.pid}{where} after a manager restart")
             elif row.state != State.STOPPED.value:
                 first = FoundGone()
-            await runner.begin(first, self._secrets_of(row.model_name, row.cmdline))
+            await runner.begin(
+                first, self._secrets_of(row.model_name, row.cmdline), self._key_of(row.model_name, row.cmdline)
+            )
         await self._autostart()
 
     async def shut_down(self) -> None:
@@ -138,6 +141,10 @@ class Supervisor:
 
     def views(self) -> list[WorkerView]:
         return [r.view() for r in sorted(self._runners.values(), key=lambda r: r.id)]
+
+    def engine_key(self, worker_id: int) -> str | None:
+        """The API key worker ``worker_id``'s engine asks for on its /v1 endpoints (None: none)."""
+        return self._runner(worker_id).engine_key
 
     def ready_worker(self, model_name: str) -> WorkerView | None:
         """The worker of this model config that answers requests now, if any (asked once per /v1
@@ -290,6 +297,7 @@ class Supervisor:
             cmd,
             float(config.start_timeout_s),
             Redactor.of_config(config),
+            cmd.env.get(ENV_NAME),
             host=host,
             run_dir=run_dir,
             log_dir=log_dir,
@@ -512,6 +520,19 @@ class Supervisor:
             except NotFound:
                 return Redactor(cmdline)
 
+    def _key_of(self, model_name: str, cmdline: list[str]) -> str | None:
+        """The API key a running engine asks for: the one its own argv gives (an engine started by hand),
+        else its config's (the manager gives it through the engine's environment)."""
+        given = key_values(cmdline)
+        if given is not None:
+            return next((key for key in given if key), None)
+        with session(self.engine) as db:
+            try:
+                config = models.get_model(db, model_name)
+                return engine_key(config.extra_args, config.env)
+            except (NotFound, Invalid):
+                return None
+
     def host_claims(self) -> HostClaims:
         """Host RAM the active workers on this box hold: their offload profiles' claims and what
         sleepers keep."""
@@ -613,7 +634,7 @@ class Supervisor:
                 db.refresh(row)
             runner = self._make_runner(row)
             adopted = self._adopted(runner, f"adopted hand-started vLLM server pid {pid} as {model}")
-            await runner.begin(adopted, self._secrets_of(model, target.cmdline))
+            await runner.begin(adopted, self._secrets_of(model, target.cmdline), self._key_of(model, target.cmdline))
         return runner.view()
 
     def _find_unmanaged(self, pid: int) -> process.Unmanaged:

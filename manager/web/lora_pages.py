@@ -211,7 +211,7 @@ async def load_form(worker_id: WorkerId, sup: SupervisorDep, http: EngineHttpDep
     why = None
     try:
         target = workers.ready_worker(sup, worker_id)
-        loaded = {a.name for a in await engine_api.loaded(http, target.port, address=target.address)}
+        loaded = {a.name for a in await engine_api.loaded(http, target.port, address=target.address, key=target.key)}
     except ManagerError as exc:
         why = exc.message
     return _html(

@@ -58,7 +58,9 @@ def test_the_hidden_api_view_shows_which_values_are_hidden(guarded):
     assert shown["extra_args"] == ["--api-key", MARKER, "--seed", "7"]
     assert shown["env"] == {"HF_TOKEN": MARKER, "VLLM_LOGGING_LEVEL": MARKER}
     command = guarded.get("/api/models/guarded/command", params={"validate": "false"}).json()
-    assert command["argv"][-4:] == ["--api-key", MARKER, "--seed", "7"]
+    # The engine gets its key through its environment, not its argv (which every local user can read).
+    assert command["argv"][-2:] == ["--seed", "7"] and "--api-key" not in command["argv"]
+    assert command["env"]["VLLM_API_KEY"] == MARKER
     assert command["env"]["HF_TOKEN"] == MARKER and command["env"]["VLLM_PLUGINS"] == "offload_patches"
 
 

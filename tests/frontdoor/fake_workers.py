@@ -52,6 +52,7 @@ class FakeWorkers:
         self._events = FakeEvents()
         self.commands: list[tuple[str, int | str]] = []
         self.sleep_levels: list[int] = []
+        self.engine_keys: dict[int, str] = {}  # worker id -> the API key its engine asks for
         self._timers: set[asyncio.Task[None]] = set()
 
     @property
@@ -71,6 +72,9 @@ class FakeWorkers:
             return self._views[worker_id]
         except KeyError:
             raise NotFound(f"no worker with id {worker_id}") from None
+
+    def engine_key(self, worker_id: int) -> str | None:
+        return self.engine_keys.get(worker_id)
 
     async def create_worker(
         self, model: str, gpus: list[int] | None = None, port: int | None = None, force: bool = False

@@ -12,6 +12,10 @@ weights must be reloaded before the model answers sensibly). Every answer echoes
 received, and every path it was asked for is kept (GET /stand-in/seen), so tests can check what the
 proxy and the manager sent.
 
+With an API key (``--api-key`` or, without that flag, VLLM_API_KEY, as vLLM 0.32 reads them), requests
+under /v1 without ``Authorization: Bearer <key>`` get vLLM's 401; /health, /metrics and the dev
+endpoints stay open, as in vLLM.
+
 Environment: STAND_IN_START_S (seconds before it listens), STAND_IN_FAIL (print this and exit 1,
 as vLLM does on a bad config), STAND_IN_TOKEN_S (delay between streamed tokens).
 """
@@ -31,11 +35,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 FINGERPRINT = "fp-stand-in"
 
 
-def build(served: str, root: str, sleep_mode: bool = False) -> Starlette:
+def build(served: str, root: str, sleep_mode: bool = False, api_key: str | None = None) -> ASGIApp:
     token_s = float(os.environ.get("STAND_IN_TOKEN_S", "0.02"))
     # sleeping: the level, or 0 awake; asleep: the memory (tags) not yet taken back
     state: dict = {"running": 0, "seen": [], "adapters": {}, "sleeping": 0, "asleep": set(), "weights_ok": True}
@@ -146,6 +151,14 @@ def build(served: str, root: str, sleep_mode: bool = False) -> Starlette:
         state["adapters"][body["lora_name"]] = body["lora_path"]
         return PlainTextResponse("Success: LoRA adapter added successfully.")
 
+    async def unload_lora(request: Request) -> Response:
+        body = await request.json()
+        state["seen"].append({"path": request.url.path, "model": body.get("lora_name")})
+        if state["adapters"].pop(body["lora_name"], None) is None:
+            message = f"The lora adapter '{body['lora_name']}' cannot be found."
+            return JSONResponse({"error": {"message": message}}, status_code=404)
+        return PlainTextResponse("Success: LoRA adapter removed successfully.")
+
     async def metrics(_: Request) -> Response:
         labels = f'engine="0",model_name="{served}"'
         return PlainTextResponse(
@@ -194,6 +207,7 @@ def build(served: str, root: str, sleep_mode: bool = False) -> Starlette:
         Route("/v1/completions", generate, methods=["POST"]),
         Route("/v1/audio/transcriptions", transcribe, methods=["POST"]),
         Route("/v1/load_lora_adapter", load_lora, methods=["POST"]),
+        Route("/v1/unload_lora_adapter", unload_lora, methods=["POST"]),
         Route("/metrics", metrics),
         Route("/stand-in/seen", seen),
     ]
@@ -206,7 +220,19 @@ def build(served: str, root: str, sleep_mode: bool = False) -> Starlette:
         ]
     for path in ("/v1/embeddings", "/v1/responses", "/v1/score", "/v1/rerank", "/tokenize", "/detokenize"):
         routes.append(Route(path, echo, methods=["POST"]))
-    return Starlette(routes=routes)
+    app = Starlette(routes=routes)
+    if not api_key:
+        return app
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        given = dict(scope.get("headers") or []).get(b"authorization")
+        if scope["type"] == "http" and scope["path"].startswith("/v1") and given != f"Bearer {api_key}".encode():
+            state["seen"].append({"path": scope["path"], "model": None, "refused": 401})
+            await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return guarded
 
 
 def main(argv: list[str]) -> None:
@@ -217,6 +243,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--enable-sleep-mode", action="store_true")
+    parser.add_argument("--api-key", nargs="+")
     args, _ = parser.parse_known_args(argv)
     print(f"stand-in engine for {args.model} starting", flush=True)
     failure = os.environ.get("STAND_IN_FAIL")
@@ -224,7 +251,8 @@ def main(argv: list[str]) -> None:
         print(failure, flush=True)
         sys.exit(1)
     time.sleep(float(os.environ.get("STAND_IN_START_S", "0")))
-    app = build(args.served_model_name or args.model, args.model, args.enable_sleep_mode)
+    api_key = (args.api_key or [os.environ.get("VLLM_API_KEY")])[0]
+    app = build(args.served_model_name or args.model, args.model, args.enable_sleep_mode, api_key)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

@@ -22,6 +22,7 @@ class DoorLease:
     port: int
     address: str = "127.0.0.1"
     queued: bool = False
+    engine_key: str | None = None
     released: bool = False
 
     def release(self) -> None:
@@ -42,7 +43,7 @@ class Door:
         await self.open.wait()
         if self.refuse is not None:
             raise self.refuse
-        lease = DoorLease(port=8000 + len(self.leases), queued=adapter is not None)
+        lease = DoorLease(port=8000 + len(self.leases), queued=adapter is not None, engine_key=f"key-of-{config}")
         self.leases.append(lease)
         return lease
 
@@ -86,7 +87,8 @@ async def test_a_lease_is_the_managers_and_ends_when_the_request_is_done(tmp_pat
     door.open.set()
     server, client = await channel(tmp_path, door)
     lease = await client.acquire("a", "my-adapter")
-    assert (lease.port, lease.address, lease.queued) == (8000, "127.0.0.1", True)
+    # The engine's API key comes with the lease: the forwarder sends it to the engine.
+    assert (lease.port, lease.address, lease.queued, lease.engine_key) == (8000, "127.0.0.1", True, "key-of-a")
     assert not door.leases[0].released
     client.adapter_missing(lease, "my-adapter")
     client.record(Outcome(7, "a", 200, Tokens(5, 9), 0.0004), lease)
