@@ -1,11 +1,12 @@
 """What is secret in a model config, and hiding it wherever a command, an environment or an engine's
 output is shown.
 
-Secrets are every value of the config's environment (HF_TOKEN and the like go there) and the values of
-engine flags that carry credentials (vLLM's --api-key and --hf-token, and flags named like them).
-Where a config is shown for editing (the API, the config pages), readers without the token see
-``MARKER`` instead, and a marker sent back unchanged keeps the stored value. Event texts and engine
-log lines hide them from everyone: they are broadcast and stored.
+Secrets are every value of the config's environment (HF_TOKEN and the like go there), the values of
+engine flags that carry credentials (vLLM's --api-key and --hf-token, and flags named like them), and
+the user part of any URL (``https://user:password@host``). Where a config is shown for editing (the
+API, the config pages), readers without the token see ``MARKER`` instead, and a marker sent back
+unchanged keeps the stored value. Event texts and engine log lines hide them from everyone: they are
+broadcast and stored.
 """
 
 from __future__ import annotations
@@ -29,9 +30,14 @@ KNOWN_SECRET_FLAGS = ("--api-key", "--hf-token")
 # --db-password, WANDB_API_KEY). --max-num-batched-tokens and --long-prefill-token-threshold do not.
 CREDENTIAL_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "credential", "credentials"})
 
-# Which values are searched for in free text (log lines, event texts). A credential shorter than this
-# would hide every "x" or "abc" of the log and protect nothing.
+# Which values are searched for in free text (log lines, event texts) wherever they stand. A credential
+# shorter than this would hide every "x" or "abc" of the log: it is hidden where text shows it as a
+# secret flag's value (--api-key abc) only.
 MIN_CREDENTIAL = 4
+# A flag and its value in free text: "--api-key abc", "--api-key=abc", "'--api-key', 'abc'" (a list's repr).
+_FLAG_IN_TEXT = re.compile(r"""(--[A-Za-z0-9][\w-]*)(=|(?:\s+|['"],\s*['"])(?!-))([^\s'",\])]+)""")
+# The user part of a URL, password and all, up to its last "@" before the host.
+_URL_USER = re.compile(r"""(\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#'"<>]+@""")
 # Other environment values are not searched in free text: the environment allow-list leaves only
 # settings there (HF_HOME=/data/hf, PYTORCH_CUDA_ALLOC_CONF=...), and hiding every mention of a path
 # or a setting would hide the very lines (errors naming a folder) a user reads the log for.
@@ -78,9 +84,21 @@ def _secret_values(argv: Sequence[str]) -> Iterator[tuple[int, str, int, str]]:
             taking = None
 
 
+def hide_url_users(text: str) -> str:
+    """``text`` with the user part of every URL in it (``user:password@``) replaced by the marker."""
+    return _URL_USER.sub(lambda m: m.group(1) + MARKER + "@", text) if "://" in text else text
+
+
+def _hide_flags_in_text(text: str) -> str:
+    def hidden(m: re.Match[str]) -> str:
+        return m.group(1) + m.group(2) + MARKER if _flag_key(m.group(1)) else m.group(0)
+
+    return _FLAG_IN_TEXT.sub(hidden, text) if "--" in text else text
+
+
 def hide_flag_values(argv: Sequence[str]) -> list[str]:
-    """The argv with every secret flag's value replaced by the marker."""
-    shown = list(argv)
+    """The argv with every secret flag's value, and the user part of every URL, replaced by the marker."""
+    shown = [hide_url_users(arg) for arg in argv]
     for i, _, _, value in _secret_values(argv):
         if value:
             shown[i] = shown[i].split("=", 1)[0] + "=" + MARKER if flag_name(shown[i]) else MARKER
@@ -121,6 +139,19 @@ def keep_stored(
                 field="extra_args",
             )
         args[i] = args[i].split("=", 1)[0] + "=" + stored[flag, nth] if flag_name(args[i]) else stored[flag, nth]
+    # An argument shown with a URL's user part hidden stands for the stored argument shown so.
+    unused = list(stored_args)
+    for i, arg in enumerate(args):
+        if f"://{MARKER}@" not in arg:
+            continue
+        same = next((j for j, old in enumerate(unused) if hide_url_users(old) == arg), None)
+        if same is None:
+            raise Invalid(
+                f"extra_args: {arg!r} holds {MARKER} where a URL's user and password stood, and this config "
+                "stores no such argument; type the URL",
+                field="extra_args",
+            )
+        args[i] = unused.pop(same)
     return args, env
 
 
@@ -151,19 +182,29 @@ class Redactor:
     def env(self, env: Mapping[str, str]) -> dict[str, str]:
         """The environment with the config's own variables and the engine's key hidden (the settings
         the manager adds stay)."""
-        return {name: MARKER if name in self._env_names or name == ENV_NAME else value for name, value in env.items()}
+        return {
+            name: MARKER if name in self._env_names or name == ENV_NAME else hide_url_users(value)
+            for name, value in env.items()
+        }
 
     def command(self, cmd: LaunchCommand) -> LaunchCommand:
         return LaunchCommand(argv=self.argv(cmd.argv), env=self.env(cmd.env), notes=list(cmd.notes))
 
     def text(self, line: str) -> str:
-        return self._pattern.sub(MARKER, line) if self._pattern is not None else line
+        """The line with the config's credentials hidden wherever they stand, and any secret flag's value
+        and URL's user part hidden whatever they are."""
+        if self._pattern is not None:
+            line = self._pattern.sub(MARKER, line)
+        return hide_url_users(_hide_flags_in_text(line))
 
     def value(self, value: object) -> object:
-        """Every string in a JSON-like value (an event's data) through ``text``."""
+        """Every string in a JSON-like value (an event's data) through ``text``; a list of strings (an
+        argv) loses its secret flags' values first."""
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, list | tuple):
+            if all(isinstance(item, str) for item in value):
+                value = hide_flag_values(value)
             return [self.value(item) for item in value]
         if isinstance(value, dict):
             return {key: self.value(item) for key, item in value.items()}

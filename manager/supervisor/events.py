@@ -9,9 +9,13 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
 from manager.db import session
+from manager.launch.secrets import Redactor
 from manager.schemas.event import Event
 
 log = logging.getLogger("vllm_manager.events")
+# Every event is stored and broadcast: whoever records it, a secret flag's value or a URL's user part
+# in it is hidden (a worker's own events hide its config's secrets as well, before they get here).
+_IN_ANY_EVENT = Redactor()
 
 
 class EventLog:
@@ -20,13 +24,14 @@ class EventLog:
         self._listeners: set[asyncio.Queue[dict]] = set()
 
     def record(self, kind: str, message: str, worker_id: int | None = None, **data) -> dict:
-        event = Event(kind=kind, message=message, worker_id=worker_id, data=data)
+        shown = {key: _IN_ANY_EVENT.value(value) for key, value in data.items()}
+        event = Event(kind=kind, message=_IN_ANY_EVENT.text(message), worker_id=worker_id, data=shown)
         with session(self._engine) as db:
             db.add(event)
             db.commit()
             db.refresh(event)
         public = event.model_dump(mode="json")
-        log.info("worker %s: %s: %s", worker_id, kind, message)
+        log.info("worker %s: %s: %s", worker_id, kind, event.message)
         for queue in list(self._listeners):
             if queue.qsize() < 1000:
                 queue.put_nowait(public)

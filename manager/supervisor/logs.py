@@ -5,18 +5,24 @@ the start's secrets hidden, so no reader (API, live stream, error summary) ever 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 from collections import deque
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from manager.launch.secrets import Redactor
 
 KEEP_STARTS = 10  # log files kept per worker; older starts are deleted
 MAX_LOG_BYTES = 64 << 20  # one start's file is rotated (copied to .1, then emptied) past this size
 RING_LINES = 5000
+# An engine's log holds whatever it prints (a token in a traceback, a URL with its password): its
+# files are for the manager's user alone.
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # vLLM's prefix: "(EngineCore pid=123) ERROR 11-21 03:40:01 [core.py:123] message"
@@ -33,12 +39,27 @@ _NOISE = ("Traceback (most recent call last)", 'File "', "^^^", "~~~", "raise ",
 
 
 def new_log_file(worker_dir: Path) -> Path:
-    worker_dir.mkdir(parents=True, exist_ok=True)
+    """A new, empty log file for one start, readable by the manager's user only."""
+    worker_dir.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
     old = sorted(worker_dir.glob("start-*.log"))
     for stale in old[: max(0, len(old) - (KEEP_STARTS - 1))]:
         stale.unlink(missing_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
-    return worker_dir / f"start-{stamp}.log"
+    path = worker_dir / f"start-{stamp}.log"
+    open_private(path, os.O_WRONLY).close()
+    return path
+
+
+def open_private(path: Path, flags: int = os.O_WRONLY | os.O_TRUNC) -> BinaryIO:
+    """``path`` opened for writing (``flags``), created if need be, and readable by its owner only
+    (also when it existed with a wider mode)."""
+    fd = os.open(path, flags | os.O_CREAT, PRIVATE_FILE)
+    try:
+        os.fchmod(fd, PRIVATE_FILE)
+    except OSError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab" if flags & os.O_APPEND else "wb")
 
 
 def clean(line: str) -> str:
@@ -111,7 +132,8 @@ class LogTail:
         if self.path is None or not self.path.exists() or self.path.stat().st_size <= limit:
             return False
         self.poll()
-        shutil.copyfile(self.path, self.path.with_suffix(".log.1"))
+        with self.path.open("rb") as current, open_private(self.path.with_suffix(".log.1")) as kept:
+            shutil.copyfileobj(current, kept)
         with self.path.open("r+b") as fh:
             fh.truncate(0)
         self._offset = 0

@@ -14,6 +14,7 @@ import psutil
 
 from manager.launch.command import inherited_env
 from manager.launch.flags import flag_value
+from manager.supervisor.logs import PRIVATE_DIR, open_private
 
 ENGINE_MARKERS = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
 
@@ -33,8 +34,8 @@ def spawn(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path | None
     The engine writes to the file, not to a pipe: a pipe to the manager would break (and kill the
     engine with SIGPIPE) when the manager restarts, and engines must outlive the manager.
     """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
+    log_path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+    with open_private(log_path, os.O_WRONLY | os.O_APPEND) as log:
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

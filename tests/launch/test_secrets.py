@@ -124,3 +124,46 @@ def test_a_marker_with_nothing_stored_behind_it_is_refused():
         keep_stored([], {"NEW_TOKEN": MARKER}, [], {})
     with pytest.raises(Invalid, match="extra_args: the value of --api-key is <hidden>"):
         keep_stored(["--api-key", MARKER], {}, [], {})
+
+
+SHORT = "Q7z"  # a key too short to search for everywhere in a log
+URL = "https://hub-user:pw-Secret9@hub.example.com/models"
+
+
+def test_a_short_key_is_hidden_where_text_shows_it_as_a_flags_value():
+    secrets = Redactor(["--api-key", SHORT])
+    for line, shown in [
+        (f"non-default args: --api-key {SHORT} --seed 7", f"non-default args: --api-key {MARKER} --seed 7"),
+        (f"--api-key={SHORT}", f"--api-key={MARKER}"),
+        (f"argv: ['--api-key', '{SHORT}', '--seed']", f"argv: ['--api-key', '{MARKER}', '--seed']"),
+        (f"--hf-token --api_key {SHORT}", f"--hf-token --api_key {MARKER}"),
+    ]:
+        assert secrets.text(line) == shown
+    # Other flags' values, and a flag named in a message, stay as they are.
+    assert secrets.text("--max-num-batched-tokens 2048 --seed 7") == "--max-num-batched-tokens 2048 --seed 7"
+    assert secrets.text("argument --api-key: expected one") == "argument --api-key: expected one"
+
+
+def test_the_user_part_of_a_url_is_hidden_wherever_a_url_is_shown():
+    hidden_url = f"https://{MARKER}@hub.example.com/models"
+    line = f"GET {URL} failed; see https://docs.example.com/a?b=c@d"
+    assert Redactor().text(line) == f"GET {hidden_url} failed; see https://docs.example.com/a?b=c@d"
+    # A password holding an "@" does not leave its end in view.
+    assert Redactor().text("http://u:p@ss@host/x") == f"http://{MARKER}@host/x"
+    assert hide_flag_values(["--otlp-traces-endpoint", URL]) == ["--otlp-traces-endpoint", hidden_url]
+    assert Redactor().env({"HF_ENDPOINT": URL}) == {"HF_ENDPOINT": hidden_url}
+
+
+def test_the_engines_key_is_hidden_in_the_environment_it_is_moved_to():
+    shown = Redactor(["--api-key", SHORT]).env({"VLLM_API_KEY": SHORT, "VLLM_PLUGINS": "offload_patches"})
+    assert shown == {"VLLM_API_KEY": MARKER, "VLLM_PLUGINS": "offload_patches"}
+
+
+def test_a_url_shown_without_its_user_part_and_sent_back_keeps_the_stored_one():
+    stored = ["--otlp-traces-endpoint", URL, "--seed", "7"]
+    shown = hide_flag_values(stored)
+    assert URL not in shown
+    args, _ = keep_stored([*shown[:3], "8"], {}, stored, {})
+    assert args == ["--otlp-traces-endpoint", URL, "--seed", "8"]
+    with pytest.raises(Invalid, match="extra_args: .* where a URL's user and password stood"):
+        keep_stored(["--otlp-traces-endpoint", f"https://{MARKER}@elsewhere.example.com"], {}, stored, {})
