@@ -12,7 +12,7 @@ from manager.errors import Invalid
 from manager.launch.allowed_env import env_notes
 from manager.launch.engine_key import ENV_NAME, key_through_env
 from manager.launch.flags import flag_value, managed_argv
-from manager.launch.refusals import check_launch_fields
+from manager.launch.refusals import check_engine_argv, check_launch
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.settings import Settings
@@ -128,8 +128,11 @@ def build_command(
     gpus: list[int] | None = None,
     run_dir: Path | None = None,
     host: str = "127.0.0.1",
+    allow_code_flags: bool = False,
 ) -> LaunchCommand:
-    """The argv (the managed flags from the flag table, then extra_args) and the environment."""
+    """The argv (the managed flags from the flag table, then extra_args) and the environment.
+
+    Invalid when that argv loads code (unless ``allow_code_flags``), whatever part of it says so."""
     notes: list[str] = []
     moe_offload = profile is not None and profile.moe_expert_offload
     eager = config.enforce_eager or "--enforce-eager" in config.extra_args
@@ -175,7 +178,10 @@ def build_command(
         "kv_offloading_backend": "native" if kv_size is not None else None,
         "enable_sleep_mode": config.sleep_level is not None,
     }
-    argv = [engine_python, "-m", ENTRY_MODULE, *managed_argv(values), *capture_flag]
+    managed = managed_argv(values)
+    # The connector's config is the manager's own, from the profile's numbers and policy.
+    check_engine_argv([*managed, *capture_flag, *config.extra_args], allow_code_flags)
+    argv = [engine_python, "-m", ENTRY_MODULE, *managed, *capture_flag]
     if kv_connector is not None:
         argv += ["--kv-transfer-config", kv_connector]
     # The engine's key goes through its environment: argv is readable by every local user.
@@ -235,7 +241,7 @@ def preview_command(config: ModelConfig, profile: OffloadProfile | None, setting
 
     A config the code-loading rules refuse is refused here too: vLLM's parser, which checks a preview,
     already imports some of what those rules keep out (a compilation config's inductor_passes)."""
-    check_launch_fields(config.extra_args, config.env, settings.allow_code_flags)
+    check_launch(config, settings.allow_code_flags)
     return build_command(
         config,
         profile,
@@ -244,6 +250,7 @@ def preview_command(config: ModelConfig, profile: OffloadProfile | None, setting
         gpus=config.gpu_ids,
         run_dir=settings.run_dir / "preview",
         host=settings.worker_host,
+        allow_code_flags=settings.allow_code_flags,
     )
 
 

@@ -1,7 +1,7 @@
 """The engine flags the manager writes itself: one table from config field to flag, and argv readers.
 
-The table builds the managed part of every launch argv (in its order) and tells the extra_args check
-which flags a config may not set itself.
+The table builds the managed part of every launch argv (in its order, each flag and its value one
+element) and tells the extra_args check which flags a config may not set itself.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class EngineFlag:
     field: str
     aliases: tuple[str, ...] = ()  # other spellings vLLM accepts, refused in extra_args as well
     when: Callable[[Any], bool] = _given  # written only for a value this accepts
-    # How the value is written after the flag; None: a switch, `--flag` when true, `--no-flag` when false.
+    # How the value is written, as `--flag=value`; None: a switch, `--flag` when true, `--no-flag` when false.
     text: Callable[[Any], str] | None = str
     needs: str | None = None  # written only when this other launch value is true
     instead: str | None = None  # what a refusal tells the user to set, when not the field itself
@@ -43,7 +43,8 @@ class EngineFlag:
             return []
         if self.text is None:
             return [self.flag if value else "--no-" + self.flag[2:]]
-        return [self.flag, self.text(value)]
+        # One element: vLLM's parser never reads a value so written as a flag (`-cc.key` would be one).
+        return [f"{self.flag}={self.text(value)}"]
 
 
 ENGINE_FLAGS: tuple[EngineFlag, ...] = (
@@ -76,10 +77,14 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
 MANAGED_FLAGS: dict[str, str] = {
     name: row.instead or row.field for row in ENGINE_FLAGS if not row.extra_args_may_set for name in row.names
 }
+# The flags the manager writes, as it writes them: each is that flag itself, not the start of a longer one.
+WRITTEN_FLAGS = frozenset(
+    {row.flag for row in ENGINE_FLAGS} | {"--no-" + row.flag[2:] for row in ENGINE_FLAGS if row.text is None}
+)
 
 
 def managed_argv(values: Mapping[str, Any]) -> list[str]:
-    """The flags the manager writes for these launch values, in the table's order."""
+    """The flags the manager writes for these launch values, in the table's order: `--flag=value`."""
     return [part for row in ENGINE_FLAGS for part in row.argv(values)]
 
 

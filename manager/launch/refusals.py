@@ -1,7 +1,8 @@
 """What a model config's extra_args and env may not hold: flags the manager sets, and code loading.
 
-Checked when a config is written or imported, and again before it is started or previewed: a stored
-config that a newer rule refuses stays stored and listed, and says why when it is used.
+Checked when a config is written or imported, and again before it is started or previewed, with the
+values the manager writes itself: a stored config that a newer rule refuses stays stored and listed,
+and says why when it is used. The finished engine argv is checked once more for code loading.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 from manager.errors import Invalid
 from manager.launch.allowed_env import check_env
 from manager.launch.arg_values import check_arg_values
-from manager.launch.flags import MANAGED_FLAGS, flag_name
+from manager.launch.flags import MANAGED_FLAGS, WRITTEN_FLAGS, flag_name
+from manager.schemas.engine_values import TEXT_FIELDS, engine_gpus, flag_like_problem, gpus_problem
+from manager.schemas.model_config import ModelConfig
 
 # Flags that make vLLM import or run code named by the user (a class path, a module, a plugin file,
 # remote model code). Refused unless the operator turns on allow_code_flags.
@@ -78,3 +81,48 @@ def check_launch_fields(extra_args: list[str], env: dict[str, str], allow_code_f
     extra_args (whole flags, JSON keys) or env (anything off the allow-list)."""
     check_extra_args(extra_args, allow_code_flags)
     check_env(env, allow_code_flags)
+
+
+def check_launch(config: ModelConfig, allow_code_flags: bool) -> None:
+    """Refuse (422) to start or preview a stored config that the write rules would refuse now: code
+    loading in extra_args or env, a field value the engine would read as a flag, more GPUs than any
+    cluster has (a config stored before these rules, or straight into the database)."""
+    check_launch_fields(config.extra_args, config.env, allow_code_flags)
+    for field in TEXT_FIELDS:
+        problem = flag_like_problem(field, getattr(config, field))
+        if problem:
+            raise Invalid(problem, field=field)
+    problem = gpus_problem(config.tensor_parallel_size, config.extra_args)
+    if problem:
+        raise Invalid(problem, field="tensor_parallel_size")
+
+
+def check_gpus_known(config: ModelConfig, known: int | None, where: str) -> None:
+    """Refuse (422) a start that needs more GPUs than ``where`` has (``known``; None: not known)."""
+    needed = engine_gpus(config.tensor_parallel_size, config.extra_args)
+    if known is not None and needed > known:
+        raise Invalid(
+            f"{config.name} needs {needed} GPUs (tensor x pipeline x data parallel size) and {where} has {known}: "
+            "lower tensor_parallel_size (or the parallel sizes in extra_args)",
+            field="tensor_parallel_size",
+        )
+
+
+def check_engine_argv(argv: list[str], allow_code_flags: bool) -> None:
+    """The engine argv as it will run (the flags the manager writes, then extra_args), checked for code
+    loading as extra_args are: whatever reaches vLLM's parser has passed this check."""
+    if allow_code_flags:
+        return
+    for arg in argv:
+        flag = flag_name(arg)
+        if flag is None or flag in WRITTEN_FLAGS:
+            continue  # a flag the manager writes is itself, not the start of a longer one
+        flag = _canonical(flag).split(".", 1)[0]
+        code = _protected_by(flag, CODE_FLAGS)
+        if code:
+            raise Invalid(
+                f"the engine's command line: {arg.split('=', 1)[0]} is refused because {code} {CODE_FLAGS[code]}; "
+                "an operator can allow such flags with VLLM_MANAGER_ALLOW_CODE_FLAGS=1",
+                field="extra_args",
+            )
+    check_arg_values(argv, allow_code_flags)

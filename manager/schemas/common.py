@@ -29,7 +29,10 @@ MAX_ENV = 128
 MAX_DESCRIPTION = 4096
 MAX_COMMAND_BYTES = 256 * 1024  # extra_args and env together, in bytes as the engine's command line holds them
 MAX_GPU_ID = 255
-MAX_GPUS = 64
+MAX_GPUS = 64  # GPU ids a config lists: one machine's
+# GPUs one engine may use: tensor x pipeline x data parallel size, over every node of a cluster (128 nodes
+# of 8 GPUs). A larger value is a mistake, and nothing in the manager is sized by it.
+MAX_ENGINE_GPUS = 1024
 # Every number has a bound a machine can reach (SQLite and JSON both care), which also keeps out Infinity
 # and NaN: counts and seconds up to MAX_INT, sizes in GiB up to MAX_GIB.
 MAX_INT = 2**31 - 1

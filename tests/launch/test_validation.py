@@ -18,18 +18,18 @@ def _command(client, name):
 REPRESENTATIVE = {
     "kv-offload": (
         {**BASE, "offload_profile": "kv"},
-        ["--kv-offloading-size", "2.5", "--kv-offloading-backend", "native"],
+        ["--kv-offloading-size=2.5", "--kv-offloading-backend=native"],
     ),
     "kv-offload-arc": ({**BASE, "offload_profile": "kv-arc"}, ["--kv-transfer-config"]),
     "lora": (
         {**BASE, "enable_lora": True, "max_loras": 4, "max_lora_rank": 16, "max_cpu_loras": 8},
-        ["--enable-lora", "--max-loras", "4", "--max-lora-rank", "16", "--max-cpu-loras", "8"],
+        ["--enable-lora", "--max-loras=4", "--max-lora-rank=16", "--max-cpu-loras=8"],
     ),
     "fp8-kv": (
         {**BASE, "kv_cache_dtype": "fp8", "max_num_seqs": 8, "enforce_eager": True},
-        ["--max-num-seqs", "8", "--kv-cache-dtype", "fp8", "--enforce-eager"],
+        ["--max-num-seqs=8", "--kv-cache-dtype=fp8", "--enforce-eager"],
     ),
-    "tp2": ({**BASE, "tensor_parallel_size": 2, "gpu_ids": [2, 3]}, ["--tensor-parallel-size", "2"]),
+    "tp2": ({**BASE, "tensor_parallel_size": 2, "gpu_ids": [2, 3]}, ["--tensor-parallel-size=2"]),
     "extra": (
         {
             **BASE,
@@ -67,13 +67,13 @@ def test_representative_configs_pass_vllms_parser(client, case):
 
 
 def test_vllm_rejection_comes_back_as_422_with_its_message(client):
-    # A value of the right type for the manager but one vLLM's parser refuses.
-    client.post("/api/models", json={**BASE, "name": "bad", "kv_cache_dtype": "fp7"})
+    # A value the manager passes on as it is, and vLLM's parser refuses.
+    client.post("/api/models", json={**BASE, "name": "bad", "extra_args": ["--block-size", "sixteen"]})
     resp = _command(client, "bad")
     assert resp.status_code == 422
     detail = resp.json()["detail"]
-    assert "--kv-cache-dtype" in detail and "fp7" in detail  # vLLM's own words
-    assert resp.json()["argv"][-2:] == ["--kv-cache-dtype", "fp7"]
+    assert "--block-size" in detail and "sixteen" in detail  # vLLM's own words
+    assert resp.json()["argv"][-2:] == ["--block-size", "sixteen"]
 
 
 def test_unknown_extra_flag_is_rejected_by_vllm(client):
@@ -103,7 +103,7 @@ def test_num_cpu_blocks_converted_with_the_models_page_size(client, tiny_llama):
     client.post("/api/models", json={**BASE, "name": "tiny", "model": str(tiny_llama), "offload_profile": "kv-blocks"})
     data = _command(client, "tiny").json()
     argv = data["argv"]
-    gib = float(argv[argv.index("--kv-offloading-size") + 1])
+    gib = float(next(a for a in argv if a.startswith("--kv-offloading-size=")).split("=", 1)[1])
     assert round(gib * (1 << 30)) == 50000 * 8192
     assert "num_cpu_blocks" in data["notes"][0] and "does not raise max_model_len" in data["notes"][0]
     assert data["validation"]["status"] == "valid"

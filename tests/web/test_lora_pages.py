@@ -26,11 +26,13 @@ from tests.web.conftest import free_port
 
 # vLLM 0.32's answers, as entrypoints/openai/models/serving.py words them.
 STAND_IN = r"""
-import json, sys
+import argparse, json, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-args = sys.argv[1:]
-port = int(args[args.index("--port") + 1])
-served = args[args.index("--served-model-name") + 1]
+parser = argparse.ArgumentParser()
+parser.add_argument("--port", type=int)
+parser.add_argument("--served-model-name")
+args, _ = parser.parse_known_args(sys.argv[1:])
+port, served = args.port, args.served_model_name
 loaded = {}  # lora_name -> lora_path, in load order
 
 class Engine(BaseHTTPRequestHandler):

@@ -106,7 +106,7 @@ def test_model_form_creates_then_edits_a_config_like_the_api(client, tiny_llama)
     assert "Saved." in edited.text and edited.headers["HX-Trigger"] == "config-saved"
     assert client.get("/api/models/tiny").json()["max_model_len"] == 512
     preview = client.get("/ui/models/tiny/command").text
-    assert "--max-model-len 512" in preview and "--load-format dummy" in preview
+    assert "--max-model-len=512" in preview and "--load-format dummy" in preview
     assert "tiny" in client.get("/models").text
 
 
