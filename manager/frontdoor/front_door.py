@@ -38,6 +38,8 @@ from manager.launch.command import sleep_pool_on
 from manager.launch.preflight import sleep_host_bytes
 from manager.lora import workers as lora_workers
 from manager.planner.gpus import GPU, NoGPU, detect_gpu
+from manager.schemas.common import MAX_GPU_ID
+from manager.schemas.engine_values import engine_gpus
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.services import models
@@ -51,8 +53,8 @@ def placement_of(
     config: ModelConfig, gpu: GPU | NoGPU, sleep_bytes: int | None = None, *, pooled: bool = False
 ) -> Placement:
     """A stored config in the scheduler's terms. Without gpu_ids a worker gets vLLM's default devices
-    (0 .. tensor_parallel_size-1); it takes gpu_memory_utilization of each GPU it uses."""
-    gpus = tuple(config.gpu_ids) or tuple(range(config.tensor_parallel_size))
+    (0 .. its GPU count - 1, of those this machine has); it takes gpu_memory_utilization of each GPU it uses."""
+    gpus = tuple(config.gpu_ids) or _default_devices(config, gpu)
     gpu_bytes = int(config.gpu_memory_utilization * gpu.memory_bytes) if isinstance(gpu, GPU) else None
     return Placement(
         config=config.name,
@@ -65,6 +67,13 @@ def placement_of(
         sleep_host_bytes=sleep_bytes,
         sleep_pooled=pooled,
     )
+
+
+def _default_devices(config: ModelConfig, gpu: GPU | NoGPU) -> tuple[int, ...]:
+    # As many as this machine has at most (without GPUs: as many as GPU ids go): the parallel sizes are
+    # the user's, and a stored one may be any number.
+    here = gpu.count if isinstance(gpu, GPU) else MAX_GPU_ID + 1
+    return tuple(range(min(engine_gpus(config.tensor_parallel_size, config.extra_args), here)))
 
 
 class FrontDoor:
