@@ -735,7 +735,13 @@ def tail(path: Path, lines: int = 15) -> str:
 
 
 def flag(argv: list[str], name: str) -> str | None:
-    return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) else None
+    """The value of ``name`` in an argv: `--flag=value` (how the manager writes its own) or `--flag value`."""
+    for i, part in enumerate(argv):
+        if part.startswith(name + "="):
+            return part.split("=", 1)[1]
+        if part == name and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
 
 
 def side(label: str, manager: float | None, vllm: float | None, tol: float, relative: bool = False) -> dict[str, Any]:

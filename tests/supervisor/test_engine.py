@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from manager.app import create_app
+from manager.launch.flags import flag_value
 from manager.supervisor import process
 from tests.support.engine import START_TIMEOUT
 from tests.support.engine import tiny_config as _config
@@ -35,7 +36,7 @@ def _engine_pids(model_dir) -> list[int]:
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = p.info["cmdline"] or []
-        if process.is_engine_cmdline(cmd) and str(model_dir) in cmd:
+        if process.is_engine_cmdline(cmd) and flag_value(cmd, "--model") == str(model_dir):
             found.append(p.info["pid"])
     return found
 
