@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 import types
 import typing
@@ -105,6 +106,30 @@ def keep_bools_and_numbers_apart(cls, value: Any, info: ValidationInfo) -> Any:
     if value is not None and not isinstance(value, bool) and annotation in (bool, bool | None):
         raise ValueError("must be true or false")
     return value
+
+
+# Fields a client reads back and may send with a replacement (PUT): accepted and ignored there.
+READ_ONLY = frozenset({"name", "created_at", "updated_at"})
+
+
+def refuse_unknown_fields(cls, data: Any, ignored: frozenset[str] = frozenset()) -> Any:
+    """For a model validator (mode="before"): a field the model does not have is refused, naming the
+    closest real one ("max_model_length (did you mean max_model_len?)"), instead of being dropped
+    silently; ``ignored`` fields are taken out first."""
+    if not isinstance(data, dict):
+        return data
+    known = set(cls.model_fields)
+    unknown = [str(k) for k in data if k not in known and k not in ignored]
+    if unknown:
+        named, guessed = [], True
+        for field in unknown:
+            close = difflib.get_close_matches(field, sorted(known), n=1, cutoff=0.6)
+            named.append(f"{field!r} (did you mean {close[0]}?)" if close else repr(field))
+            guessed = guessed and bool(close)
+        plural = "s" if len(unknown) > 1 else ""
+        listed = "" if guessed else f"; the fields are: {', '.join(sorted(known))}"
+        raise ValueError(f"unknown field{plural} {', '.join(named)}{listed}")
+    return {k: v for k, v in data.items() if k not in ignored} if ignored else data
 
 
 def command_bytes(extra_args: list[str], env: dict[str, str]) -> int:

@@ -9,12 +9,13 @@ under it keeps its name; its name may be given to a new key.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 from sqlalchemy import JSON, Column, Index, text
 from sqlmodel import Field, SQLModel
 
-from manager.schemas.common import UNIQUE_ITEMS, Slug, utcnow
+from manager.schemas.common import UNIQUE_ITEMS, Slug, refuse_unknown_fields, utcnow
 
 MAX_KEY_MODELS = 256
 PREFIX_CHARS = 12  # "vmk_" and 8 characters of the random part
@@ -62,6 +63,11 @@ class InferenceKeyCreate(SQLModel):
         description="Model configs the key may use (with their aliases and LoRA adapters); empty: all",
         schema_extra={"json_schema_extra": UNIQUE_ITEMS},
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        return refuse_unknown_fields(cls, data)
 
     @field_validator("models")
     @classmethod

@@ -20,6 +20,7 @@ from manager.schemas.common import (
     MAX_ENV,
     MAX_GPUS,
     MAX_INT,
+    READ_ONLY,
     UNIQUE_ITEMS,
     Argument,
     EnvName,
@@ -32,6 +33,7 @@ from manager.schemas.common import (
     command_bytes,
     expand_home,
     keep_bools_and_numbers_apart,
+    refuse_unknown_fields,
     utcnow,
 )
 from manager.schemas.engine_values import (
@@ -217,9 +219,19 @@ class ModelConfigWrite(ModelConfigIn):
 class ModelConfigCreate(ModelConfigWrite):
     name: Slug
 
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        return refuse_unknown_fields(cls, data)
+
 
 class ModelConfigUpdate(ModelConfigWrite):
     """A full replacement of the config's fields (PUT); the name stays."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        return refuse_unknown_fields(cls, data, READ_ONLY)
 
 
 class ModelConfigPublic(ModelConfigIn):

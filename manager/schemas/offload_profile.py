@@ -11,10 +11,12 @@ from sqlmodel import Field, SQLModel
 from manager.schemas.common import (
     MAX_GIB,
     MAX_INT,
+    READ_ONLY,
     Description,
     ShortText,
     Slug,
     keep_bools_and_numbers_apart,
+    refuse_unknown_fields,
     utcnow,
 )
 
@@ -101,9 +103,19 @@ class OffloadProfile(OffloadProfileFields, table=True):
 class OffloadProfileCreate(OffloadProfileFields):
     name: Slug
 
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        return refuse_unknown_fields(cls, data)
+
 
 class OffloadProfileUpdate(OffloadProfileFields):
     """A full replacement of the profile's fields (PUT); the name stays."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        return refuse_unknown_fields(cls, data, READ_ONLY)
 
 
 class OffloadProfilePublic(OffloadProfileFields):

@@ -207,3 +207,16 @@ def test_a_relative_model_folder_is_stored_as_an_absolute_path(client, tmp_path,
     assert created["model"] == str(tmp_path / "models" / "m")
     hub = client.post("/api/models", json={"name": "hub", "model": "Qwen/Qwen3-8B"}).json()
     assert hub["model"] == "Qwen/Qwen3-8B"
+
+
+def test_a_misspelled_field_is_refused_with_the_closest_real_name(client):
+    typo = client.post("/api/models", json={"name": "a", "model": "/x", "max_model_length": 2048})
+    assert typo.status_code == 422 and "'max_model_length' (did you mean max_model_len?)" in typo.json()["detail"]
+    assert client.get("/api/models/a").status_code == 404  # nothing stored
+    unknown = client.post("/api/profiles", json={"name": "p", "colour": "blue"})
+    assert unknown.status_code == 422 and "unknown field 'colour'; the fields are:" in unknown.json()["detail"]
+    # A config read back and sent whole (name and stamps included) replaces cleanly.
+    assert client.post("/api/models", json={"name": "a", "model": "/x"}).status_code == 201
+    shown = client.get("/api/models/a").json()
+    assert client.put("/api/models/a", json={**shown, "max_model_len": 4096}).status_code == 200
+    assert client.put("/api/models/a", json={**shown, "max_model_lenn": 1}).status_code == 422
