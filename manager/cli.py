@@ -414,3 +414,12 @@ def _register_engine_commands() -> None:
 
 
 _register_engine_commands()
+
+
+def _register_apply_commands() -> None:
+    from manager.cli_apply import apply
+
+    app.command("apply")(apply)
+
+
+_register_apply_commands()
