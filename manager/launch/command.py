@@ -11,7 +11,7 @@ from engine_patches.settings import PatchSettings
 from manager.errors import Invalid
 from manager.launch.allowed_env import env_notes
 from manager.launch.engine_key import ENV_NAME, key_through_env
-from manager.launch.flags import flag_value, managed_argv
+from manager.launch.flags import flag_value, managed_argv, quiet_paths
 from manager.launch.refusals import check_engine_argv, check_launch
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
@@ -177,6 +177,7 @@ def build_command(
         "kv_offloading_size": kv_size,
         "kv_offloading_backend": "native" if kv_size is not None else None,
         "enable_sleep_mode": config.sleep_level is not None,
+        "quiet_paths": quiet_paths(config.extra_args),
     }
     managed = managed_argv(values)
     # The connector's config is the manager's own, from the profile's numbers and policy.

@@ -71,7 +71,14 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("--enable-sleep-mode", "enable_sleep_mode", when=bool, text=None, instead="sleep_level"),
     EngineFlag("--kv-offloading-size", "kv_offloading_size", instead="the offload profile's kv_offload_gib"),
     EngineFlag("--kv-offloading-backend", "kv_offloading_backend", instead="the offload profile"),
+    # The manager's own probes, out of the engine's access log; extra_args may choose otherwise.
+    EngineFlag("--disable-access-log-for-endpoints", "quiet_paths", extra_args_may_set=True),
 )
+
+# What the manager itself asks an engine every few seconds (health, readiness, metrics, sleep state):
+# kept out of the engine's access log, where they drowned the requests a user looks for.
+PROBED_PATHS = "/health,/v1/models,/metrics,/is_sleeping"
+ACCESS_LOG_FLAGS = ("--disable-access-log-for-endpoints", "--disable-uvicorn-access-log")
 
 # Every spelling of a flag the manager sets, and what to set instead: refused in extra_args.
 MANAGED_FLAGS: dict[str, str] = {
@@ -111,3 +118,9 @@ def _is_number(arg: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def quiet_paths(extra_args: list[str]) -> str | None:
+    """The paths left out of the engine's access log: the manager's probes, unless extra_args decide
+    the access log themselves."""
+    return None if any(flag_name(arg) in ACCESS_LOG_FLAGS for arg in extra_args) else PROBED_PATHS

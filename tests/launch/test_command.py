@@ -13,6 +13,8 @@ from manager.schemas.offload_profile import OffloadProfile
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
 PYTHON = "/opt/engine/bin/python"
 HEAD = [PYTHON, "-m", ENTRY_MODULE]
+# The manager's own probes stay out of the engine's access log: the last managed flag of every argv.
+QUIET = "--disable-access-log-for-endpoints=/health,/v1/models,/metrics,/is_sleeping"
 
 
 def _build(config: ModelConfig, profile: OffloadProfile | None = None, **launch):
@@ -31,6 +33,7 @@ def test_a_plain_config_gets_only_what_the_manager_always_sets():
         "--host=127.0.0.1",
         "--port=8001",
         "--gpu-memory-utilization=0.9",
+        QUIET,
     ]
     assert cmd.engine_argv == cmd.argv[3:]
     assert set(cmd.env) == {"VLLM_PLUGINS", "VLLM_MANAGER_PATCHES"}
@@ -70,6 +73,7 @@ def test_tp2_with_fp8_kv_on_two_gpus():
         "--kv-cache-dtype=fp8",
         "--enforce-eager",
         "--enable-prefix-caching",
+        QUIET,
     ]
     assert cmd.env["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert _patches(cmd.env)["run_dir"] == "/data/run/7"
@@ -80,7 +84,9 @@ def test_lora_flags_runtime_loading_and_the_cpu_pool():
         name="lora", model="/models/m", enable_lora=True, max_loras=4, max_lora_rank=16, max_cpu_loras=8
     )
     cmd = _build(config, OffloadProfile(name="pool", lora_cpu_pooling=True, lora_pool_gib=2))
-    assert cmd.engine_argv[-4:] == ["--enable-lora", "--max-loras=4", "--max-lora-rank=16", "--max-cpu-loras=8"]
+    assert cmd.engine_argv[-5:] == [
+        "--enable-lora", "--max-loras=4", "--max-lora-rank=16", "--max-cpu-loras=8", QUIET
+    ]  # fmt: skip
     assert cmd.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
     patches = _patches(cmd.env)
     assert patches["lora_pool"] is True and patches["lora_pool_bytes"] == 2 << 30 and patches["max_cpu_loras"] == 8
@@ -96,10 +102,11 @@ def test_lora_limits_are_left_out_while_lora_is_off():
 def test_kv_offload_from_a_profiles_gib():
     profile = OffloadProfile(name="kv", kv_offload_gib=2.5, pinned_budget_gib=1)
     cmd = _build(ModelConfig(name="kv", model="/models/m", max_model_len=4096), profile)
-    assert cmd.engine_argv[-3:] == [
+    assert cmd.engine_argv[-4:] == [
         "--max-model-len=4096",
         "--kv-offloading-size=2.5",
         "--kv-offloading-backend=native",
+        QUIET,
     ]
     assert _patches(cmd.env)["pin_budget_bytes"] == 1 << 30
 
@@ -183,14 +190,22 @@ def test_extra_args_come_last_and_the_configs_plugins_stay_allowed():
         env={"VLLM_PLUGINS": "lora_resolver", "HF_HUB_OFFLINE": "1"},
     )
     cmd = _build(config, OffloadProfile(name="kv", kv_offload_gib=4))
-    assert cmd.engine_argv[-6:] == [
+    assert cmd.engine_argv[-7:] == [
         "--no-enable-prefix-caching",
         "--kv-offloading-size=4",
         "--kv-offloading-backend=native",
+        QUIET,
         "--enable-chunked-prefill", "--max-num-batched-tokens", "2048",
     ]  # fmt: skip
     assert cmd.env["VLLM_PLUGINS"] == "lora_resolver,offload_patches"
     assert cmd.env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_the_managers_probes_stay_out_of_the_engines_access_log_unless_extra_args_decide_it():
+    assert QUIET in _build(ModelConfig(name="q", model="/models/m")).engine_argv
+    for own in (["--disable-uvicorn-access-log"], ["--disable-access-log-for-endpoints", "/health"]):
+        cmd = _build(ModelConfig(name="q", model="/models/m", extra_args=own))
+        assert QUIET not in cmd.engine_argv and cmd.engine_argv[-len(own) :] == own
 
 
 def test_sleep_mode_adds_the_flag_and_the_dev_endpoint_switch():

@@ -17,7 +17,7 @@ from manager.schemas.offload_profile import OffloadProfile
 
 TABLE_SPELLINGS = {name for row in ENGINE_FLAGS for name in row.names}
 # Launch values that are not model config fields: the launch decides them.
-LAUNCH_VALUES = {"host", "kv_offloading_size", "kv_offloading_backend", "enable_sleep_mode"}
+LAUNCH_VALUES = {"host", "kv_offloading_size", "kv_offloading_backend", "enable_sleep_mode", "quiet_paths"}
 
 
 def _refused(flag: str) -> bool:
@@ -31,7 +31,7 @@ def _refused(flag: str) -> bool:
 
 def test_extra_args_refuse_exactly_the_tables_flags():
     may_set = {name for row in ENGINE_FLAGS if row.extra_args_may_set for name in row.names}
-    assert may_set == {"--enforce-eager", "--enable-prefix-caching"}
+    assert may_set == {"--enforce-eager", "--enable-prefix-caching", "--disable-access-log-for-endpoints"}
     assert set(MANAGED_FLAGS) == TABLE_SPELLINGS - may_set
     assert {name for name in TABLE_SPELLINGS if _refused(name)} == TABLE_SPELLINGS - may_set
 

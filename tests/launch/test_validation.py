@@ -36,7 +36,13 @@ REPRESENTATIVE = {
             "extra_args": ["--enable-chunked-prefill", "--max-num-batched-tokens", "2048"],
             "enable_prefix_caching": False,
         },
-        ["--no-enable-prefix-caching", "--enable-chunked-prefill", "--max-num-batched-tokens", "2048"],
+        [
+            "--no-enable-prefix-caching",
+            "--disable-access-log-for-endpoints=/health,/v1/models,/metrics,/is_sleeping",
+            "--enable-chunked-prefill",
+            "--max-num-batched-tokens",
+            "2048",
+        ],  # fmt: skip
     ),
 }
 
