@@ -8,6 +8,7 @@ import typer
 
 from manager.planner import PlanError, PlanRequest, make_plan
 from manager.planner.records import Plan
+from manager.planner.scheduling import parse_transfer_config
 
 _SECTIONS = {"model": "Model", "gpu": "Device", "extend": "What would extend it", "cpu": "Host memory"}
 
@@ -30,6 +31,24 @@ def plan(
     moe_gpu_cache_gib: Annotated[float, typer.Option(help="GPU expert cache of the MoE offload.")] = 0,
     cpu_offload_gb: Annotated[float, typer.Option(help="vLLM --cpu-offload-gb.")] = 0,
     host_ram_gib: Annotated[float | None, typer.Option(help="Plan another machine's RAM.")] = None,
+    enforce_eager: Annotated[bool, typer.Option(help="No CUDA graphs: their memory goes to the KV cache.")] = False,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Default: vLLM's for the device.")] = None,
+    async_scheduling: Annotated[
+        bool | None, typer.Option("--async-scheduling/--no-async-scheduling", help="Default: vLLM's.")
+    ] = None,
+    disable_hybrid_kv_cache_manager: Annotated[
+        bool | None,
+        typer.Option(
+            "--disable-hybrid-kv-cache-manager/--no-disable-hybrid-kv-cache-manager",
+            help="Default: vLLM decides from the model and the KV connector.",
+        ),
+    ] = None,
+    kv_transfer_config: Annotated[
+        str | None, typer.Option(help="vLLM's --kv-transfer-config JSON (its connector decides the KV manager).")
+    ] = None,
+    kv_cache_memory_gib: Annotated[
+        float | None, typer.Option(help="Explicit KV budget (--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """What fits on the GPU for MODEL, why, and what would extend it."""
@@ -50,6 +69,12 @@ def plan(
             moe_gpu_cache_gib=moe_gpu_cache_gib,
             cpu_offload_gb=cpu_offload_gb,
             host_ram_gib=host_ram_gib,
+            enforce_eager=enforce_eager,
+            max_num_batched_tokens=max_num_batched_tokens,
+            async_scheduling=async_scheduling,
+            disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager,
+            kv_transfer_config=_json_object(kv_transfer_config),
+            kv_cache_memory_gib=kv_cache_memory_gib,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -63,6 +88,16 @@ def plan(
     typer.echo(result.model_dump_json(indent=2) if as_json else render(result))
     if not result.verdict.fits:
         raise typer.Exit(1)
+
+
+def _json_object(text: str | None) -> dict | None:
+    if text is None:
+        return None
+    value = parse_transfer_config(text)
+    if value is None:
+        typer.echo("error: --kv-transfer-config: not a JSON object", err=True)
+        raise typer.Exit(2)
+    return value
 
 
 def render(result: Plan) -> str:
@@ -79,6 +114,7 @@ def render(result: Plan) -> str:
             out.append(f"  {'':>20} {line.explanation}")
     out.append("")
     out.append(("FITS: " if result.verdict.fits else "DOES NOT FIT: ") + result.verdict.message)
+    out.append(f"assumed: {result.assumptions.summary}")
     out += [f"note: {w}" for w in result.warnings]
     return "\n".join(out)
 

@@ -27,6 +27,7 @@ from manager.planner.gpu_side import weights_on_gpu
 from manager.planner.gpus import NoGPU, detect_gpu
 from manager.planner.hf_config import text_config
 from manager.planner.host import HeldRam, HostMemory, read_host_memory
+from manager.planner.scheduling import parse_transfer_config
 from manager.planner.weights import estimate_weights
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
@@ -136,6 +137,7 @@ def plan_request(config: ModelConfig, profile: OffloadProfile | None, gpu: str) 
     kv_bytes = flag_value(config.extra_args, "--kv-cache-memory-bytes")
     kv_gib = size_bytes(kv_bytes) / GIB if kv_bytes else None
     return PlanRequest(
+        **engine_choices(config.extra_args),
         model=config.model,
         dtype=config.dtype,
         quantization=config.quantization,
@@ -160,6 +162,51 @@ def plan_request(config: ModelConfig, profile: OffloadProfile | None, gpu: str) 
         # vLLM on a GPU takes --kv-cache-memory-bytes as the KV budget; its CPU build takes the variable
         kv_cache_memory_gib=(float(cpu_kv) if cpu_kv else kv_gib) if gpu == "cpu" else kv_gib,
     )
+
+
+def _arg(argv: list[str], flag: str) -> str | None:
+    """A flag's value as vLLM's parser reads it: with dashes or underscores, the last one given."""
+    names = (flag, "--" + flag[2:].replace("-", "_"))
+    found = None
+    for i, part in enumerate(argv):
+        name, equals, value = part.partition("=")
+        if name in names:
+            found = value if equals else argv[i + 1] if i + 1 < len(argv) else None
+    return found
+
+
+def _switch(argv: list[str], flag: str) -> bool | None:
+    """A boolean flag's value: True for ``--flag``, False for ``--no-flag``, the last one given; None when absent."""
+    names = {flag: True, "--no-" + flag[2:]: False}
+    names |= {"--" + k[2:].replace("-", "_"): v for k, v in names.items()}
+    value = None
+    for part in argv:
+        if part in names:
+            value = names[part]
+    return value
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        value = int(text) if text is not None else None
+    except ValueError:
+        return None  # vLLM's own check of the command refuses it
+    return value if value is not None and 0 < value <= 2**31 else None
+
+
+def engine_choices(extra_args: list[str]) -> dict[str, Any]:
+    """The flags in ``extra_args`` that change what vLLM does with the KV budget (scheduling.py), as plan fields."""
+    mode = _arg(extra_args, "--performance-mode")
+    found: dict[str, Any] = {
+        "max_num_batched_tokens": _int(_arg(extra_args, "--max-num-batched-tokens")),
+        "block_size": _int(_arg(extra_args, "--block-size")),
+        "async_scheduling": _switch(extra_args, "--async-scheduling"),
+        "enable_chunked_prefill": _switch(extra_args, "--enable-chunked-prefill"),
+        "disable_hybrid_kv_cache_manager": _switch(extra_args, "--disable-hybrid-kv-cache-manager"),
+        "kv_transfer_config": parse_transfer_config(_arg(extra_args, "--kv-transfer-config")),
+        "performance_mode": mode if mode in ("balanced", "interactivity", "throughput") else None,
+    }
+    return {k: v for k, v in found.items() if v is not None}
 
 
 def size_bytes(text: str) -> int:

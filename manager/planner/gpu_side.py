@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_patches.moe.sizing import device_planned_tokens, expert_offload_sizing
-from manager.planner.gpus import GPU
+from manager.planner.gpus import CUDA_RESERVED_BYTES, GPU
 from manager.planner.hf_config import text_config
 from manager.planner.kv import KVCapacity, KVLayout, block_pool, kv_capacity, kv_layout, rank_layout
-from manager.planner.records import PlanRequest
+from manager.planner.records import KVAssumptions, PlanRequest
+from manager.planner.scheduling import decide
 from manager.planner.weights import WeightEstimate
 
 GiB = 1024**3
@@ -24,7 +25,6 @@ GiB = 1024**3
 # CUDA reports about 0.6 GiB less total memory than NVML, and vLLM's utilization applies to CUDA's
 # figure; outside torch (CUDA context, cuBLAS and NCCL workspaces) it measured about 0.8 GiB; CUDA
 # graphs (vLLM subtracts its estimate of the graph pool) cost 1.14-1.46 GiB more than eager.
-CUDA_RESERVED_BYTES = int(0.6 * GiB)
 NON_TORCH_BYTES = int(0.8 * GiB)
 CUDA_GRAPH_BYTES = int(1.3 * GiB)
 SAMPLER_COPIES = 4  # float32 logits of the sampler's dummy batch, and the probabilities made from them
@@ -58,15 +58,6 @@ def moe_offload(weights: WeightEstimate, cfg: dict[str, Any], cache_gib: float) 
     tokens = device_planned_tokens(sizing.slots_per_layer, max(1, weights.experts_per_token))
     # Scale by the real expert bytes (safetensors headers include scales and padding).
     return ExpertOffload(int(weights.expert_bytes * (1 - kept)), weights.expert_bytes, kept, tokens)
-
-
-def default_batched_tokens(req: PlanRequest, gpu: GPU | None) -> int:
-    if req.max_num_batched_tokens:
-        return req.max_num_batched_tokens
-    # vLLM's defaults for the OpenAI server: 8192 on >= 70 GiB GPUs other than the A100, else 2048.
-    if gpu and gpu.memory_bytes >= 70 * GiB and "a100" not in gpu.name.lower():
-        return 8192
-    return 2048
 
 
 def rope_cache_bytes(cfg: dict[str, Any], dtype_bytes: int = 2) -> int:
@@ -143,6 +134,7 @@ class GpuSide:
     max_model_len: int
     kv_needed_bytes: int  # one max_model_len sequence, in whole blocks, this rank
     explicit_kv: bool  # the KV budget was given, not derived
+    assumptions: KVAssumptions  # what vLLM decides at start that the capacity follows
 
 
 def gpu_side(
@@ -157,8 +149,9 @@ def gpu_side(
     cfg = text_config(hf_config)
     tp = req.tensor_parallel_size
     on_cpu = gpu is None
-    block_size = req.block_size or (128 if on_cpu else 16)
     layout = rank_layout(kv_layout(hf_config, req.kv_cache_dtype, req.dtype), tp)
+    assumed = decide(req, cfg, layout, gpu, max_model_len)
+    block_size, hybrid = assumed.block_size, assumed.hybrid_kv_cache_manager
 
     weights_gpu, offloaded = weights_on_gpu(req, cfg, weights)
 
@@ -168,14 +161,14 @@ def gpu_side(
     if on_cpu:
         overhead = int(req.overhead_gib * GiB) if req.overhead_gib is not None else CPU_ENGINE_RSS_BYTES
     else:
-        overhead = overhead_estimate(cfg, weights, req, default_batched_tokens(req, gpu))
+        overhead = overhead_estimate(cfg, weights, req, assumed.max_num_batched_tokens)
     if req.kv_cache_memory_gib is not None:
         budget = int(req.kv_cache_memory_gib * GiB)  # vLLM takes it as given and skips profiling
     else:
         budget = usable - weights_gpu - overhead
-    in_flight = default_batched_tokens(req, gpu)
-    capacity = kv_capacity(layout, max(0, budget), max_model_len, block_size, in_flight)
-    pool = block_pool(layout, block_size)
+    in_flight = assumed.in_flight_tokens
+    capacity = kv_capacity(layout, max(0, budget), max_model_len, block_size, in_flight, hybrid)
+    pool = block_pool(layout, block_size, hybrid)
     needed = pool.blocks_per_request(max_model_len, in_flight) * pool.bytes_per_block
     return GpuSide(
         memory,
@@ -190,6 +183,7 @@ def gpu_side(
         max_model_len,
         needed,
         req.kv_cache_memory_gib is not None,
+        assumed,
     )
 
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from manager.metrics.gpu import Nvml
 
 MiB = 1024**2
+CUDA_RESERVED_BYTES = int(0.6 * 1024**3)  # CUDA's total is about this much below NVML's (H200, vLLM 0.32)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ _MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
         "head_dim": 256,
         "sliding_window": 4096,
         "sliding_window_pattern": 6,
+        "max_position_embeddings": 131072,
         "num_key_value_heads": 4,
         "vocab_size": 262208,
         "query_pre_attn_scalar": 256,

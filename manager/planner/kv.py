@@ -10,8 +10,10 @@ How vLLM turns memory into blocks (v1/core/kv_cache_utils.py, get_kv_cache_confi
 layers of one kind are put in KV cache groups of equal size (hybrid models: the size of the
 smallest kind, e.g. Gemma 3's 8 full layers); one block of the shared pool holds ``block_size``
 tokens for every layer of one group, so ``num_blocks = KV memory // (group layers x page)``.
-A request takes cdiv(len, block_size) blocks in each full group and only its window's blocks in
-each sliding group. The log line "GPU KV cache size: N tokens" is int(max concurrency x
+A request takes cdiv(len, block_size) blocks in each full group and, in each sliding group,
+cdiv(min(window - 1 + in-flight tokens, len), block_size) + 1: vLLM frees blocks behind the window
+only once the batches in flight are done (scheduling.py says how many tokens that is). Without the
+hybrid KV cache manager sliding layers next to full ones are allocated as full. The log line "GPU KV cache size: N tokens" is int(max concurrency x
 max_model_len), where max concurrency = num_blocks / blocks one max_model_len request takes.
 
 What one block of the OffloadingConnector is (CPU KV offload, vLLM 0.32; read from
@@ -212,8 +214,26 @@ class BlockPool:
         return total
 
 
-def block_pool(layout: KVLayout, block_size: int = 16) -> BlockPool:
-    """Group layers as vLLM's _get_kv_cache_groups_uniform_page_size does."""
+def as_full_attention(layout: KVLayout) -> KVLayout:
+    """The layout vLLM allocates without the hybrid KV cache manager (unify_hybrid_kv_cache_specs): next to
+    full-attention layers, sliding-window layers keep every token. Layers that all slide keep their window."""
+    attention = [k for k in layout.kinds if k.layers and k.kind in ("full", "sliding")]
+    if not any(k.kind == "sliding" for k in attention) or not any(k.kind == "full" for k in attention):
+        return layout
+    merged = AttentionKind(
+        "full",
+        sum(k.layers for k in attention),
+        max(k.bytes_per_token_per_layer for k in attention),
+        kv_heads=max(k.kv_heads for k in attention),
+    )
+    return KVLayout((merged, *(k for k in layout.kinds if k not in attention)), layout.kv_dtype)
+
+
+def block_pool(layout: KVLayout, block_size: int = 16, hybrid: bool = True) -> BlockPool:
+    """Group layers as vLLM's _get_kv_cache_groups_uniform_page_size does; ``hybrid`` False: as it does
+    with the hybrid KV cache manager off."""
+    if not hybrid:
+        layout = as_full_attention(layout)
     kinds = [k for k in layout.kinds if k.layers and k.kind != "linear"]
     linear = [k for k in layout.kinds if k.layers and k.kind == "linear"]
     if not kinds:
@@ -289,15 +309,24 @@ class KVCapacity:
 
 
 def kv_capacity(
-    layout: KVLayout, kv_budget_bytes: int, max_model_len: int, block_size: int = 16, in_flight_tokens: int = 2048
+    layout: KVLayout,
+    kv_budget_bytes: int,
+    max_model_len: int,
+    block_size: int = 16,
+    in_flight_tokens: int = 2048,
+    hybrid: bool = True,
 ) -> KVCapacity:
-    """Blocks, reported tokens, concurrency and the longest request for a KV budget of one rank set."""
-    pool = block_pool(layout, block_size)
+    """Blocks, reported tokens, concurrency and the longest request for a KV budget of one rank set.
+
+    ``in_flight_tokens``: batches in flight x max_num_batched_tokens (see scheduling.py); ``hybrid``:
+    whether vLLM's hybrid KV cache manager is on."""
+    pool = block_pool(layout, block_size, hybrid)
     num_blocks = max(0, kv_budget_bytes // pool.bytes_per_block)
     per_request = pool.blocks_per_request(max_model_len, in_flight_tokens)
     concurrency = num_blocks / per_request if per_request else 0.0
     usable = num_blocks - 1  # the null block vLLM's BlockPool holds back
-    lo, hi = 0, max(1, usable * block_size)
+    # Layers that all slide hold a window however long the request: the search stops at max_model_len.
+    lo, hi = 0, max(1, usable * block_size, max_model_len)
     while lo < hi:  # longest context whose blocks fit; blocks_per_request grows with tokens
         mid = (lo + hi + 1) // 2
         if pool.blocks_per_request(mid, in_flight_tokens) <= usable:

@@ -335,8 +335,12 @@ def _make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMe
             value=gib(side.kv_needed_bytes),
             unit="GiB",
             section="gpu",
-            explanation=f"whole {side.block_size}-token blocks in every "
-            f"KV cache group{per}; sliding-window layers hold only their window",
+            explanation=f"whole {side.block_size}-token blocks in every KV cache group{per}"
+            + (
+                f"; a sliding-window layer keeps {side.assumptions.sliding_window_tokens:,} tokens of it"
+                if side.assumptions.sliding_window_tokens is not None
+                else ""
+            ),
         ),
         PlanLine(
             key="device_memory",
@@ -396,6 +400,7 @@ def _make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMe
             explanation=f"{cap.num_blocks:,} blocks; what vLLM will log as "
             "'KV cache size: N tokens' (max concurrency x max_model_len)",
         ),
+        *_assumption_lines(side),
         PlanLine(
             key="max_context",
             label="KV room for one request",
@@ -456,8 +461,49 @@ def _make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMe
         max_concurrency=cap.max_concurrency,
         prefix_cache_tokens_from_offload=prefix_tokens,
         host_ram_needed_bytes=host_needed,
+        assumptions=side.assumptions,
         warnings=warnings,
     )
+
+
+def _assumption_lines(side: GpuSide) -> list[PlanLine]:
+    """What vLLM will decide at start that the KV figures follow: stated, so a number can be traced."""
+    a = side.assumptions
+    lines = [
+        PlanLine(
+            key="kv_manager",
+            label="Hybrid KV cache manager (assumed)",
+            value="on" if a.hybrid_kv_cache_manager else "off",
+            unit="state",
+            section="gpu",
+            explanation=a.hybrid_reason,
+        ),
+        PlanLine(
+            key="in_flight_tokens",
+            label="Tokens in flight (assumed)",
+            value=a.in_flight_tokens,
+            unit="tokens",
+            section="gpu",
+            explanation=f"{a.in_flight_tokens // a.max_num_batched_tokens} x max_num_batched_tokens "
+            f"{a.max_num_batched_tokens:,} ({a.batched_reason}); async scheduling "
+            f"{'on' if a.async_scheduling else 'off'} ({a.async_reason})",
+        ),
+    ]
+    if a.sliding_window_tokens is not None:
+        lines.append(
+            PlanLine(
+                key="sliding_window_tokens",
+                label="Sliding-window layer keeps (assumed)",
+                value=a.sliding_window_tokens,
+                unit="tokens",
+                section="gpu",
+                explanation="of one max_model_len request: the window - 1 + the tokens in flight, at most "
+                "max_model_len (vLLM frees blocks behind the window once the batches in flight are done)"
+                if a.hybrid_kv_cache_manager
+                else "every token: without the hybrid KV cache manager they are allocated as full attention",
+            )
+        )
+    return lines
 
 
 def _kv_explanation(side: GpuSide) -> str:

