@@ -21,8 +21,8 @@ from sqlmodel import Session
 from manager.errors import Invalid
 from manager.launch.command import kv_offload_bytes, moe_graph_tokens, sleep_pool_on
 from manager.launch.flags import flag_value
-from manager.planner import Plan, PlanError, PlanRequest, make_plan, model_files
-from manager.planner.engine_report import compare, parse_engine_kv_report
+from manager.planner import Comparison, EngineKVReport, Plan, PlanError, PlanRequest, make_plan, model_files
+from manager.planner.engine_report import compare, mismatch, parse_engine_kv_report
 from manager.planner.gpu_side import weights_on_gpu
 from manager.planner.gpus import NoGPU, detect_gpu
 from manager.planner.hf_config import text_config
@@ -337,17 +337,38 @@ def _short_shm(profile: OffloadProfile | None, need: int, room: ShmRoom) -> str:
     )
 
 
-def prediction_vs_engine(config: ModelConfig, profile: OffloadProfile | None, log_text: str) -> dict | None:
-    """vLLM's own KV figures from the engine log beside the plan's prediction, with the error in %."""
+def _against_engine(
+    config: ModelConfig, profile: OffloadProfile | None, log_text: str
+) -> tuple[EngineKVReport, Comparison | None, str | None]:
+    """vLLM's KV report from an engine log, the plan's comparison with it, and why there is none."""
     report = parse_engine_kv_report(log_text)
     if report.kv_cache_tokens is None:
-        return None
+        return report, None, "vLLM has not logged its KV cache size for this start yet"
     gpu = "cpu" if (report.device or "").upper() == "CPU" else "detected"
     try:
-        comparison = compare(make_plan(plan_request(config, profile, gpu)), report)
+        return report, compare(make_plan(plan_request(config, profile, gpu)), report), None
     except (PlanError, model_files.ModelNotFound, OSError, ValueError) as exc:
-        return {"reported": report.model_dump(), "predicted": None, "note": str(exc)}
-    return {"reported": report.model_dump(), **(comparison.model_dump() if comparison else {})}
+        return report, None, str(exc)
+
+
+def prediction_vs_engine(config: ModelConfig, profile: OffloadProfile | None, log_text: str) -> dict | None:
+    """vLLM's own KV figures from the engine log beside the plan's prediction, with the error in %."""
+    report, comparison, note = _against_engine(config, profile, log_text)
+    if report.kv_cache_tokens is None:
+        return None
+    if comparison is None:
+        return {"reported": report.model_dump(), "predicted": None, "note": note}
+    return {"reported": report.model_dump(), **comparison.model_dump()}
+
+
+def plan_mismatch(config: ModelConfig, profile: OffloadProfile | None, log_text: str) -> tuple[str, dict] | None:
+    """After a start: the message and data of a ``plan_mismatch`` event when vLLM's KV cache size is more
+    than 1 % off the plan's, so a wrong plan is seen; None when it is not (or vLLM has not reported)."""
+    _, comparison, _ = _against_engine(config, profile, log_text)
+    message = mismatch(comparison) if comparison else None
+    if comparison is None or message is None:
+        return None
+    return f"{config.name}: {message}", {"config": config.name, **comparison.model_dump()}
 
 
 def worker_kv_check(db: Session, model_name: str, log_path: Path | None) -> dict:

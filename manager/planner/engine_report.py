@@ -23,6 +23,7 @@ _CONCURRENCY = re.compile(r"Maximum concurrency for " + _NUM + r" tokens per req
 _AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 _CPU_KV = re.compile(r"(?:Explicitly|Auto) set \(([\d.]+)/[\d.]+\) GiB for KV cache")
 _LOADING = re.compile(r"Model loading took ([\d.]+) GiB memory")
+MISMATCH_PERCENT = 1.0  # "what fits, fits": a plan further off vLLM's own figure than this is reported
 
 
 def _int(text: str) -> int:
@@ -56,4 +57,28 @@ def compare(plan: Plan, report: EngineKVReport) -> Comparison | None:
         error_percent=round(error, 2),
         predicted_concurrency=round(plan.max_concurrency, 2),
         reported_concurrency=report.max_concurrency,
+        predicted_kv_gib=round(plan.kv_budget_bytes / 2**30, 2),
+        reported_kv_gib=report.available_kv_gib,
+        assumptions=plan.assumptions.summary,
+    )
+
+
+def mismatch(comparison: Comparison) -> str | None:
+    """What to tell a user whose plan is more than MISMATCH_PERCENT off vLLM's figure; None when it is not.
+
+    Above vLLM, the plan lets starts through that then fail, or promises concurrency that is not there;
+    below, it refuses starts that would fit. Whether the KV budget or what it holds was wrong shows
+    from the budgets beside the tokens."""
+    if abs(comparison.error_percent) <= MISMATCH_PERCENT:
+        return None
+    side = "above" if comparison.error_percent > 0 else "below"
+    budget = (
+        f"; KV budget planned {comparison.predicted_kv_gib} GiB, vLLM's {comparison.reported_kv_gib} GiB"
+        if comparison.reported_kv_gib is not None
+        else ""
+    )
+    return (
+        f"the plan's KV cache size is {comparison.error_percent:+.1f} % {side} vLLM's: planned "
+        f"{comparison.predicted_tokens:,} tokens, vLLM reports {comparison.reported_tokens:,}{budget}. "
+        f"The plan assumed: {comparison.assumptions}"
     )

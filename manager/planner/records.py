@@ -135,6 +135,9 @@ class Comparison(BaseModel):
     error_percent: float
     predicted_concurrency: float | None = None
     reported_concurrency: float | None = None
+    predicted_kv_gib: float | None = None  # the plan's KV budget (per GPU)
+    reported_kv_gib: float | None = None  # vLLM's "Available KV cache memory" / CPU "Auto set"
+    assumptions: str | None = None  # what the plan assumed vLLM decides (KVAssumptions.summary)
 
 
 class KVAssumptions(BaseModel):

@@ -81,6 +81,8 @@ class RunnerDeps:
     adopted: Callable[[WorkerRunner, str], lc.Adopted] | None = None
     # A lost node's engine that its worker let go of (stopped, or moved elsewhere): ended when it returns.
     abandon: Callable[[str, lc.Engine], None] = lambda node, engine: None
+    # After a start: (config name, engine log) -> the plan_mismatch event's message and data, or None.
+    check_plan: Callable[[str, Path], tuple[str, dict] | None] | None = None
 
 
 def policy_of(settings: Settings) -> lc.Policy:
@@ -342,6 +344,24 @@ class WorkerRunner:
             result = await self._carry_out(effect)
             if result is not None:
                 await self._feed(result)
+        if before.state == lc.State.STARTING and self.life.state == lc.State.READY:
+            await self._check_plan()
+
+    async def _check_plan(self) -> None:
+        """vLLM's KV cache size against the plan for this start: more than 1 % apart is a plan_mismatch event."""
+        model, log_path = self.life.model, self.logs.path
+        # The plan is made with this machine's GPU and RAM: an engine on another node is not compared.
+        if self.deps.check_plan is None or model is None or log_path is None or not isinstance(self.host, LocalHost):
+            return
+        try:
+            found = await asyncio.to_thread(self.deps.check_plan, model, log_path)
+        except Exception:  # the comparison is a report: it never stops the worker
+            log.exception("worker %s: comparing the plan with vLLM's KV cache failed", self.id)
+            return
+        if found is not None:
+            message, data = found
+            hidden = {key: self.secrets.value(value) for key, value in data.items()}
+            self.deps.events.record("plan_mismatch", self.secrets.text(message), self.id, **hidden)
 
     async def _carry_out(self, effect: lc.Effect) -> lc.Event | None:
         match effect:

@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -23,7 +24,7 @@ from manager.errors import Conflict, Invalid, NotFound
 from manager.launch.command import build_command, served_name, sleep_pool_on
 from manager.launch.engine_key import ENV_NAME, engine_key, key_values
 from manager.launch.flags import flag_value
-from manager.launch.preflight import HostClaims, Sleeper, host_bytes_of, sleep_host_bytes
+from manager.launch.preflight import HostClaims, Sleeper, host_bytes_of, plan_mismatch, sleep_host_bytes
 from manager.launch.refusals import check_gpus_known, check_launch
 from manager.launch.secrets import Redactor
 from manager.metrics.gpu import GpuReport
@@ -242,6 +243,7 @@ class Supervisor:
             host_of=self._host_of,
             adopted=self._adopted,
             abandon=self._abandon,
+            check_plan=self._check_plan,
         )
         runner = WorkerRunner(row, deps)
         if listed:
@@ -263,6 +265,16 @@ class Supervisor:
         if life.started_at is not None:
             elapsed = (datetime.now(UTC) - life.started_at).total_seconds()
         return Adopted(message, served, timeout, elapsed, time.monotonic(), sleeping)
+
+    def _check_plan(self, model_name: str, log_path: Path) -> tuple[str, dict] | None:
+        """After a start: the plan_mismatch event when vLLM's KV cache size is more than 1 % off the plan's."""
+        with session(self.engine) as db:
+            try:
+                config = models.get_model(db, model_name)
+            except NotFound:
+                return None
+            profile = models.profile_of(db, config)
+        return plan_mismatch(config, profile, log_path.read_text(errors="replace"))
 
     def _prepare(self, worker_id: int, model_name: str, port: int, gpus: list[int], force: bool) -> Prepared:
         with session(self.engine) as db:
