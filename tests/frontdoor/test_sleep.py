@@ -64,7 +64,7 @@ def test_a_sleeping_model_is_woken_by_its_next_request_not_started_again(door_se
 
 def test_level_one_sleep_when_host_ram_holds_the_weights(door_settings, tiny_llama):
     with TestClient(create_app(door_settings)) as client:
-        two_models(client, a={"sleep_level": 1, "model": str(tiny_llama)})
+        two_models(client, a={"sleep_level": 1, "model": str(tiny_llama), "gpu_memory_utilization": 0.2})
         chat(client, "a")
         chat(client, "b")
         assert worker(client, "a")["state"] == "sleeping"
@@ -117,7 +117,7 @@ def test_a_sleeping_workers_engine_is_not_reached_by_requests_while_it_sleeps(do
 
 def test_a_level_one_sleepers_ram_counts_for_the_next_start_and_shows_on_the_plan(door_settings, tiny_llama):
     with TestClient(create_app(door_settings)) as client:
-        two_models(client, a={"sleep_level": 1, "model": str(tiny_llama)})
+        two_models(client, a={"sleep_level": 1, "model": str(tiny_llama), "gpu_memory_utilization": 0.2})
         chat(client, "a")
         chat(client, "b")
         a = worker(client, "a")

