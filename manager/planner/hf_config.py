@@ -48,12 +48,25 @@ def text_config(hf_config: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+# The planner builds a list per layer: a config (one a request can send) names at most this many. The
+# deepest published models have a few hundred.
+MAX_LAYERS = 4096
+_LAYER_COUNTS = frozenset({"num_hidden_layers", "n_layer", "num_layers"})
+
+
 def require(cfg: dict[str, Any], *keys: str) -> int:
-    """The first of ``keys`` present in the config, as an int; a clear error if none is."""
+    """The first of ``keys`` present in the config, as an int; a clear error if none is, or if a layer
+    count is beyond any real model's."""
     for key in keys:
         value = cfg.get(key)
         if value is not None:
-            return int(value)
+            number = int(value)
+            if key in _LAYER_COUNTS and not 0 < number <= MAX_LAYERS:
+                raise ValueError(
+                    f"config.json gives {key} = {number}; the planner takes 1 to {MAX_LAYERS} layers. Check that "
+                    "the folder holds the model's own config.json."
+                )
+            return number
     raise ValueError(
         f"config.json has none of {', '.join(keys)} (model_type {cfg.get('model_type')!r}); "
         "the planner cannot size this model. Check that the folder holds the model's own config.json."

@@ -83,3 +83,14 @@ def test_typos_and_absurd_numbers_are_422_not_500(tmp_path):
         ):
             resp = c.post("/api/plan", json=body)
             assert resp.status_code == 422, (body, resp.text)
+
+
+def test_a_config_with_more_layers_than_any_model_is_a_422_not_a_list_that_size():
+    body = {
+        "model": "deep",
+        "hf_config": {**load_config("Qwen3-Coder-30B-A3B-Instruct-AWQ"), "num_hidden_layers": 10_000_000},
+        "gpu": "rtx-4090",
+    }
+    response = _client().post("/api/plan", json=body)
+    assert response.status_code == 422
+    assert "num_hidden_layers = 10000000" in response.json()["detail"] and "1 to 4096" in response.json()["detail"]
