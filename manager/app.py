@@ -83,6 +83,7 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     # /v1 first: a route is found by trying each in turn, and /v1 takes the most requests by far.
     for module in (v1, health, docs, models, profiles, transfer, workers, nodes, plan, loras, keys, sessions, usage):
         app.include_router(module.router)
+    app.include_router(v1.not_served)
     web.install(app)
     openapi.install(app, settings)
     return app

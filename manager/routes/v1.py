@@ -115,9 +115,12 @@ def list_models(door: FrontDoorDep, caller: InferenceCallerDep) -> JSONResponse:
 ALLOWED = {**dict.fromkeys((*JSON_ENDPOINTS, *MULTIPART_ENDPOINTS), ["POST"]), MODELS: ["GET", "HEAD"]}
 
 
-@router.api_route(
-    "/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"], include_in_schema=False
-)
+# What /v1 does not serve is said to anyone (the OpenAPI document says as much): a wrong method or
+# path is a 405 or 404 before any question of credentials.
+not_served = APIRouter(route_class=InferenceRoute, include_in_schema=False)
+
+
+@not_served.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
 def not_forwarded(path: str, request: Request) -> None:
     allowed = ALLOWED.get(f"/v1/{path}")
     if allowed is not None:

@@ -227,3 +227,11 @@ def test_keys_and_tokens_the_cli_makes_or_revokes_count_at_the_next_request(door
     cli(door_settings, "keys", "revoke", "one")
     assert_openai_error(chat(door, "a", one), 401, "invalid_api_key")
     assert chat(door, "a", two).status_code == 200
+
+
+def test_a_method_or_path_v1_does_not_serve_is_said_before_any_credentials(client):
+    assert client.post("/api/keys", json={"name": "app"}).status_code == 201  # /v1 now takes keys only
+    put = client.put("/v1/chat/completions", json={"model": "m"})
+    assert put.status_code == 405 and put.headers["allow"] == "POST"
+    assert client.get("/v1/nothing-here").status_code == 404
+    assert client.post("/v1/chat/completions", json={"model": "m"}).status_code == 401  # served: needs the key
