@@ -35,6 +35,12 @@ class PoolReport:
     processes: tuple[ProcessPools, ...] = ()
     totals: dict[str, dict[str, float]] = field(default_factory=dict)
 
+    @property
+    def in_use(self) -> dict[str, dict[str, float]]:
+        """The sections with anything in them: one that is all zeros is a pool this worker does not have
+        (a worker on vLLM's CPU build pins nothing)."""
+        return {section: values for section, values in self.totals.items() if any(values.values())}
+
 
 StatsReader = Callable[[Path], list[dict[str, Any]]]
 

@@ -97,3 +97,21 @@ def test_a_workers_own_plugin_says_whether_it_runs_the_sleep_pool(tmp_path):
     report = reader.sample(tmp_path)
     assert sleep_pool_bytes(report) == 5 << 30
     assert report.totals["sleep_pool"]["sleeps"] == 3  # counted once per worker, not per rank
+
+
+def test_a_worker_with_no_pool_in_use_says_so_instead_of_a_table_of_zeros(tmp_path):
+    from types import SimpleNamespace
+
+    from manager.web.render import render
+
+    _write(tmp_path, os.getpid(), pinned={"pinned_bytes": 0, "pageable_fallbacks": 0, "pinned": False})
+    empty = PoolsReader.from_plugin().sample(tmp_path)
+    assert empty.available and empty.in_use == {}
+    snap = SimpleNamespace(taken_at=1.0)
+    html = render("fragments/worker_engine.html", w=SimpleNamespace(engine=None, state="ready", pools=empty), snap=snap)
+    assert 'data-testid="no-pools"' in html and "pinned bytes" not in html
+    _write(tmp_path, os.getpid(), pinned={"pinned_bytes": 1 << 30, "pageable_fallbacks": 0})
+    used = PoolsReader.from_plugin().sample(tmp_path)
+    assert set(used.in_use) == {"pinned"}
+    html = render("fragments/worker_engine.html", w=SimpleNamespace(engine=None, state="ready", pools=used), snap=snap)
+    assert 'data-testid="no-pools"' not in html and "pinned bytes" in html
