@@ -77,7 +77,10 @@ async def create_key(request: Request, db: SessionDep) -> HTMLResponse:
 
 def _list(db, message: str | None = None, error: str | None = None) -> HTMLResponse:
     keys = [inference_keys.to_public(k) for k in inference_keys.list_keys(db)]
-    return _page("fragments/key_list.html", keys=keys, message=message, error=error)
+    access = inference_keys.access_now(db)
+    # Every key revoked: /v1 stays closed until the admin opens it (or makes a key).
+    can_open = access.needs_key and not any(k.active for k in keys)
+    return _page("fragments/key_list.html", keys=keys, access=access, can_open=can_open, message=message, error=error)
 
 
 @router.get("/ui/keys/list", response_class=HTMLResponse)
@@ -92,6 +95,15 @@ def revoke_key(name: str, db: SessionDep) -> HTMLResponse:
     except ManagerError as exc:
         return _list(db, error=exc.message)
     return _list(db, f"Revoked {name}: /v1 refuses it from now on. Its usage stays on the Usage page.")
+
+
+@router.post("/ui/keys/open-v1", response_class=HTMLResponse)
+def open_v1(db: SessionDep) -> HTMLResponse:
+    try:
+        inference_keys.open_without_keys(db)
+    except ManagerError as exc:
+        return _list(db, error=exc.message)
+    return _list(db, "/v1 is open without a key again, as before any key was made.")
 
 
 # ---- Usage --------------------------------------------------------------------------------------

@@ -54,3 +54,17 @@ def test_the_usage_page_shows_totals_and_rows(client):
         assert usage.report(db, per="minute").total.requests == 2  # the page wrote them first
     refused = client.get("/usage", params={"range": "30d", "per": "minute"})
     assert "at most 1 day" in refused.text
+
+
+def test_after_the_last_key_is_revoked_the_page_says_v1_is_closed_and_can_open_it(client):
+    assert "needs no inference key" in client.get("/ui/keys/list").text
+    assert "Open /v1 without a key" not in client.get("/ui/keys/list").text
+    client.post("/ui/keys", data={"name": "app"})
+    listed = client.get("/ui/keys/list").text
+    assert "needs one of the active inference keys" in listed and "Open /v1 without a key" not in listed
+    revoked = client.post("/ui/keys/app/revoke").text
+    assert "every key was revoked" in revoked and "Open /v1 without a key" in revoked
+    assert client.post("/v1/chat/completions", json={"model": "m", "messages": []}).status_code == 401
+    opened = client.post("/ui/keys/open-v1").text
+    assert "open without a key again" in opened and "needs no inference key" in opened
+    assert client.get("/api/v1-access").json()["needs_key"] is False
