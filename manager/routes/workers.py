@@ -70,13 +70,18 @@ def list_workers(sup: SupervisorDep) -> list[WorkerView]:
     "/workers",
     status_code=201,
     responses={
-        200: {"model": WorkerView, "description": "A worker of this config already runs (or starts): that one"},
+        200: {
+            "model": WorkerView,
+            "description": "A worker of this config already runs (or starts), or its stopped or failed worker was "
+            "started again: that one",
+        },
         **errors(404, 409, 422, _404="No model config of that name"),
     },
 )
 async def start_worker(body: WorkerStart, sup: SupervisorDep, response: Response) -> WorkerView:
     """Start a worker for a model config (201). A config runs in one worker at a time: while one runs or
-    starts, the answer is that worker (200)."""
+    starts, the answer is that worker (200); a stopped or failed worker of the config is started again
+    (200), unless the request asks for particular GPUs, a port or a node."""
     view, created = await sup.create_worker(body.model, body.gpus, body.port, body.force, body.node)
     if not created:
         response.status_code = 200

@@ -171,6 +171,15 @@ class Supervisor:
                 return runner
         return None
 
+    def _dormant_for(self, model_name: str) -> WorkerRunner | None:
+        """The newest stopped or failed worker of this config."""
+        dormant = [
+            r
+            for r in self._runners.values()
+            if r.life.model == model_name and r.life.state in (State.STOPPED, State.FAILED)
+        ]
+        return max(dormant, key=lambda r: r.id, default=None)
+
     async def create_worker(
         self,
         model: str,
@@ -185,6 +194,11 @@ class Supervisor:
             existing = self._active_for(model)
             if existing is not None:
                 return existing.view(), False
+            # The config's stopped or failed worker starts again, rather than a new one beside it (cards
+            # of dead workers would pile up); asked for particular GPUs, a port or a node, a new one.
+            earlier = None if (gpus, port, node) != (None, None, None) else self._dormant_for(model)
+            if earlier is not None:
+                return await earlier.send("start", force=force), False
             with session(self.engine) as db:
                 config = models.get_model(db, model)
             chosen_gpus = gpus if gpus is not None else list(config.gpu_ids)

@@ -71,3 +71,15 @@ def test_a_missing_engine_interpreter_is_a_clear_422(settings):
         assert resp.status_code == 422
         assert "/nonexistent/python" in resp.json()["detail"] and "VLLM_MANAGER_ENGINE_PYTHON" in resp.json()["detail"]
         assert c.get("/api/workers").json() == []
+
+
+def test_starting_a_config_again_starts_its_stopped_worker_instead_of_a_new_one(sleepy):
+    _, c = sleepy
+    first = c.post("/api/workers", json={"model": "a"}).json()["id"]
+    assert c.post(f"/api/workers/{first}/stop").json()["state"] == "stopped"
+    again = c.post("/api/workers", json={"model": "a"})
+    assert again.status_code == 200 and again.json()["id"] == first and again.json()["state"] == "starting"
+    assert [w["id"] for w in c.get("/api/workers").json()] == [first]  # no dead card beside it
+    c.post(f"/api/workers/{first}/stop")
+    elsewhere = c.post("/api/workers", json={"model": "a", "port": 18319})  # asked for a port: a new worker
+    assert elsewhere.status_code == 201 and elsewhere.json()["id"] != first
