@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import field_validator, model_validator
+from pydantic import ConfigDict, field_validator, model_validator
 from sqlalchemy import JSON, Column, Index, text
 from sqlmodel import Field, SQLModel
 
@@ -63,6 +63,9 @@ class InferenceKeyCreate(SQLModel):
         description="Model configs the key may use (with their aliases and LoRA adapters); empty: all",
         schema_extra={"json_schema_extra": UNIQUE_ITEMS},
     )
+
+    # Said in the schema too (additionalProperties: false); the validator below names the closest field.
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
     @model_validator(mode="before")
     @classmethod

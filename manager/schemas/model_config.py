@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, ValidationInfo, field_validator, model_validator
 from sqlalchemy import JSON, Column
 from sqlmodel import Field, SQLModel
 
@@ -219,6 +219,9 @@ class ModelConfigWrite(ModelConfigIn):
 class ModelConfigCreate(ModelConfigWrite):
     name: Slug
 
+    # Said in the schema too (additionalProperties: false); the validator below names the closest field.
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
     @model_validator(mode="before")
     @classmethod
     def _known_fields(cls, data: Any) -> Any:
@@ -227,6 +230,9 @@ class ModelConfigCreate(ModelConfigWrite):
 
 class ModelConfigUpdate(ModelConfigWrite):
     """A full replacement of the config's fields (PUT); the name stays."""
+
+    # Said in the schema too (additionalProperties: false); the validator below names the closest field.
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
     @model_validator(mode="before")
     @classmethod

@@ -103,6 +103,9 @@ class OffloadProfile(OffloadProfileFields, table=True):
 class OffloadProfileCreate(OffloadProfileFields):
     name: Slug
 
+    # Said in the schema too (additionalProperties: false); the validator below names the closest field.
+    model_config = ConfigDict(extra="forbid")
+
     @model_validator(mode="before")
     @classmethod
     def _known_fields(cls, data: Any) -> Any:
@@ -111,6 +114,9 @@ class OffloadProfileCreate(OffloadProfileFields):
 
 class OffloadProfileUpdate(OffloadProfileFields):
     """A full replacement of the profile's fields (PUT); the name stays."""
+
+    # Said in the schema too (additionalProperties: false); the validator below names the closest field.
+    model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="before")
     @classmethod
