@@ -218,6 +218,13 @@ def _run(fn, *args, **kwargs):
         _fail(exc.message)
 
 
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        _fail(f"cannot read {path}: {exc.strerror or exc}")
+
+
 def _load_structured(path: Path) -> dict:
     import yaml
 
@@ -383,10 +390,7 @@ def import_(
     from manager.services import transfer
 
     settings = _settings(data_dir)
-    try:
-        raw = file.read_bytes()
-    except OSError as exc:
-        _fail(f"cannot read {file}: {exc}")
+    raw = _read_bytes(file)
     with _open_db(settings) as db:
         result = _run(transfer.import_file, db, raw, overwrite=overwrite, allow_code_flags=settings.allow_code_flags)
     _print(result)

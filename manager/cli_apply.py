@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from manager.cli import DataDir, _fail, _open_db, _run, _settings, models_app
+from manager.cli import DataDir, _fail, _open_db, _read_bytes, _run, _settings, models_app
 
 
 def apply(
@@ -24,10 +24,7 @@ def apply(
     from manager.services.apply import apply_data, read_file
 
     settings = _settings(data_dir)
-    try:
-        raw = file.read_bytes()
-    except OSError as exc:
-        _fail(f"cannot read {file}: {exc.strerror or exc}")
+    raw = _read_bytes(file)
     with _open_db(settings) as db:
         data = _run(read_file, raw)
         result = _run(apply_data, db, data, prune=prune, allow_code_flags=settings.allow_code_flags)

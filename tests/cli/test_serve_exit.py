@@ -7,35 +7,20 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from manager.supervisor import process
+from tests.cli.test_cli import _serve as serve_cli
 from tests.support.engine import free_port, stop_leftover_engines, tiny_config, wait_for_state
 
 CLI = [sys.executable, "-m", "manager"]
 
 
 def _serve(data_dir: Path, port: int, *extra: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--port", str(port), "--data-dir", str(data_dir), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "VLLM_MANAGER_API_TOKEN": "", "VLLM_MANAGER_WORKER_PORTS": "18300-18349"},
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            time.sleep(0.2)
-        if proc.poll() is not None:
-            raise AssertionError(proc.communicate()[0])
-    proc.kill()
-    raise AssertionError("the manager did not answer within 60 s")
+    return serve_cli(data_dir, port, *extra, env={"VLLM_MANAGER_WORKER_PORTS": "18300-18349"})
 
 
 def _stop(proc: subprocess.Popen[str]) -> str:
