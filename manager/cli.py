@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 import sys
 from pathlib import Path
@@ -277,7 +278,13 @@ def models_add(
     except ValidationError as exc:
         _fail(_validation_message(exc))
     with _open_db(settings) as db:
-        _run(models.create_model, db, data, allow_code_flags=settings.allow_code_flags)
+        _run(
+            models.create_model,
+            db,
+            data,
+            allow_code_flags=settings.allow_code_flags,
+            local_paths=settings.local_model_paths,
+        )
     typer.echo(f"added model config {data.name}")
 
 
@@ -357,6 +364,8 @@ def command(
         cmd = _run(preview_command, config, models.profile_of(db, config), settings)
     result = {"argv": cmd.argv, "env": cmd.env, "notes": cmd.notes}
     if validate:
+        # vLLM's parser takes seconds to load: the command is shown at once, its verdict when it comes.
+        typer.echo(f"{shlex.join(cmd.argv)}\nchecking it with vLLM's own parser...", err=True)
         check = validate_engine_argv(settings.engine_python, cmd.engine_argv, cmd.env, settings.validation_timeout_s)
         result["validation"] = check.__dict__
     _print(result)
@@ -392,7 +401,14 @@ def import_(
     settings = _settings(data_dir)
     raw = _read_bytes(file)
     with _open_db(settings) as db:
-        result = _run(transfer.import_file, db, raw, overwrite=overwrite, allow_code_flags=settings.allow_code_flags)
+        result = _run(
+            transfer.import_file,
+            db,
+            raw,
+            overwrite=overwrite,
+            allow_code_flags=settings.allow_code_flags,
+            local_paths=settings.local_model_paths,
+        )
     _print(result)
 
 

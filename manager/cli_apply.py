@@ -27,7 +27,14 @@ def apply(
     raw = _read_bytes(file)
     with _open_db(settings) as db:
         data = _run(read_file, raw)
-        result = _run(apply_data, db, data, prune=prune, allow_code_flags=settings.allow_code_flags)
+        result = _run(
+            apply_data,
+            db,
+            data,
+            prune=prune,
+            allow_code_flags=settings.allow_code_flags,
+            local_paths=settings.local_model_paths,
+        )
     for word, items in (("created", result.created), ("changed", result.changed), ("removed", result.removed)):
         for item in items:
             typer.echo(f"{word:<9} {item}")
@@ -59,7 +66,14 @@ def models_set(
             _fail(f"the value of {field} is not valid YAML: {exc}")
     settings = _settings(data_dir)
     with _open_db(settings, reading=True) as db:
-        changed = _run(set_fields, db, name, parsed, allow_code_flags=settings.allow_code_flags)
+        changed = _run(
+            set_fields,
+            db,
+            name,
+            parsed,
+            allow_code_flags=settings.allow_code_flags,
+            local_paths=settings.local_model_paths,
+        )
     typer.echo(f"model config {name}: {', '.join(changed) + ' changed' if changed else 'nothing changed'}")
 
 
@@ -88,7 +102,14 @@ def models_edit(name: str, data_dir: DataDir = None) -> None:
         if not isinstance(edited, dict):
             _fail("the file must hold the config's fields as a mapping; nothing was saved")
         with _open_db(settings, reading=True) as db:
-            changed = _run(set_fields, db, name, edited, allow_code_flags=settings.allow_code_flags)
+            changed = _run(
+                set_fields,
+                db,
+                name,
+                edited,
+                allow_code_flags=settings.allow_code_flags,
+                local_paths=settings.local_model_paths,
+            )
     finally:
         path.unlink(missing_ok=True)
     typer.echo(f"model config {name}: {', '.join(changed) + ' changed' if changed else 'nothing changed'}")

@@ -150,6 +150,11 @@ class Settings(BaseSettings):
         return range(int(lo), int(hi) + 1)
 
     @property
+    def local_model_paths(self) -> bool:
+        """Engines run on this machine (no Ray cluster), so a config's model path names a folder here."""
+        return self.ray_address is None
+
+    @property
     def db_path(self) -> Path:
         return self.data_dir / "manager.db"
 

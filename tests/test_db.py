@@ -134,8 +134,8 @@ def test_routing_names_are_filled_and_duplicates_in_an_older_store_keep_the_firs
     # The names now held are refused to others, and the store takes new configs.
     with session(engine) as db:
         with pytest.raises(Conflict, match="'fast' is the alias of model config 'llama'"):
-            create_model(db, ModelConfigCreate(name="new", model="/m", aliases=["fast"]))
-        create_model(db, ModelConfigCreate(name="new", model="/m", aliases=["new-small"]))
+            create_model(db, ModelConfigCreate(name="new", model="org/m", aliases=["fast"]))
+        create_model(db, ModelConfigCreate(name="new", model="org/m", aliases=["new-small"]))
     engine.dispose()
 
 
@@ -143,8 +143,8 @@ def test_a_deleted_config_lets_go_of_its_names(tmp_path):
     engine = make_engine(tmp_path / "manager.db")
     migrate(engine)
     with session(engine) as db:
-        create_model(db, ModelConfigCreate(name="a", model="/m", served_model_name="org/a", aliases=["x"]))
+        create_model(db, ModelConfigCreate(name="a", model="org/m", served_model_name="org/a", aliases=["x"]))
         delete_model(db, "a")
         assert db.exec(select(RoutingName)).all() == []
-        create_model(db, ModelConfigCreate(name="b", model="/m", served_model_name="org/a", aliases=["x", "a"]))
+        create_model(db, ModelConfigCreate(name="b", model="org/m", served_model_name="org/a", aliases=["x", "a"]))
     engine.dispose()

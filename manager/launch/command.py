@@ -12,6 +12,7 @@ from manager.errors import Invalid
 from manager.launch.allowed_env import env_notes
 from manager.launch.engine_key import ENV_NAME, key_through_env
 from manager.launch.flags import flag_value, managed_argv, quiet_paths
+from manager.launch.model_location import download_note
 from manager.launch.refusals import check_engine_argv, check_launch
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
@@ -243,7 +244,7 @@ def preview_command(config: ModelConfig, profile: OffloadProfile | None, setting
     A config the code-loading rules refuse is refused here too: vLLM's parser, which checks a preview,
     already imports some of what those rules keep out (a compilation config's inductor_passes)."""
     check_launch(config, settings.allow_code_flags)
-    return build_command(
+    cmd = build_command(
         config,
         profile,
         engine_python=settings.engine_python,
@@ -253,6 +254,9 @@ def preview_command(config: ModelConfig, profile: OffloadProfile | None, setting
         host=settings.worker_host,
         allow_code_flags=settings.allow_code_flags,
     )
+    if settings.local_model_paths and (download := download_note(config.model, config.env)):
+        cmd.notes.append(download)
+    return cmd
 
 
 def inherited_env() -> dict[str, str]:

@@ -57,8 +57,9 @@ def hub_cache_dir() -> Path:
     return Path.home() / ".cache" / "huggingface" / "hub"
 
 
-def _cached_snapshot(model_id: str) -> Path | None:
-    repo = hub_cache_dir() / ("models--" + model_id.replace("/", "--"))
+def cached_snapshot(model_id: str, cache: Path | None = None) -> Path | None:
+    """The snapshot folder of ``model_id`` in the hub cache (``cache``, else this process's), or None."""
+    repo = (cache or hub_cache_dir()) / ("models--" + model_id.replace("/", "--"))
     snapshots = repo / "snapshots"
     if not snapshots.is_dir():
         return None
@@ -83,7 +84,7 @@ def find_model_folder(model: str) -> Path:
             raise ModelNotFound(f"{path} has no config.json; point the planner at the model's folder.")
         return path
     if "/" in model and not model.startswith(("/", ".", "~")):
-        snap = _cached_snapshot(model)
+        snap = cached_snapshot(model)
         if snap is not None:
             return snap
     hint = f"download it first (huggingface-cli download {model}) or give" if model.count("/") == 1 else "give"

@@ -52,5 +52,10 @@ async def import_all(
     # Off the event loop: parsing megabytes of YAML takes seconds, and health checks, live streams and
     # worker supervision must not wait for it.
     return await run_in_threadpool(
-        transfer.import_file, db, body, overwrite=overwrite, allow_code_flags=settings.allow_code_flags
+        transfer.import_file,
+        db,
+        body,
+        overwrite=overwrite,
+        allow_code_flags=settings.allow_code_flags,
+        local_paths=settings.local_model_paths,
     )

@@ -43,7 +43,9 @@ def read_file(source: str | bytes) -> dict[str, Any]:
     return data
 
 
-def apply_data(db: Session, data: dict[str, Any], *, prune: bool = False, allow_code_flags: bool = False) -> Applied:
+def apply_data(
+    db: Session, data: dict[str, Any], *, prune: bool = False, allow_code_flags: bool = False, local_paths: bool = True
+) -> Applied:
     """Store what differs, leave what is equal, and with ``prune`` delete what the file leaves out."""
     result = Applied()
     stored_models = {m.name: models.to_public(db, m).model_dump(mode="json") for m in models.list_models(db)}
@@ -62,7 +64,7 @@ def apply_data(db: Session, data: dict[str, Any], *, prune: bool = False, allow_
             wanted[kind].append(item)
             (result.changed if name in stored else result.created).append(label)
     if wanted["profiles"] or wanted["models"]:
-        transfer.import_data(db, wanted, overwrite=True, allow_code_flags=allow_code_flags)
+        transfer.import_data(db, wanted, overwrite=True, allow_code_flags=allow_code_flags, local_paths=local_paths)
     if prune:
         named = {kind: {i.get("name") for i in data.get(kind) or [] if isinstance(i, dict)} for kind in wanted}
         for name in sorted(set(stored_models) - named["models"]):
@@ -84,7 +86,9 @@ def _same(item: dict[str, Any], stored: dict[str, Any], kind: str) -> bool:
     return {k: v for k, v in given.items() if k not in _STAMPS} == {k: v for k, v in stored.items() if k not in _STAMPS}
 
 
-def set_fields(db: Session, name: str, changes: dict[str, Any], *, allow_code_flags: bool = False) -> list[str]:
+def set_fields(
+    db: Session, name: str, changes: dict[str, Any], *, allow_code_flags: bool = False, local_paths: bool = True
+) -> list[str]:
     """Change some fields of one model config; the rest stay. Returns the fields that changed."""
     stored = models.to_public(db, models.get_model(db, name)).model_dump(mode="json")
     fields = {k: v for k, v in stored.items() if k not in _STAMPS}
@@ -102,5 +106,5 @@ def set_fields(db: Session, name: str, changes: dict[str, Any], *, allow_code_fl
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "input"
         raise Invalid(f"{where}: {first['msg']}", field=where) from exc
-    models.replace_model(db, name, update, allow_code_flags=allow_code_flags)
+    models.replace_model(db, name, update, allow_code_flags=allow_code_flags, local_paths=local_paths)
     return [k for k in changes if changes[k] != fields[k]]

@@ -8,6 +8,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from manager.errors import Conflict, NotFound
+from manager.launch.model_location import check_path_exists
 from manager.launch.refusals import check_launch_fields
 from manager.launch.secrets import keep_stored
 from manager.schemas.common import utcnow
@@ -78,10 +79,19 @@ def _fields(db: Session, data: ModelConfigIn, allow_code_flags: bool, stored: Mo
 
 
 def create_model(
-    db: Session, data: ModelConfigCreate, *, allow_code_flags: bool = False, check_node: NodeCheck | None = None
+    db: Session,
+    data: ModelConfigCreate,
+    *,
+    allow_code_flags: bool = False,
+    check_node: NodeCheck | None = None,
+    local_paths: bool = True,
 ) -> ModelConfig:
+    """``local_paths``: the engines run on this machine, so a model path must exist here (with a Ray
+    cluster it names a folder on the node that runs it)."""
     if data.node and check_node is not None:
         check_node(data.node)
+    if local_paths:
+        check_path_exists(data.model)
     if db.exec(select(ModelConfig).where(ModelConfig.name == data.name)).first():
         raise Conflict(f"a model config named {data.name!r} already exists")
     check_own_names(data.name, data)
@@ -99,10 +109,13 @@ def replace_model(
     *,
     allow_code_flags: bool = False,
     check_node: NodeCheck | None = None,
+    local_paths: bool = True,
 ) -> ModelConfig:
     config = get_model(db, name)
     if data.node and data.node != config.node and check_node is not None:
         check_node(data.node)
+    if local_paths and data.model != config.model:
+        check_path_exists(data.model)
     check_own_names(name, data)
     for key, value in _fields(db, data, allow_code_flags, stored=config).items():
         setattr(config, key, value)

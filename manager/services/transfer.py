@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from manager.errors import Conflict, Invalid
+from manager.launch.model_location import check_path_exists
 from manager.launch.refusals import check_launch_fields
 from manager.schemas.model_config import ModelConfig, ModelConfigCreate
 from manager.schemas.offload_profile import OffloadProfile, OffloadProfileCreate
@@ -61,11 +62,18 @@ def parse_yaml(source: str | bytes) -> dict[str, Any]:
 
 
 def import_file(
-    db: Session, source: str | bytes, *, overwrite: bool = True, allow_code_flags: bool = False
+    db: Session,
+    source: str | bytes,
+    *,
+    overwrite: bool = True,
+    allow_code_flags: bool = False,
+    local_paths: bool = True,
 ) -> dict[str, list[str]]:
     """Parse, check and store an export file: ``parse_yaml`` then ``import_data``. A large file takes
     seconds to parse; the web layer calls this in a worker thread."""
-    return import_data(db, parse_yaml(source), overwrite=overwrite, allow_code_flags=allow_code_flags)
+    return import_data(
+        db, parse_yaml(source), overwrite=overwrite, allow_code_flags=allow_code_flags, local_paths=local_paths
+    )
 
 
 def _validated(kind: str, schema, items: Any) -> list:
@@ -83,11 +91,17 @@ def _validated(kind: str, schema, items: Any) -> list:
 
 
 def import_data(
-    db: Session, data: dict[str, Any], *, overwrite: bool = True, allow_code_flags: bool = False
+    db: Session,
+    data: dict[str, Any],
+    *,
+    overwrite: bool = True,
+    allow_code_flags: bool = False,
+    local_paths: bool = True,
 ) -> dict[str, list[str]]:
     """Create or (with overwrite) replace every profile and config in one transaction.
 
-    Everything is validated before anything is written, so a bad file changes nothing.
+    Everything is validated before anything is written, so a bad file changes nothing. ``local_paths``:
+    a model path must exist on this machine (see ``models.create_model``).
     """
     new_profiles = _validated("profiles", OffloadProfileCreate, data.get("profiles", []))
     new_models = _validated("models", ModelConfigCreate, data.get("models", []))
@@ -98,6 +112,8 @@ def import_data(
                 f"models[{i}] names offload profile {m.offload_profile!r}, which is neither stored nor in the file"
             )
         try:
+            if local_paths:
+                check_path_exists(m.model)
             check_launch_fields(m.extra_args, m.env, allow_code_flags)
         except Invalid as exc:
             raise Invalid(f"models[{i}] ({m.name}): {exc.message}", **exc.detail) from None

@@ -24,6 +24,7 @@ from manager.errors import Conflict, Invalid, NotFound
 from manager.launch.command import build_command, served_name, sleep_pool_on
 from manager.launch.engine_key import ENV_NAME, engine_key, key_values
 from manager.launch.flags import flag_value
+from manager.launch.model_location import check_startable, download_note
 from manager.launch.preflight import HostClaims, Sleeper, host_bytes_of, plan_mismatch, sleep_host_bytes
 from manager.launch.refusals import check_gpus_known, check_launch
 from manager.launch.secrets import Redactor
@@ -297,6 +298,8 @@ class Supervisor:
             # Written before a rule refused it, or imported under VLLM_MANAGER_ALLOW_CODE_FLAGS=1 since unset.
             check_launch(config, self.settings.allow_code_flags)
             check_gpus_known(config, *self._gpus_known())
+            if self.cluster is None:
+                check_startable(config.model, config.env)  # a folder gone since, or a download HF_HUB_OFFLINE forbids
             node = self._place(db, worker_id, config, profile, force)
         host = self._host_of(node)
         if isinstance(host, LocalHost) and config.port is None and not _bindable(port):
@@ -321,6 +324,9 @@ class Supervisor:
             if flag_value(cmd.argv, "--distributed-executor-backend") is None:
                 cmd.argv.extend(["--distributed-executor-backend", "ray"])
             cmd.notes.append("--distributed-executor-backend ray: the model needs more GPUs than any one node has")
+        if isinstance(host, LocalHost) and (download := download_note(config.model, config.env)):
+            cmd.notes.append(download)
+            self.events.record("download", download, worker_id, model=config.model)
         return Prepared(
             served_name(config),
             cmd,

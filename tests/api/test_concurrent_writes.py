@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import yaml
 
 CLIENTS = 20
-MODEL = {"name": "same", "model": "/models/same", "max_model_len": 4096, "env": {"HF_HUB_OFFLINE": "1"}}
+MODEL = {"name": "same", "model": "org/same", "max_model_len": 4096, "env": {"HF_HUB_OFFLINE": "1"}}
 PROFILE = {"name": "same", "kv_offload_gib": 8, "description": "shared"}
 
 
@@ -54,7 +54,7 @@ def test_imports_without_overwrite_at_once(client):
     headers = {"content-type": "application/yaml"}
     responses = _all_at_once(lambda _i: client.post("/api/import?overwrite=false", content=text, headers=headers))
     _one_created_rest_conflict(responses, created=200)
-    assert client.get("/api/models/same").json()["model"] == "/models/same"
+    assert client.get("/api/models/same").json()["model"] == "org/same"
     assert client.get("/api/profiles/same").json()["description"] == "shared"
 
 
@@ -75,7 +75,7 @@ def test_imports_with_overwrite_at_once_all_succeed(client):
 
 def test_configs_sharing_an_alias_created_at_once_one_holds_it(client):
     responses = _all_at_once(
-        lambda i: client.post("/api/models", json={"name": f"m{i}", "model": "/models/m", "aliases": ["shared"]})
+        lambda i: client.post("/api/models", json={"name": f"m{i}", "model": "org/m", "aliases": ["shared"]})
     )
     codes = sorted(r.status_code for r in responses)
     assert codes == [201] + [409] * (CLIENTS - 1), codes
@@ -88,25 +88,25 @@ def test_configs_sharing_an_alias_created_at_once_one_holds_it(client):
     stored = client.get("/api/models").json()
     assert [(m["name"], m["aliases"]) for m in stored] == [(winner, ["shared"])]
     # The store goes on taking configs and imports.
-    assert client.post("/api/models", json={"name": "after", "model": "/m", "aliases": ["other"]}).status_code == 201
-    doc = yaml.safe_dump({"format": "vllm-manager", "version": 1, "models": [{"name": "imported", "model": "/m"}]})
+    assert client.post("/api/models", json={"name": "after", "model": "org/m", "aliases": ["other"]}).status_code == 201
+    doc = yaml.safe_dump({"format": "vllm-manager", "version": 1, "models": [{"name": "imported", "model": "org/m"}]})
     assert client.post("/api/import", content=doc, headers={"content-type": "application/yaml"}).status_code == 200
     assert client.delete(f"/api/models/{winner}").status_code == 204
-    assert client.post("/api/models", json={"name": "next", "model": "/m", "aliases": ["shared"]}).status_code == 201
+    assert client.post("/api/models", json={"name": "next", "model": "org/m", "aliases": ["shared"]}).status_code == 201
 
 
 def test_configs_renamed_to_one_alias_at_once_one_holds_it(client):
     n = 10
     for i in range(n):
-        assert client.post("/api/models", json={"name": f"m{i}", "model": "/models/m"}).status_code == 201
+        assert client.post("/api/models", json={"name": f"m{i}", "model": "org/m"}).status_code == 201
     responses = _all_at_once(
-        lambda i: client.put(f"/api/models/m{i}", json={"model": "/models/m", "aliases": ["shared"]}), n=n
+        lambda i: client.put(f"/api/models/m{i}", json={"model": "org/m", "aliases": ["shared"]}), n=n
     )
     codes = sorted(r.status_code for r in responses)
     assert codes == [200] + [409] * (n - 1), codes
     holders = [m["name"] for m in client.get("/api/models").json() if m["aliases"] == ["shared"]]
     assert len(holders) == 1
     # Its alias given up, another config may take it.
-    assert client.put(f"/api/models/{holders[0]}", json={"model": "/models/m"}).status_code == 200
+    assert client.put(f"/api/models/{holders[0]}", json={"model": "org/m"}).status_code == 200
     other = next(f"m{i}" for i in range(n) if f"m{i}" != holders[0])
-    assert client.put(f"/api/models/{other}", json={"model": "/models/m", "aliases": ["shared"]}).status_code == 200
+    assert client.put(f"/api/models/{other}", json={"model": "org/m", "aliases": ["shared"]}).status_code == 200

@@ -18,9 +18,9 @@ def _field_error(resp, field: str) -> str:
 def test_model_configs_refuse_an_unknown_users_home(client):
     msg = _field_error(client.post("/api/models", json={"name": "a", "model": NO_HOME}), "model")
     assert "home folder" in msg and "full path" in msg
-    assert client.post("/api/models", json={"name": "a", "model": "/models/a"}).status_code == 201
+    assert client.post("/api/models", json={"name": "a", "model": "org/a"}).status_code == 201
     _field_error(client.put("/api/models/a", json={"model": NO_HOME}), "model")
-    assert client.get("/api/models/a").json()["model"] == "/models/a"
+    assert client.get("/api/models/a").json()["model"] == "org/a"
 
 
 def test_import_names_the_model_that_cannot_be_expanded(client):
@@ -37,7 +37,7 @@ def test_the_planner_refuses_it_on_the_field(client):
 
 
 def test_lora_adapter_paths_too(client):
-    client.post("/api/models", json={"name": "base", "model": "/models/base", "enable_lora": True})
+    client.post("/api/models", json={"name": "base", "model": "org/base", "enable_lora": True})
     resp = client.post("/api/loras", json={"name": "ad", "path": "~nosuchuser12/ad", "base_config": "base"})
     assert "home folder" in _field_error(resp, "path")
 

@@ -20,7 +20,7 @@ MIGRATION = Path(__file__).resolve().parents[2] / "manager/migrations/versions/0
 
 
 def test_a_key_is_shown_once_and_never_listed_or_stored(client, settings):
-    client.post("/api/models", json={"name": "a", "model": "/models/a"})
+    client.post("/api/models", json={"name": "a", "model": "org/a"})
     made = client.post("/api/keys", json={"name": "app", "models": ["a"]})
     assert made.status_code == 201, made.text
     body = made.json()
@@ -35,7 +35,7 @@ def test_a_key_is_shown_once_and_never_listed_or_stored(client, settings):
 
 
 def test_what_a_key_may_be_is_checked(client):
-    client.post("/api/models", json={"name": "a", "model": "/models/a"})
+    client.post("/api/models", json={"name": "a", "model": "org/a"})
     bad = client.post("/api/keys", json={"name": "Not A Slug", "models": ["a", "a"]})
     assert bad.status_code == 422
     fields = {e["loc"][-1]: e["msg"] for e in bad.json()["errors"]}

@@ -19,7 +19,7 @@ VERSIONS = Path(__file__).resolve().parents[2] / "manager/migrations/versions"
 
 
 def _model(name: str, **extra) -> dict:
-    return {"name": name, "model": f"/models/{name}", **extra}
+    return {"name": name, "model": f"org/{name}", **extra}
 
 
 def test_the_new_fields_are_stored_and_shown(client):
@@ -67,11 +67,11 @@ def test_a_name_that_already_routes_elsewhere_is_a_409(client):
         assert "must each lead to one model" in refused.json()["detail"]
     assert [m["name"] for m in client.get("/api/models").json()] == ["llama"]
     # Replacing a config may keep its own names.
-    kept = client.put("/api/models/llama", json={"model": "/models/llama", "served_model_name": "meta-llama",
+    kept = client.put("/api/models/llama", json={"model": "org/llama", "served_model_name": "meta-llama",
                                                  "aliases": ["l", "l2"]})  # fmt: skip
     assert kept.status_code == 200, kept.text
     client.post("/api/models", json=_model("qwen"))
-    taken = client.put("/api/models/qwen", json={"model": "/models/qwen", "aliases": ["l2"]})
+    taken = client.put("/api/models/qwen", json={"model": "org/qwen", "aliases": ["l2"]})
     assert taken.status_code == 409 and "alias of model config 'llama'" in taken.json()["detail"]
 
 
@@ -86,12 +86,12 @@ def test_name_clash_says_who_holds_the_name():
 
 def test_an_import_that_would_make_two_models_answer_one_name_changes_nothing(client):
     client.post("/api/models", json=_model("llama", aliases=["fast"]))
-    doc = "format: vllm-manager\nversion: 1\nmodels:\n- name: qwen\n  model: /models/qwen\n  aliases: [fast]\n"
+    doc = "format: vllm-manager\nversion: 1\nmodels:\n- name: qwen\n  model: org/qwen\n  aliases: [fast]\n"
     refused = client.post("/api/import", content=doc, headers={"content-type": "application/yaml"})
     assert refused.status_code == 409 and "'fast'" in refused.json()["detail"]
     assert [m["name"] for m in client.get("/api/models").json()] == ["llama"]
     # Replacing llama in the same file frees the alias.
-    both = doc + "- name: llama\n  model: /models/llama\n"
+    both = doc + "- name: llama\n  model: org/llama\n"
     assert client.post("/api/import", content=both, headers={"content-type": "application/yaml"}).status_code == 200
     assert client.get("/api/models/qwen").json()["aliases"] == ["fast"]
 
@@ -155,7 +155,7 @@ def test_a_model_config_cannot_take_a_lora_adapters_name_until_it_is_removed(cli
     assert refused.status_code == 409
     assert refused.json()["detail"].startswith("'sql' is a LoRA adapter of model config 'tiny'")
     assert (refused.json()["name"], refused.json()["held_by"]) == ("sql", "sql")
-    doc = "format: vllm-manager\nversion: 1\nmodels:\n- name: sql\n  model: /models/sql\n"
+    doc = "format: vllm-manager\nversion: 1\nmodels:\n- name: sql\n  model: org/sql\n"
     imported = client.post("/api/import", content=doc, headers={"content-type": "application/yaml"})
     assert imported.status_code == 409 and "'sql' is a LoRA adapter" in imported.json()["detail"]
     assert client.delete("/api/loras/sql").status_code == 204

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import yaml
 from fastapi.testclient import TestClient
 
 from manager.app import create_app
@@ -203,6 +204,7 @@ def test_numbers_out_of_range_are_422_not_500(client):
 
 def test_a_relative_model_folder_is_stored_as_an_absolute_path(client, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "m").mkdir(parents=True)
     created = client.post("/api/models", json={"name": "rel", "model": "./models/m"}).json()
     assert created["model"] == str(tmp_path / "models" / "m")
     hub = client.post("/api/models", json={"name": "hub", "model": "Qwen/Qwen3-8B"}).json()
@@ -210,13 +212,34 @@ def test_a_relative_model_folder_is_stored_as_an_absolute_path(client, tmp_path,
 
 
 def test_a_misspelled_field_is_refused_with_the_closest_real_name(client):
-    typo = client.post("/api/models", json={"name": "a", "model": "/x", "max_model_length": 2048})
+    typo = client.post("/api/models", json={"name": "a", "model": "org/x", "max_model_length": 2048})
     assert typo.status_code == 422 and "'max_model_length' (did you mean max_model_len?)" in typo.json()["detail"]
     assert client.get("/api/models/a").status_code == 404  # nothing stored
     unknown = client.post("/api/profiles", json={"name": "p", "colour": "blue"})
     assert unknown.status_code == 422 and "unknown field 'colour'; the fields are:" in unknown.json()["detail"]
     # A config read back and sent whole (name and stamps included) replaces cleanly.
-    assert client.post("/api/models", json={"name": "a", "model": "/x"}).status_code == 201
+    assert client.post("/api/models", json={"name": "a", "model": "org/x"}).status_code == 201
     shown = client.get("/api/models/a").json()
     assert client.put("/api/models/a", json={**shown, "max_model_len": 4096}).status_code == 200
     assert client.put("/api/models/a", json={**shown, "max_model_lenn": 1}).status_code == 422
+
+
+def test_a_model_path_that_is_not_there_is_refused_when_written(client, tmp_path):
+    missing = tmp_path / "does-not-exist"
+    refused = client.post("/api/models", json={"name": "a", "model": str(missing)})
+    assert refused.status_code == 422 and refused.json()["field"] == "model"
+    assert f"{missing} does not exist on this machine" in refused.json()["detail"]
+    assert client.get("/api/models/a").status_code == 404
+    doc = {"format": "vllm-manager", "version": 1, "models": [{"name": "a", "model": str(missing)}]}
+    imported = client.post("/api/import", content=yaml.safe_dump(doc), headers={"content-type": "application/yaml"})
+    assert imported.status_code == 422 and "does not exist on this machine" in imported.json()["detail"]
+    # A folder that is there, and a hub id, are taken; a hub id not in the cache is said so in the preview.
+    (tmp_path / "m").mkdir()
+    assert client.post("/api/models", json={"name": "a", "model": str(tmp_path / "m")}).status_code == 201
+    assert client.put("/api/models/a", json={"model": str(missing)}).status_code == 422
+    assert client.post("/api/models", json={"name": "hub", "model": "org/not-cached"}).status_code == 201
+    notes = client.get("/api/models/hub/command", params={"validate": False}).json()["notes"]
+    assert any("org/not-cached is not in this machine's Hugging Face cache" in n for n in notes), notes
+    assert not any(
+        "Hugging Face cache" in n for n in client.get("/api/models/a/command?validate=false").json()["notes"]
+    )

@@ -153,7 +153,7 @@ def test_the_calls_on_a_worker_that_is_not_ready_do_what_the_schema_says(tmp_pat
     schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=_config(token, []), headers=headers)
     try:
         start = schema["/api/workers"]["POST"]
-        config = {"name": "never-ready", "model": "/models/never-ready", "start_timeout_s": 600}
+        config = {"name": "never-ready", "model": "org/never-ready", "start_timeout_s": 600}
         with asgi.get_client(cast(Any, app)) as client:
             assert client.post("/api/models", json=config, headers=headers).status_code == 201
         for expected in (201, 200):  # a second start answers with the worker already starting

@@ -17,7 +17,7 @@ HF = "hf_secretTOKEN0123456789"
 KEY = "sk-abc123def456"
 CONFIG = {
     "name": "guarded",
-    "model": "/models/guarded",
+    "model": "org/guarded",
     "extra_args": ["--api-key", KEY, "--seed", "7"],
     "env": {"HF_TOKEN": HF, "VLLM_LOGGING_LEVEL": "INFO"},
 }
@@ -75,7 +75,7 @@ def test_a_put_of_what_a_reader_saw_keeps_the_stored_secrets(guarded):
 
 def test_the_edit_form_saved_as_shown_keeps_the_secrets_and_shows_none(guarded):
     form = {
-        "model": "/models/guarded",
+        "model": "org/guarded",
         "dtype": "auto",
         "kv_cache_dtype": "auto",
         "tensor_parallel_size": "1",

@@ -45,7 +45,7 @@ MODELS = [
     },
     {
         "name": "llama",
-        "model": "/models/llama",
+        "model": "org/llama",
         "kv_cache_dtype": "fp8",
         "enable_prefix_caching": False,
         "offload_profile": "kv-blocks",

@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from manager.app import create_app
 from manager.settings import Settings
 
-MODEL = {"name": "m", "model": "/models/m", "env": {"HF_TOKEN": "hf_SECRET"}}
+MODEL = {"name": "m", "model": "org/m", "env": {"HF_TOKEN": "hf_SECRET"}}
 
 
 def test_a_page_on_another_site_cannot_change_anything(client):

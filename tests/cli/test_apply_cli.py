@@ -17,8 +17,8 @@ def _write(path, models, profiles=()):
 
 def test_apply_creates_changes_leaves_alone_and_prunes(tmp_path):
     data, file = tmp_path / "data", tmp_path / "stack.yaml"
-    a = {"name": "a", "model": "/models/a", "max_model_len": 2048, "offload_profile": "kv"}
-    b = {"name": "b", "model": "/models/b"}
+    a = {"name": "a", "model": "org/a", "max_model_len": 2048, "offload_profile": "kv"}
+    b = {"name": "b", "model": "org/b"}
     kv = {"name": "kv", "kv_offload_gib": 4}
     first = _run(["apply", _write(file, [a, b], [kv])], data)
     assert first.returncode == 0, first.stderr
@@ -38,14 +38,14 @@ def test_apply_creates_changes_leaves_alone_and_prunes(tmp_path):
     assert "removed   model b" in pruned.stdout and "1 removed, 2 unchanged" in pruned.stdout
     assert _run(["models", "show", "b"], data).returncode == 1
 
-    bad = _run(["apply", _write(file, [{"name": "c", "model": "/m", "max_model_length": 1}])], data)
+    bad = _run(["apply", _write(file, [{"name": "c", "model": "org/m", "max_model_length": 1}])], data)
     assert bad.returncode == 1 and "max_model_length" in bad.stderr
     assert _run(["models", "show", "c"], data).returncode == 1  # nothing stored from a bad file
 
 
 def test_models_set_changes_one_field_and_names_a_misspelled_one(tmp_path):
     data = tmp_path / "data"
-    _run(["apply", _write(tmp_path / "m.yaml", [{"name": "a", "model": "/models/a", "aliases": ["x"]}])], data)
+    _run(["apply", _write(tmp_path / "m.yaml", [{"name": "a", "model": "org/a", "aliases": ["x"]}])], data)
     done = _run(["models", "set", "a", "max_model_len=8192", "enforce_eager=true"], data)
     assert done.returncode == 0, done.stderr
     assert "max_model_len, enforce_eager changed" in done.stdout
@@ -60,7 +60,7 @@ def test_models_set_changes_one_field_and_names_a_misspelled_one(tmp_path):
 
 def test_models_edit_saves_what_the_editor_wrote(tmp_path):
     data = tmp_path / "data"
-    _run(["apply", _write(tmp_path / "m.yaml", [{"name": "a", "model": "/models/a", "max_model_len": 2048}])], data)
+    _run(["apply", _write(tmp_path / "m.yaml", [{"name": "a", "model": "org/a", "max_model_len": 2048}])], data)
     edited = _run(["models", "edit", "a"], data, EDITOR="sed -i s/max_model_len:.2048/max_model_len:\\ 1024/")
     assert edited.returncode == 0, edited.stderr
     assert "max_model_len changed" in edited.stdout

@@ -147,7 +147,7 @@ def test_a_short_token_from_the_environment_stops_serve_with_what_to_do(tmp_path
 
 def test_models_profiles_export_import(tmp_path):
     (tmp_path / "p.yaml").write_text(yaml.safe_dump({"name": "kv", "kv_offload_gib": 4}))
-    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"name": "m1", "model": "/x", "offload_profile": "kv"}))
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"name": "m1", "model": "org/x", "offload_profile": "kv"}))
     data = tmp_path / "a"
     assert _run(["profiles", "add", str(tmp_path / "p.yaml")], data).returncode == 0
     assert _run(["models", "add", str(tmp_path / "m.yaml")], data).returncode == 0
@@ -173,7 +173,7 @@ def test_models_profiles_export_import(tmp_path):
 def test_acknowledged_write_survives_kill_9(tmp_path):
     port = _free_port()
     proc = _serve(tmp_path, port)
-    resp = httpx.post(f"http://127.0.0.1:{port}/api/models", json={"name": "durable", "model": "/x"})
+    resp = httpx.post(f"http://127.0.0.1:{port}/api/models", json={"name": "durable", "model": "org/x"})
     assert resp.status_code == 201
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
@@ -253,3 +253,30 @@ def test_a_client_cannot_claim_other_addresses_to_escape_the_wrong_token_limit(t
 def test_a_proxy_setting_that_is_not_an_address_stops_serve_with_what_to_do(tmp_path):
     result = _run(["serve", "--port", str(_free_port()), "--forwarded-allow-ips", "proxy.local"], tmp_path)
     assert result.returncode == 2 and "'proxy.local' is neither" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_command_shows_the_argv_before_vllms_parser_answers(tmp_path):
+    """vLLM's parser takes seconds to load; the command is on the screen while it runs."""
+    slow = tmp_path / "python"
+    slow.write_text("#!/bin/sh\nsleep 20\n")
+    slow.chmod(0o755)
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"name": "m1", "model": "org/x", "max_model_len": 2048}))
+    data = tmp_path / "data"
+    env = {**os.environ, "VLLM_MANAGER_API_TOKEN": "", "VLLM_MANAGER_ENGINE_PYTHON": str(slow)}
+    assert _run(["models", "add", str(tmp_path / "m.yaml")], data).returncode == 0
+    proc = subprocess.Popen(
+        CLI + ["command", "m1", "--data-dir", str(data)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert proc.poll() is None, "the argv came only after the parser's verdict"
+        assert "org/x" in first and "--max-model-len=2048" in first
+        assert "checking it with vLLM's own parser" in proc.stderr.readline()
+    finally:
+        proc.kill()
+        proc.wait(10)

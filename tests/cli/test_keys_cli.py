@@ -13,7 +13,7 @@ from tests.cli.test_cli import CLI, _free_port, _run
 
 
 def test_keys_create_list_revoke(tmp_path):
-    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"name": "a", "model": "/x"}))
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"name": "a", "model": "org/x"}))
     data = tmp_path / "data"
     assert _run(["models", "add", str(tmp_path / "m.yaml")], data).returncode == 0
     unknown = _run(["keys", "create", "app", "--models", "a,b"], data)

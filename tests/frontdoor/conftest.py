@@ -59,8 +59,8 @@ def door_settings(settings, stand_in_python) -> Iterator[Settings]:
 
 def two_models(client: TestClient, **extra: dict) -> None:
     """a and b share GPU 0, so only one of them may run at a time."""
-    a: dict[str, Any] = {"name": "a", "model": "/models/a", "served_model_name": "org/model-a", "aliases": ["alpha"]}
-    b: dict[str, Any] = {"name": "b", "model": "/models/b"}
+    a: dict[str, Any] = {"name": "a", "model": "org/a", "served_model_name": "org/model-a", "aliases": ["alpha"]}
+    b: dict[str, Any] = {"name": "b", "model": "org/b"}
     for body in (a, b):
         body.update({"gpu_ids": [0], "start_timeout_s": 60, **extra.get(body["name"], {})})
         created = client.post("/api/models", json=body)

@@ -28,7 +28,7 @@ KEY = "sk-engine-only-7f3a"
 )
 def test_a_config_with_an_api_key_is_served_through_v1(door_settings, given):
     with TestClient(create_app(door_settings)) as client:
-        body = {"name": "a", "model": "/models/a", "start_timeout_s": 20, **given}
+        body = {"name": "a", "model": "org/a", "start_timeout_s": 20, **given}
         assert client.post("/api/models", json=body).status_code == 201
         answer = chat(client, "a")
         assert answer.status_code == 200, answer.text

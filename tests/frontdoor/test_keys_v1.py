@@ -91,7 +91,7 @@ def test_a_revoked_key_is_refused_and_the_others_go_on(door):
 
 def test_the_admin_token_works_where_a_key_would(door_settings):
     with TestClient(create_app(door_settings.model_copy(update={"api_token": ADMIN_TOKEN}))) as client:
-        client.post("/api/models", json={"name": "a", "model": "/models/a"}, headers=ADMIN)
+        client.post("/api/models", json={"name": "a", "model": "org/a"}, headers=ADMIN)
         make_key(client, "app", headers=ADMIN)
         assert client.post("/api/keys", json={"name": "sneaky"}).status_code == 401  # changes need the token
         assert chat(client, "a", ADMIN_TOKEN).status_code == 200
@@ -102,7 +102,7 @@ def test_the_admin_token_works_where_a_key_would(door_settings):
 def test_a_public_bind_needs_a_key_or_the_admin_token_or_an_explicit_opening(door_settings):
     public = door_settings.model_copy(update={"host": "0.0.0.0", "api_token": ADMIN_TOKEN})
     with TestClient(create_app(public)) as client:
-        client.post("/api/models", json={"name": "a", "model": "/models/a"}, headers=ADMIN)
+        client.post("/api/models", json={"name": "a", "model": "org/a"}, headers=ADMIN)
         refused = assert_openai_error(chat(client, "a"), 401, "invalid_api_key")
         assert "keys create" in refused["message"] and "VLLM_MANAGER_OPEN_INFERENCE" in refused["message"]
         key = make_key(client, "app", headers=ADMIN)

@@ -23,12 +23,12 @@ def manager_url(door_settings):
         for body in (
             {
                 "name": "a",
-                "model": "/models/a",
+                "model": "org/a",
                 "gpu_ids": [0],
                 "aliases": ["alpha"],
                 "env": {"STAND_IN_TOKEN_S": "0.05"},
             },
-            {"name": "b", "model": "/models/b", "gpu_ids": [0]},
+            {"name": "b", "model": "org/b", "gpu_ids": [0]},
         ):
             assert httpx.post(f"{url}/api/models", json=body).status_code == 201
         yield url

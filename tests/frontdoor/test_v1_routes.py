@@ -106,13 +106,13 @@ def test_models_lists_every_name_with_its_state(door):
 
 def test_names_changed_between_requests_count_at_the_next_request(door, door_settings):
     assert chat(door, "alpha").status_code == 200
-    renamed = {"model": "/models/a", "served_model_name": "org/model-a", "gpu_ids": [0], "aliases": ["first"]}
+    renamed = {"model": "org/a", "served_model_name": "org/model-a", "gpu_ids": [0], "aliases": ["first"]}
     assert door.put("/api/models/a", json=renamed).status_code == 200
     assert chat(door, "first").status_code == 200
     assert_openai_error(chat(door, "alpha"), 404, "model_not_found")
     # Another process (the CLI) adds a config to the same database: the running manager knows it at once.
     spec = door_settings.data_dir.parent / "c.json"
-    spec.write_text(json.dumps({"name": "c", "model": "/models/c", "gpu_ids": [1]}))
+    spec.write_text(json.dumps({"name": "c", "model": "org/c", "gpu_ids": [1]}))
     added = subprocess.run(
         [sys.executable, "-m", "manager", "models", "add", str(spec), "--data-dir", str(door_settings.data_dir)],
         capture_output=True,
@@ -282,8 +282,8 @@ def test_the_time_the_manager_adds_is_measured_once_per_request_without_the_wait
 def test_v1_is_open_on_loopback_even_when_admin_tokens_exist(door_settings):
     with TestClient(create_app(door_settings.model_copy(update={"api_token": ADMIN_TOKEN}))) as client:
         auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-        assert client.post("/api/models", json={"name": "a", "model": "/models/a"}, headers=auth).status_code == 201
-        assert client.post("/api/models", json={"name": "x", "model": "/m"}).status_code == 401
+        assert client.post("/api/models", json={"name": "a", "model": "org/a"}, headers=auth).status_code == 201
+        assert client.post("/api/models", json={"name": "x", "model": "org/m"}).status_code == 401
         assert chat(client, "a").status_code == 200
         # A page on another site still may not make a visitor's browser use it.
         cross = client.post(
@@ -296,7 +296,7 @@ def test_v1_on_a_public_bind_needs_the_admin_token_unless_opened(door_settings):
     public = door_settings.model_copy(update={"host": "0.0.0.0", "api_token": ADMIN_TOKEN})
     with TestClient(create_app(public)) as client:
         client.post(
-            "/api/models", json={"name": "a", "model": "/models/a"}, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}
+            "/api/models", json={"name": "a", "model": "org/a"}, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}
         )
         refused = assert_openai_error(chat(client, "a"), 401, "invalid_api_key")
         assert "VLLM_MANAGER_OPEN_INFERENCE" in refused["message"]

@@ -15,7 +15,7 @@ LONG_ARGS = [a for _ in range(10) for a in ("--chat-template", "{{ messages }}" 
 
 
 def test_a_long_command_reaches_vllms_parser(client):
-    body = {"name": "long", "model": "/models/none", "max_model_len": 4096, "extra_args": LONG_ARGS}
+    body = {"name": "long", "model": "org/none", "max_model_len": 4096, "extra_args": LONG_ARGS}
     assert client.post("/api/models", json=body).status_code == 201
     resp = client.get("/api/models/long/command")
     assert resp.status_code in (200, 422), resp.text[:300]

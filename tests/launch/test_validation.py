@@ -8,7 +8,7 @@ import pytest
 
 from manager.launch.validation import validate_engine_argv
 
-BASE = {"model": "/models/none", "gpu_memory_utilization": 0.5, "max_model_len": 4096}
+BASE = {"model": "org/none", "gpu_memory_utilization": 0.5, "max_model_len": 4096}
 
 
 def _command(client, name):

@@ -25,7 +25,7 @@ def sleepy(settings, tmp_path):
     )
     with TestClient(app) as c:
         for name in ("a", "b"):
-            c.post("/api/models", json={"name": name, "model": f"/models/{name}", "start_timeout_s": 600})
+            c.post("/api/models", json={"name": name, "model": f"org/{name}", "start_timeout_s": 600})
         yield app, c
         for w in c.get("/api/workers").json():
             c.post(f"/api/workers/{w['id']}/stop")
@@ -66,7 +66,7 @@ def test_a_running_config_cannot_be_deleted(sleepy):
 def test_a_missing_engine_interpreter_is_a_clear_422(settings):
     broken = settings.model_copy(update={"engine_python": "/nonexistent/python", "worker_ports": "18330-18340"})
     with TestClient(create_app(broken)) as c:
-        c.post("/api/models", json={"name": "a", "model": "/models/a"})
+        c.post("/api/models", json={"name": "a", "model": "org/a"})
         resp = c.post("/api/workers", json={"model": "a"})
         assert resp.status_code == 422
         assert "/nonexistent/python" in resp.json()["detail"] and "VLLM_MANAGER_ENGINE_PYTHON" in resp.json()["detail"]
@@ -83,3 +83,27 @@ def test_starting_a_config_again_starts_its_stopped_worker_instead_of_a_new_one(
     c.post(f"/api/workers/{first}/stop")
     elsewhere = c.post("/api/workers", json={"model": "a", "port": 18319})  # asked for a port: a new worker
     assert elsewhere.status_code == 201 and elsewhere.json()["id"] != first
+
+
+def test_a_model_folder_removed_after_the_config_was_written_is_refused_at_start(sleepy, tmp_path):
+    _, c = sleepy
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    assert c.post("/api/models", json={"name": "gone", "model": str(folder)}).status_code == 201
+    folder.rmdir()
+    refused = c.post("/api/workers", json={"model": "gone"})
+    assert refused.status_code == 422 and f"{folder} does not exist on this machine" in refused.json()["detail"]
+    assert c.get("/api/workers").json() == [] or all(w["model"] != "gone" for w in c.get("/api/workers").json())
+
+
+def test_a_hub_id_outside_the_cache_is_refused_when_the_engine_may_not_download(sleepy):
+    _, c = sleepy
+    c.post("/api/models", json={"name": "offline", "model": "org/offline", "env": {"HF_HUB_OFFLINE": "1"}})
+    refused = c.post("/api/workers", json={"model": "offline"})
+    assert refused.status_code == 422 and "HF_HUB_OFFLINE is set" in refused.json()["detail"]
+    # Allowed to download, the start goes on and says so first.
+    wid = c.post("/api/workers", json={"model": "a"}).json()["id"]
+    events = c.get("/api/events", params={"worker_id": wid}).json()
+    assert any(
+        e["kind"] == "download" and "org/a is not in this machine's Hugging Face cache" in e["message"] for e in events
+    )

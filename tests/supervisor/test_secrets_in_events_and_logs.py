@@ -30,7 +30,7 @@ HF = "hf_secretTOKEN0123456789"
 KEY = "sk-abc123def456"
 CONFIG = {
     "name": "guarded",
-    "model": "/models/guarded",
+    "model": "org/guarded",
     "start_timeout_s": 600,
     "extra_args": ["--api-key", KEY],
     "env": {"HF_TOKEN": HF},
@@ -113,7 +113,7 @@ HUB_PASSWORD = "hub-pw-9x"
 TRACE_PASSWORD = "trace-pw-9x"
 SHORT = {
     "name": "short",
-    "model": "/models/short",
+    "model": "org/short",
     "start_timeout_s": 600,
     "extra_args": [
         "--api-key",

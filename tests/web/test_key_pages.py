@@ -16,8 +16,8 @@ def test_the_nav_links_both_pages(client):
 
 
 def test_a_key_made_on_the_page_is_shown_once_then_only_its_start(client):
-    client.post("/api/models", json={"name": "a", "model": "/models/a"})
-    client.post("/api/models", json={"name": "b", "model": "/models/b"})
+    client.post("/api/models", json={"name": "a", "model": "org/a"})
+    client.post("/api/models", json={"name": "b", "model": "org/b"})
     form = client.get("/ui/keys/form")
     assert 'value="a"' in form.text and 'value="b"' in form.text
     made = client.post("/ui/keys", data={"name": "app", "models": ["a"]})

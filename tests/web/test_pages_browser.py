@@ -45,6 +45,11 @@ def test_model_form_shows_the_api_messages_next_to_the_fields(live_manager, page
     page.fill("#f-name", "good")
     page.fill("#f-gpu_memory_utilization", "0.5")
     page.click("form.config-form button[type=submit]")
+    # A folder this machine does not have is refused on its field, before anything is stored.
+    page.locator(".error[data-field=model]").wait_for()
+    assert "/models/x does not exist on this machine" in page.inner_text(".error[data-field=model]")
+    page.fill("#f-model", "org/x")
+    page.click("form.config-form button[type=submit]")
     page.wait_for_url("**/models/good")
     assert page.input_value("#f-env") == "VLLM_LOGGING_LEVEL=DEBUG"
     page.goto(live_manager.url + "/models")
