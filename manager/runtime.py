@@ -177,6 +177,7 @@ def worker_info(view: WorkerView) -> WorkerInfo:
         started_at=started_at,
         address=view.address,
         node=view.node if view.address != "127.0.0.1" else None,
+        last_error=view.last_error,
     )
 
 

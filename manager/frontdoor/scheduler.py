@@ -118,7 +118,7 @@ class Lease:
 
 SwapKind = Literal["cold", "wake"]
 # What the dashboard shows for a model config: its current worker's state, or stopped.
-ModelState = Literal["ready", "sleeping", "starting", "waking", "crashed", "stopping", "stopped"]
+ModelState = Literal["ready", "sleeping", "starting", "waking", "crashed", "stopping", "failed", "stopped"]
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class ModelStatus:
 
     config: str
     state: ModelState
-    worker_id: int | None  # the worker that serves it (or will); None: stopped
+    worker_id: int | None  # the worker that serves it (or will, or failed to); None: stopped
     in_flight: int
     queued: int
     last_swap: Swap | None
@@ -274,7 +274,9 @@ class Scheduler:
             slot = self._slots.get(config) or _Slot()
             current = next((v for v in views if v.model == config and v.state in CURRENT), None)
             stopping = next((v for v in views if v.model == config and v.state == State.STOPPING), None)
-            shown = current or stopping
+            # A failed start stays "failed" (its card says why) until the next request or start tries again.
+            failed = next((v for v in views if v.model == config and v.state == State.FAILED), None)
+            shown = current or stopping or failed
             swap = slot.last_swap
             out.append(
                 ModelStatus(
@@ -638,6 +640,7 @@ _MODEL_STATE: dict[State, ModelState] = {
     State.WAKING: "waking",
     State.CRASHED: "crashed",
     State.STOPPING: "stopping",
+    State.FAILED: "failed",
 }
 
 

@@ -49,6 +49,7 @@ class WorkerInfo:
     started_at: float | None = None  # unix time the current process started
     address: str = "127.0.0.1"  # where its HTTP server answers
     node: str | None = None  # another node of a Ray cluster: its figures come from that node's agent
+    last_error: str | None = None  # why it failed or crashed, as vLLM said it (secrets hidden)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class WorkerMetrics:
     gpu_memory_bytes: int | None  # what NVML attributes to the worker's processes; None: n/a
     engine: EngineSample | None  # None when the worker is not in a state that serves /metrics
     pools: PoolReport | None
+    last_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -265,6 +267,7 @@ class MetricsCollector:
                     gpu_memory_bytes=gpu_mem.get(w.id) if gpu.available or w.id in gpu_mem else None,
                     engine=by_worker.get(w.id),
                     pools=pools.get(w.id),
+                    last_error=w.last_error,
                 )
                 for w in workers
             ),

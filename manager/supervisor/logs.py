@@ -76,8 +76,11 @@ def meaningful_error(lines: list[str]) -> str | None:
         i = (causes or exceptions)[-1]
         line = stripped[i]
         if "validation error" in line and i + 1 < len(stripped):
-            # pydantic puts the reason on the next line ("Value error, User-specified max_model_len ...")
-            line = f"{line}: {stripped[i + 1].removeprefix('Value error, ')}"
+            # pydantic puts the reason on the next line ("Value error, User-specified max_model_len ...
+            # [type=value_error, input_value=...]"): vLLM's words, without pydantic's wrapping.
+            what = line.rpartition(" validation error for ")[2] or "vLLM's config"
+            reason = stripped[i + 1].removeprefix("Value error, ").rpartition(" [type=")
+            line = f"{what} is invalid: {reason[0] or reason[2]}"
         return line
     for line in reversed(stripped):
         if ("error" in line.lower() or "failed" in line.lower()) and not line.startswith(_NOISE):

@@ -8,6 +8,8 @@ import threading
 import httpx
 import pytest
 
+from tests.support.engine import tiny_config
+
 pytestmark = [pytest.mark.engine, pytest.mark.browser]
 
 READY_TIMEOUT_MS = 300_000
@@ -99,4 +101,32 @@ def test_start_serve_and_stop_a_worker_from_the_dashboard(live_manager, page, sh
     )
     shot(page, "5-stopped")
     assert httpx.get(live_manager.url + "/api/workers/1").json()["state"] == "stopped"
+    assert page.js_errors == []
+
+
+def test_a_failed_start_shows_vllms_own_reason_on_its_card_and_its_page(
+    live_manager, page, shot, tiny_llama, engine_slot
+):
+    """vLLM refuses a context longer than the model's: the card and the worker page say so in vLLM's
+    words, not as "Engine core initialization failed"."""
+    body = tiny_config("too-long", tiny_llama, max_model_len=100000)
+    assert httpx.post(live_manager.url + "/api/models", json=body).status_code == 201
+    wid = httpx.post(live_manager.url + "/api/workers", json={"model": "too-long"}).json()["id"]
+    page.goto(live_manager.url + "/")
+    reason = page.locator(f".worker-card[data-worker='{wid}'] [data-testid=reason]")
+    reason.wait_for(timeout=READY_TIMEOUT_MS)
+    assert "max_model_len" in reason.inner_text() and "100000" in reason.inner_text()
+    assert page.text_content(f".worker-card[data-worker='{wid}'] [data-testid=state]") == "failed"
+    # The table of models behind /v1 and the recent events agree with the card.
+    page.wait_for_function(
+        "document.querySelector('[data-model=\"too-long\"] [data-testid=front-door-state]')?.textContent === 'failed'",
+        timeout=15_000,
+    )
+    page.locator(".events", has_text="100000").first.wait_for(timeout=15_000)
+    shot(page, "overview")
+    page.goto(f"{live_manager.url}/workers/{wid}")
+    head = page.locator(".worker-head [data-testid=reason]")
+    head.wait_for(timeout=15_000)
+    assert (head.text_content() or "").strip().startswith("Failed: ") and "100000" in head.inner_text()
+    shot(page, "worker-page")
     assert page.js_errors == []
