@@ -37,6 +37,12 @@ PATTERNS = {
     "requested_gib": re.compile(r"Requested memory: [\d.]+ \(util\), ([\d.]+) GiB"),
 }
 PROFILE = re.compile(r"(Memory profiling takes.*|.*torch peak memory increase.*|.*non_kv_cache_memory.*)")
+# vLLM's CUDA graph memory profile (DEBUG): which graphs it captures, and per mode the first capture and
+# the per-graph cost it extrapolates from the second one.
+GRAPH_GROUPS = re.compile(r"Profiling CUDA graph memory: (.*)")
+GRAPH_MODE = re.compile(r"Estimated (\w+) CUDA graph memory: ([\d.]+) MiB first-capture \+ \((\d+)-1\) × ([\d.]+) MiB")
+TORCH_PEAK = re.compile(r"torch peak memory increase: ([\d.]+)GiB")
+NON_KV = re.compile(r"Total non KV cache memory: ([\d.]+)GiB")
 
 
 def text_only(config: dict[str, Any]) -> dict[str, Any]:
@@ -125,6 +131,15 @@ def read_engine(text: str) -> dict[str, Any]:
             value = match.group(1).replace(",", "")
             found[key] = int(value) if key == "kv_cache_tokens" else float(value)
     found["profile"] = [m.group(0)[-600:] for m in PROFILE.finditer(text)][:4]
+    if match := GRAPH_GROUPS.search(text):
+        found["graph_groups"] = match.group(1).strip()
+    found["graph_modes"] = {
+        m.group(1): {"first_mib": float(m.group(2)), "graphs": int(m.group(3)), "per_graph_mib": float(m.group(4))}
+        for m in GRAPH_MODE.finditer(text)
+    }
+    for key, pattern in (("torch_peak_gib", TORCH_PEAK), ("non_kv_gib", NON_KV)):
+        if match := pattern.search(text):
+            found[key] = float(match.group(1))
     errors = [line for line in text.splitlines() if "Error" in line and "import_utils" not in line]
     if "kv_cache_tokens" not in found and errors:
         found["error"] = errors[-3:]
@@ -137,37 +152,49 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-planner"))
     parser.add_argument("--utilization", type=float, default=0.85)
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument(
+        "--cases",
+        nargs="*",
+        default=None,
+        help="SHAPE:UTILIZATION:MAX_LEN:eager|graphs each (instead of --shapes x both modes at one setting)",
+    )
     parser.add_argument("--budget-s", type=float, default=520, help="stop starting new cases after this long")
     parser.add_argument("--shapes", nargs="*", default=SHAPES)
+    parser.add_argument("--name", default="planner_gpu", help="the results file's name in OUT")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    wanted: list[tuple[str, float, int, bool]] = []
+    if args.cases:
+        for text in args.cases:
+            name, util, length, mode = text.split(":")
+            wanted.append((name, float(util), int(length), mode == "eager"))
+    else:
+        wanted = [(n, args.utilization, args.max_model_len, e) for n in args.shapes for e in (True, False)]
     started = time.perf_counter()
     results: dict[str, Any] = {"utilization": args.utilization, "max_model_len": args.max_model_len, "cases": []}
-    for name in args.shapes:
+    for name, utilization, max_len, eager in wanted:
         folder = make_model(args.work / name, name)
-        for eager in (True, False):
-            left = args.budget_s - (time.perf_counter() - started)
-            if left < 40:
-                results["cases"].append({"model": name, "eager": eager, "skipped": "out of time"})
-                continue
-            case: dict[str, Any] = {"model": name, "eager": eager}
-            try:
-                case["plan"] = plan_for(folder, args.utilization, args.max_model_len, eager)
-            except Exception as exc:  # a plan that fails is a finding too
-                case["plan"] = {"error": f"{type(exc).__name__}: {exc}"}
-            t0 = time.perf_counter()
-            text = run_engine(
-                folder, args.work / f"{name}-{eager}.log", args.utilization, args.max_model_len, eager, left - 5
-            )
-            case["engine"] = read_engine(text)
-            case["seconds"] = round(time.perf_counter() - t0, 1)
-            plan_tokens = case["plan"].get("kv_cache_tokens")
-            engine_tokens = case["engine"].get("kv_cache_tokens")
-            if plan_tokens and engine_tokens:
-                case["plan_error_percent"] = round(100 * (plan_tokens - engine_tokens) / engine_tokens, 2)
-            print(json.dumps(case), flush=True)
-            results["cases"].append(case)
-            (args.out / "planner_gpu.json").write_text(json.dumps(results, indent=1))
+        left = args.budget_s - (time.perf_counter() - started)
+        case: dict[str, Any] = {"model": name, "eager": eager, "utilization": utilization, "max_model_len": max_len}
+        if left < 40:
+            results["cases"].append({**case, "skipped": "out of time"})
+            continue
+        try:
+            case["plan"] = plan_for(folder, utilization, max_len, eager)
+        except Exception as exc:  # a plan that fails is a finding too
+            case["plan"] = {"error": f"{type(exc).__name__}: {exc}"}
+        t0 = time.perf_counter()
+        log = args.work / f"{name}-{utilization}-{max_len}-{'eager' if eager else 'graphs'}.log"
+        text = run_engine(folder, log, utilization, max_len, eager, left - 5)
+        case["engine"] = read_engine(text)
+        case["seconds"] = round(time.perf_counter() - t0, 1)
+        plan_tokens = case["plan"].get("kv_cache_tokens")
+        engine_tokens = case["engine"].get("kv_cache_tokens")
+        if plan_tokens and engine_tokens:
+            case["plan_error_percent"] = round(100 * (plan_tokens - engine_tokens) / engine_tokens, 2)
+        print(json.dumps(case), flush=True)
+        results["cases"].append(case)
+        (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=1))
     return 0
 
 

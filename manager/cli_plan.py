@@ -19,7 +19,9 @@ def plan(
         str, typer.Option(help='"detected", a GPU model (rtx-4090, l40s, a100-80, h100-80, h200, ...) or "cpu".')
     ] = "detected",
     max_model_len: Annotated[int | None, typer.Option(help="Context to plan for (default: the model's).")] = None,
-    max_num_seqs: Annotated[int, typer.Option(help="Sequences at once.")] = 256,
+    max_num_seqs: Annotated[
+        int | None, typer.Option(help="Sequences at once (default: vLLM's for the GPU: 1024 on 70 GiB or more).")
+    ] = None,
     kv_cache_dtype: Annotated[str, typer.Option(help="auto or fp8.")] = "auto",
     dtype: Annotated[str, typer.Option(help="Model dtype (auto: from config.json).")] = "auto",
     tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp")] = 1,

@@ -147,7 +147,7 @@ def plan_request(config: ModelConfig, profile: OffloadProfile | None, gpu: str) 
         quantization=config.quantization,
         tensor_parallel_size=config.tensor_parallel_size,
         max_model_len=config.max_model_len,
-        max_num_seqs=config.max_num_seqs or 256,
+        max_num_seqs=config.max_num_seqs,
         kv_cache_dtype=config.kv_cache_dtype,
         gpu_memory_utilization=config.gpu_memory_utilization,
         # MoE expert offload keeps CUDA graphs, unless the model's config cannot size them (then

