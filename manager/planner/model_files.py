@@ -12,6 +12,7 @@ import json
 import os
 import re
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,11 +50,13 @@ class ModelFiles:
     weights: WeightFiles | None  # None when the folder has no safetensors files
 
 
-def hub_cache_dir() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]) / "hub"
+def hub_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The Hugging Face hub cache of a process with ``env`` (default: this one's)."""
+    env = os.environ if env is None else env
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
     return Path.home() / ".cache" / "huggingface" / "hub"
 
 

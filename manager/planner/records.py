@@ -154,7 +154,7 @@ class KVAssumptions(BaseModel):
     async_reason: str
     max_num_batched_tokens: int
     batched_reason: str
-    max_num_seqs: int = 256  # what vLLM runs with: as given, else its default for the device
+    max_num_seqs: int  # what vLLM runs with: as given, else its default for the device
     in_flight_tokens: int  # batches in flight x max_num_batched_tokens
     block_size: int
     sliding_window_tokens: int | None = None  # what one max_model_len request keeps per sliding layer

