@@ -278,13 +278,7 @@ def models_add(
     except ValidationError as exc:
         _fail(_validation_message(exc))
     with _open_db(settings) as db:
-        _run(
-            models.create_model,
-            db,
-            data,
-            allow_code_flags=settings.allow_code_flags,
-            local_paths=settings.local_model_paths,
-        )
+        _run(models.create_model, db, data, rules=models.WriteRules.of(settings))
     typer.echo(f"added model config {data.name}")
 
 
@@ -397,18 +391,12 @@ def import_(
 ) -> None:
     """Import model configs and offload profiles from an export file."""
     from manager.services import transfer
+    from manager.services.models import WriteRules
 
     settings = _settings(data_dir)
     raw = _read_bytes(file)
     with _open_db(settings) as db:
-        result = _run(
-            transfer.import_file,
-            db,
-            raw,
-            overwrite=overwrite,
-            allow_code_flags=settings.allow_code_flags,
-            local_paths=settings.local_model_paths,
-        )
+        result = _run(transfer.import_file, db, raw, overwrite=overwrite, rules=WriteRules.of(settings))
     _print(result)
 
 

@@ -22,19 +22,13 @@ def apply(
 ) -> None:
     """Make the stored model configs and offload profiles equal to a file, and print what changed."""
     from manager.services.apply import apply_data, read_file
+    from manager.services.models import WriteRules
 
     settings = _settings(data_dir)
     raw = _read_bytes(file)
     with _open_db(settings) as db:
         data = _run(read_file, raw)
-        result = _run(
-            apply_data,
-            db,
-            data,
-            prune=prune,
-            allow_code_flags=settings.allow_code_flags,
-            local_paths=settings.local_model_paths,
-        )
+        result = _run(apply_data, db, data, prune=prune, rules=WriteRules.of(settings))
     for word, items in (("created", result.created), ("changed", result.changed), ("removed", result.removed)):
         for item in items:
             typer.echo(f"{word:<9} {item}")
@@ -54,6 +48,7 @@ def models_set(
 ) -> None:
     """Change some fields of a model config, keeping the others."""
     from manager.services.apply import set_fields
+    from manager.services.models import WriteRules
 
     parsed: dict[str, Any] = {}
     for change in changes:
@@ -66,14 +61,7 @@ def models_set(
             _fail(f"the value of {field} is not valid YAML: {exc}")
     settings = _settings(data_dir)
     with _open_db(settings, reading=True) as db:
-        changed = _run(
-            set_fields,
-            db,
-            name,
-            parsed,
-            allow_code_flags=settings.allow_code_flags,
-            local_paths=settings.local_model_paths,
-        )
+        changed = _run(set_fields, db, name, parsed, rules=WriteRules.of(settings))
     typer.echo(f"model config {name}: {', '.join(changed) + ' changed' if changed else 'nothing changed'}")
 
 
@@ -82,6 +70,7 @@ def models_edit(name: str, data_dir: DataDir = None) -> None:
     """Open a model config in $EDITOR (or $VISUAL, else vi) as YAML, and save it when it is valid."""
     from manager.services import models
     from manager.services.apply import set_fields
+    from manager.services.models import WriteRules
 
     settings = _settings(data_dir)
     with _open_db(settings, reading=True) as db:
@@ -102,14 +91,7 @@ def models_edit(name: str, data_dir: DataDir = None) -> None:
         if not isinstance(edited, dict):
             _fail("the file must hold the config's fields as a mapping; nothing was saved")
         with _open_db(settings, reading=True) as db:
-            changed = _run(
-                set_fields,
-                db,
-                name,
-                edited,
-                allow_code_flags=settings.allow_code_flags,
-                local_paths=settings.local_model_paths,
-            )
+            changed = _run(set_fields, db, name, edited, rules=WriteRules.of(settings))
     finally:
         path.unlink(missing_ok=True)
     typer.echo(f"model config {name}: {', '.join(changed) + ' changed' if changed else 'nothing changed'}")

@@ -48,6 +48,6 @@ def set_up(db: Session, settings: Settings) -> Demo:
     try:
         models.get_model(db, DEMO_CONFIG)
     except NotFound:
-        models.create_model(db, demo_config(model_dir), allow_code_flags=settings.allow_code_flags)
+        models.create_model(db, demo_config(model_dir), rules=models.WriteRules.of(settings))
         return Demo(model_dir, made, added_config=True)
     return Demo(model_dir, made, added_config=False)

@@ -31,13 +31,7 @@ def list_models(request: Request, db: SessionDep, settings: SettingsDep):
     responses=errors(404, 409, 422, _404="No offload profile of that name", _422="Also: a node the Ray cluster lacks"),
 )
 def create_model(data: ModelConfigCreate, db: SessionDep, settings: SettingsDep, supervisor: SupervisorDep):
-    config = models.create_model(
-        db,
-        data,
-        allow_code_flags=settings.allow_code_flags,
-        local_paths=settings.local_model_paths,
-        check_node=supervisor.check_node,
-    )
+    config = models.create_model(db, data, rules=models.WriteRules.of(settings), check_node=supervisor.check_node)
     return models.to_public(db, config)
 
 
@@ -49,12 +43,7 @@ def get_model(name: str, request: Request, db: SessionDep, settings: SettingsDep
 @router.put("/{name}", response_model=ModelConfigPublic, responses=errors(404, 409, 422))
 def replace_model(name: str, data: ModelConfigUpdate, db: SessionDep, settings: SettingsDep, supervisor: SupervisorDep):
     config = models.replace_model(
-        db,
-        name,
-        data,
-        allow_code_flags=settings.allow_code_flags,
-        local_paths=settings.local_model_paths,
-        check_node=supervisor.check_node,
+        db, name, data, rules=models.WriteRules.of(settings), check_node=supervisor.check_node
     )
     return models.to_public(db, config)
 

@@ -5,6 +5,7 @@ from manager.deps import SessionDep, SettingsDep, require_token
 from manager.errors import UnsupportedMediaType
 from manager.openapi import errors
 from manager.services import transfer
+from manager.services.models import WriteRules
 
 router = APIRouter(prefix="/api", tags=["export and import"])
 
@@ -51,11 +52,4 @@ async def import_all(
     body = await request.body()  # at most VLLM_MANAGER_MAX_IMPORT_BYTES (manager.middleware.BodyLimit)
     # Off the event loop: parsing megabytes of YAML takes seconds, and health checks, live streams and
     # worker supervision must not wait for it.
-    return await run_in_threadpool(
-        transfer.import_file,
-        db,
-        body,
-        overwrite=overwrite,
-        allow_code_flags=settings.allow_code_flags,
-        local_paths=settings.local_model_paths,
-    )
+    return await run_in_threadpool(transfer.import_file, db, body, overwrite=overwrite, rules=WriteRules.of(settings))

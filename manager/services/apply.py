@@ -44,7 +44,7 @@ def read_file(source: str | bytes) -> dict[str, Any]:
 
 
 def apply_data(
-    db: Session, data: dict[str, Any], *, prune: bool = False, allow_code_flags: bool = False, local_paths: bool = True
+    db: Session, data: dict[str, Any], *, prune: bool = False, rules: models.WriteRules = models.WriteRules()
 ) -> Applied:
     """Store what differs, leave what is equal, and with ``prune`` delete what the file leaves out."""
     result = Applied()
@@ -64,7 +64,7 @@ def apply_data(
             wanted[kind].append(item)
             (result.changed if name in stored else result.created).append(label)
     if wanted["profiles"] or wanted["models"]:
-        transfer.import_data(db, wanted, overwrite=True, allow_code_flags=allow_code_flags, local_paths=local_paths)
+        transfer.import_data(db, wanted, overwrite=True, rules=rules)
     if prune:
         named = {kind: {i.get("name") for i in data.get(kind) or [] if isinstance(i, dict)} for kind in wanted}
         for name in sorted(set(stored_models) - named["models"]):
@@ -87,7 +87,7 @@ def _same(item: dict[str, Any], stored: dict[str, Any], kind: str) -> bool:
 
 
 def set_fields(
-    db: Session, name: str, changes: dict[str, Any], *, allow_code_flags: bool = False, local_paths: bool = True
+    db: Session, name: str, changes: dict[str, Any], *, rules: models.WriteRules = models.WriteRules()
 ) -> list[str]:
     """Change some fields of one model config; the rest stay. Returns the fields that changed."""
     stored = models.to_public(db, models.get_model(db, name)).model_dump(mode="json")
@@ -106,5 +106,5 @@ def set_fields(
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "input"
         raise Invalid(f"{where}: {first['msg']}", field=where) from exc
-    models.replace_model(db, name, update, allow_code_flags=allow_code_flags, local_paths=local_paths)
+    models.replace_model(db, name, update, rules=rules)
     return [k for k in changes if changes[k] != fields[k]]

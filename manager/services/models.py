@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
@@ -21,6 +23,21 @@ from manager.schemas.model_config import (
 from manager.schemas.offload_profile import OffloadProfile
 from manager.services import profiles, routing_names
 from manager.supervisor.lifecycle import ACTIVE
+
+if TYPE_CHECKING:
+    from manager.settings import Settings
+
+
+@dataclass(frozen=True)
+class WriteRules:
+    """What a config write is checked against besides its schema, from the manager's settings."""
+
+    allow_code_flags: bool = False  # engine flags and environment that load code of the user's choosing
+    local_paths: bool = True  # engines run on this machine (no Ray cluster): a model path must exist here
+
+    @classmethod
+    def of(cls, settings: Settings) -> WriteRules:
+        return cls(allow_code_flags=settings.allow_code_flags, local_paths=settings.local_model_paths)
 
 
 def check_own_names(name: str, data: ModelConfigIn) -> None:
@@ -79,23 +96,16 @@ def _fields(db: Session, data: ModelConfigIn, allow_code_flags: bool, stored: Mo
 
 
 def create_model(
-    db: Session,
-    data: ModelConfigCreate,
-    *,
-    allow_code_flags: bool = False,
-    check_node: NodeCheck | None = None,
-    local_paths: bool = True,
+    db: Session, data: ModelConfigCreate, *, rules: WriteRules = WriteRules(), check_node: NodeCheck | None = None
 ) -> ModelConfig:
-    """``local_paths``: the engines run on this machine, so a model path must exist here (with a Ray
-    cluster it names a folder on the node that runs it)."""
     if data.node and check_node is not None:
         check_node(data.node)
-    if local_paths:
+    if rules.local_paths:
         check_path_exists(data.model)
     if db.exec(select(ModelConfig).where(ModelConfig.name == data.name)).first():
         raise Conflict(f"a model config named {data.name!r} already exists")
     check_own_names(data.name, data)
-    config = ModelConfig(name=data.name, **_fields(db, data, allow_code_flags))
+    config = ModelConfig(name=data.name, **_fields(db, data, rules.allow_code_flags))
     db.add(config)
     _save(db, config, f"a model config named {data.name!r} already exists")
     db.refresh(config)
@@ -107,17 +117,16 @@ def replace_model(
     name: str,
     data: ModelConfigIn,
     *,
-    allow_code_flags: bool = False,
+    rules: WriteRules = WriteRules(),
     check_node: NodeCheck | None = None,
-    local_paths: bool = True,
 ) -> ModelConfig:
     config = get_model(db, name)
     if data.node and data.node != config.node and check_node is not None:
         check_node(data.node)
-    if local_paths and data.model != config.model:
+    if rules.local_paths and data.model != config.model:
         check_path_exists(data.model)
     check_own_names(name, data)
-    for key, value in _fields(db, data, allow_code_flags, stored=config).items():
+    for key, value in _fields(db, data, rules.allow_code_flags, stored=config).items():
         setattr(config, key, value)
     config.updated_at = utcnow()
     db.add(config)

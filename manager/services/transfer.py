@@ -66,14 +66,11 @@ def import_file(
     source: str | bytes,
     *,
     overwrite: bool = True,
-    allow_code_flags: bool = False,
-    local_paths: bool = True,
+    rules: models.WriteRules = models.WriteRules(),
 ) -> dict[str, list[str]]:
     """Parse, check and store an export file: ``parse_yaml`` then ``import_data``. A large file takes
     seconds to parse; the web layer calls this in a worker thread."""
-    return import_data(
-        db, parse_yaml(source), overwrite=overwrite, allow_code_flags=allow_code_flags, local_paths=local_paths
-    )
+    return import_data(db, parse_yaml(source), overwrite=overwrite, rules=rules)
 
 
 def _validated(kind: str, schema, items: Any) -> list:
@@ -95,13 +92,12 @@ def import_data(
     data: dict[str, Any],
     *,
     overwrite: bool = True,
-    allow_code_flags: bool = False,
-    local_paths: bool = True,
+    rules: models.WriteRules = models.WriteRules(),
 ) -> dict[str, list[str]]:
     """Create or (with overwrite) replace every profile and config in one transaction.
 
-    Everything is validated before anything is written, so a bad file changes nothing. ``local_paths``:
-    a model path must exist on this machine (see ``models.create_model``).
+    Everything is validated before anything is written, so a bad file changes nothing, by the same
+    ``rules`` as a config written on its own.
     """
     new_profiles = _validated("profiles", OffloadProfileCreate, data.get("profiles", []))
     new_models = _validated("models", ModelConfigCreate, data.get("models", []))
@@ -112,9 +108,9 @@ def import_data(
                 f"models[{i}] names offload profile {m.offload_profile!r}, which is neither stored nor in the file"
             )
         try:
-            if local_paths:
+            if rules.local_paths:
                 check_path_exists(m.model)
-            check_launch_fields(m.extra_args, m.env, allow_code_flags)
+            check_launch_fields(m.extra_args, m.env, rules.allow_code_flags)
         except Invalid as exc:
             raise Invalid(f"models[{i}] ({m.name}): {exc.message}", **exc.detail) from None
     for kind, items in (("profiles", new_profiles), ("models", new_models)):

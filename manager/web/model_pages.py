@@ -173,21 +173,12 @@ async def _save_model(request: Request, db, settings, supervisor, name: str | No
         try:
             if isinstance(data, ModelConfigCreate):
                 config = models.create_model(
-                    db,
-                    data,
-                    allow_code_flags=settings.allow_code_flags,
-                    local_paths=settings.local_model_paths,
-                    check_node=supervisor.check_node,
+                    db, data, rules=models.WriteRules.of(settings), check_node=supervisor.check_node
                 )
             else:
                 assert name is not None
                 config = models.replace_model(
-                    db,
-                    name,
-                    data,
-                    allow_code_flags=settings.allow_code_flags,
-                    local_paths=settings.local_model_paths,
-                    check_node=supervisor.check_node,
+                    db, name, data, rules=models.WriteRules.of(settings), check_node=supervisor.check_node
                 )
         except ManagerError as exc:
             db.rollback()
