@@ -1,6 +1,7 @@
 """Database tables and API shapes, one module per thing."""
 
 from manager.schemas.browser_session import BrowserSession
+from manager.schemas.download import Download
 from manager.schemas.event import Event
 from manager.schemas.inference_key import InferenceAccess, InferenceKey
 from manager.schemas.model_config import ModelConfig
@@ -13,6 +14,7 @@ from manager.schemas.worker import Worker
 __all__ = [
     "ApiToken",
     "BrowserSession",
+    "Download",
     "Event",
     "InferenceAccess",
     "InferenceKey",

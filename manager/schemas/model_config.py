@@ -83,7 +83,23 @@ class ModelConfigFields(SQLModel):
         schema_extra={"json_schema_extra": ENV_NAMES},
     )
     autostart: bool = False
-    start_timeout_s: int = Field(default=900, gt=0, le=MAX_INT)
+    start_timeout_s: int = Field(
+        default=900,
+        gt=0,
+        le=MAX_INT,
+        description="How long vLLM's start may take (a download before it is not counted)",
+    )
+    download_timeout_s: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_INT,
+        description="How long downloading the model from the Hugging Face Hub may take before a start; empty: no limit",
+    )
+    wait_for_download: bool = Field(
+        default=False,
+        description="A /v1 request for this model while it downloads waits for the download and the start, "
+        "instead of a 503 with the progress and Retry-After",
+    )
     port: int | None = Field(default=None, ge=1, le=65535)
     # The front door (/v1): other names a request's "model" may use, when to unload an idle worker,
     # which workers are never evicted for another, and whether eviction puts the worker to sleep.
