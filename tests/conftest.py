@@ -13,6 +13,8 @@ from fastapi.testclient import TestClient
 
 from manager.app import create_app
 from manager.settings import Settings
+from tests.support.hub_server import TestHub
+from tests.support.tiny_hub_model import make_tiny_hub_repo
 from tests.support.tiny_model import make_tiny_llama, make_tiny_qwen3_moe
 
 ENGINE_LOCK = Path("/tmp/vllm-engine.lock")
@@ -34,6 +36,29 @@ def tiny_llama_b(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_moe(tmp_path_factory) -> Path:
     return make_tiny_qwen3_moe(tmp_path_factory.mktemp("models") / "tiny-qwen3-moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_hub_repo(tmp_path_factory) -> Path:
+    """The files of a tiny sharded Llama repo (tests/support/tiny_hub_model.py), for ``add_repo_from_folder``."""
+    return make_tiny_hub_repo(tmp_path_factory.mktemp("hub-repos") / "tiny-llama")
+
+
+@pytest.fixture
+def test_hub(tmp_path, monkeypatch) -> Iterator[TestHub]:
+    """A Hugging Face Hub on loopback (tests/support/hub_server.py), closed after the test.
+
+    huggingface_hub is kept off the user's own state meanwhile: no token from the environment or the
+    token file (anonymous means anonymous), no offline mode, and its default cache in tmp_path."""
+    from huggingface_hub import constants
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-token"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with TestHub() as hub:
+        yield hub
 
 
 @pytest.fixture
