@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from manager.errors import Invalid
+from manager.hub import files
 from manager.planner import model_files
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -33,13 +34,21 @@ def check_path_exists(model: str, *, where: str = "model") -> None:
         )
 
 
+def engine_cache(config_env: Mapping[str, str]) -> Path:
+    """The hub cache an engine started with ``config_env`` reads (its environment is this process's
+    with the config's env over it)."""
+    return model_files.hub_cache_dir({**os.environ, **config_env})
+
+
 def not_cached(model: str, config_env: Mapping[str, str]) -> Path | None:
     """The cache folder ``model`` is missing from, for a hub id vLLM would download; None for a local
-    path or a hub id already in the cache."""
+    path or a hub id whose snapshot in the cache holds everything a start reads. A snapshot with the
+    config alone (the planner fetches that much) is not enough: the weights would still be downloaded."""
     if is_local_path(model):
         return None
-    cache = model_files.hub_cache_dir({**os.environ, **config_env})  # the engine's environment
-    if model_files.cached_snapshot(model, cache) is not None:
+    cache = engine_cache(config_env)
+    snapshot = model_files.cached_snapshot(model, cache)
+    if snapshot is not None and not files.missing(snapshot):
         return None
     return cache
 
