@@ -9,10 +9,11 @@ from pathlib import Path
 
 from engine_patches.settings import PatchSettings
 from manager.errors import Invalid
+from manager.hub.fetching import Fetcher
 from manager.launch.allowed_env import env_notes
 from manager.launch.engine_key import ENV_NAME, key_through_env
 from manager.launch.flags import flag_value, managed_argv, quiet_paths
-from manager.launch.model_location import download_note
+from manager.launch.model_location import download_note, downloads_forbidden, is_local_path
 from manager.launch.refusals import check_engine_argv, check_launch
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
@@ -238,8 +239,11 @@ def _gib_text(n_bytes: int) -> str:
     return str(int(gib)) if gib.is_integer() else repr(gib)
 
 
-def preview_command(config: ModelConfig, profile: OffloadProfile | None, settings: Settings) -> LaunchCommand:
-    """The command a start of this config would run now, for previews (its own port, or the range's first).
+def preview_command(
+    config: ModelConfig, profile: OffloadProfile | None, settings: Settings, fetcher: Fetcher | None = None
+) -> LaunchCommand:
+    """The command a start of this config would run now, for previews (its own port, or the range's first);
+    with the manager's downloads (``fetcher``), as a start on this machine meets its hub model.
 
     A config the code-loading rules refuse is refused here too: vLLM's parser, which checks a preview,
     already imports some of what those rules keep out (a compilation config's inductor_passes)."""
@@ -254,9 +258,34 @@ def preview_command(config: ModelConfig, profile: OffloadProfile | None, setting
         host=settings.worker_host,
         allow_code_flags=settings.allow_code_flags,
     )
-    if settings.local_model_paths and (download := download_note(config.model, config.env)):
+    if settings.local_model_paths and fetcher is not None:
+        downloads_first(cmd, config, fetcher)
+    elif settings.local_model_paths and (download := download_note(config.model, config.env)):
         cmd.notes.append(download)
     return cmd
+
+
+def downloads_first(cmd: LaunchCommand, config: ModelConfig, fetcher: Fetcher) -> bool:
+    """Whether a start of ``config`` on this machine downloads its hub model before the engine starts
+    (said in the notes). A model complete in the cache is loaded offline (HF_HUB_OFFLINE=1, unless the
+    config's env sets it), so the engine's start asks the Hub nothing and start_timeout_s is the start alone."""
+    if is_local_path(config.model) or downloads_forbidden(config.env):
+        return False  # a folder, or an engine that may not download (its start is checked for that)
+    if fetcher.needed(config.model, config.env):
+        timeout = config.download_timeout_s
+        limit = f"within download_timeout_s ({timeout} s)" if timeout else "with no time limit"
+        cmd.notes.append(
+            f"{config.model} is downloaded from the Hugging Face Hub before vLLM starts ({limit}); "
+            "start_timeout_s counts from the engine's start"
+        )
+        return True
+    if "HF_HUB_OFFLINE" not in config.env:
+        cmd.env["HF_HUB_OFFLINE"] = "1"
+        cmd.notes.append(
+            f"HF_HUB_OFFLINE=1: {config.model} is complete in the Hugging Face cache, so vLLM loads it without "
+            "asking the Hub"
+        )
+    return False
 
 
 def inherited_env() -> dict[str, str]:

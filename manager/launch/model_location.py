@@ -68,8 +68,7 @@ def check_startable(model: str, config_env: Mapping[str, str]) -> None:
     """Before a start: Invalid for a local path that is gone, or for a hub id not in the cache when the
     engine may not download (HF_HUB_OFFLINE)."""
     check_path_exists(model)
-    env = {**os.environ, **config_env}
-    if env.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE:
+    if downloads_forbidden(config_env):
         cache = not_cached(model, config_env)
         if cache is not None:
             raise Invalid(
@@ -77,3 +76,9 @@ def check_startable(model: str, config_env: Mapping[str, str]) -> None:
                 "cannot download it: download it first, or give the model's local folder",
                 field="model",
             )
+
+
+def downloads_forbidden(config_env: Mapping[str, str]) -> bool:
+    """Whether HF_HUB_OFFLINE is set for the engine (in its config's env, or the manager's it inherits)."""
+    env = {**os.environ, **config_env}
+    return env.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE

@@ -55,10 +55,17 @@ def delete_model(name: str, db: SessionDep) -> Response:
 
 
 @router.get("/{name}/command", responses=errors(404, 422, _422="vLLM's parser rejects the command"))
-async def command(name: str, request: Request, db: SessionDep, settings: SettingsDep, validate: bool = True) -> dict:
+async def command(
+    name: str,
+    request: Request,
+    db: SessionDep,
+    settings: SettingsDep,
+    supervisor: SupervisorDep,
+    validate: bool = True,
+) -> dict:
     """The argv and environment this config launches, checked by the engine's own vLLM parser."""
     config = models.get_model(db, name)
-    cmd = preview_command(config, models.profile_of(db, config), settings)
+    cmd = preview_command(config, models.profile_of(db, config), settings, supervisor.fetcher)
     secrets = Redactor.of_config(config)
     authorized = is_authorized(request, db, settings)
     shown = cmd if authorized else secrets.command(cmd)

@@ -17,6 +17,8 @@ from manager.errors import Conflict, ManagerError
 
 class State(StrEnum):
     STOPPED = "stopped"
+    # Its model is being downloaded from the Hugging Face Hub; the engine starts once it is complete.
+    DOWNLOADING = "downloading"
     STARTING = "starting"
     READY = "ready"
     STOPPING = "stopping"
@@ -32,7 +34,16 @@ class State(StrEnum):
 
 # A worker in these states holds (or is about to hold) its engine, its GPUs and its config.
 ACTIVE = frozenset(
-    {State.STARTING, State.READY, State.STOPPING, State.CRASHED, State.SLEEPING, State.WAKING, State.LOST}
+    {
+        State.DOWNLOADING,
+        State.STARTING,
+        State.READY,
+        State.STOPPING,
+        State.CRASHED,
+        State.SLEEPING,
+        State.WAKING,
+        State.LOST,
+    }
 )
 # States in which the engine serves its endpoints and is watched for health.
 SERVING = frozenset({State.READY, State.SLEEPING})
@@ -98,6 +109,9 @@ class Life:
     next_restart_at: float | None = None
     health_failures: int = 0
     sleep_level: int | None = None  # the level it sleeps at, while sleeping or waking
+    download: str | None = None  # the hub id being downloaded, while downloading
+    download_since: float | None = None  # monotonic: when this download phase began (names its Fetched)
+    after_download: Launch | None = None  # the start that waits for the download
 
     @property
     def active(self) -> bool:
@@ -183,6 +197,26 @@ class LaunchRefused:
 
 
 @dataclass(frozen=True)
+class NeedsDownload:
+    """Answers a Launch whose model (a hub id) is not complete in the engine's cache: nothing was
+    started; the download comes first."""
+
+    launch: Launch
+    repo: str
+    now: float
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """The wait for a download ended (answers Fetch): complete, or not, and why."""
+
+    ok: bool
+    detail: str  # why not, when not ok
+    since: float  # the download phase it ends (Fetch.since)
+    now: float
+
+
+@dataclass(frozen=True)
 class GroupStopped:
     graceful: bool
     seconds: float
@@ -262,6 +296,8 @@ Event = (
     | NodeLost
     | Launched
     | LaunchRefused
+    | NeedsDownload
+    | Fetched
     | GroupStopped
     | Probed
     | Exited
@@ -279,11 +315,26 @@ Event = (
 
 @dataclass(frozen=True)
 class Launch:
-    """Prepare the config's command and start it; answers Launched or LaunchRefused."""
+    """Prepare the config's command and start it; answers Launched or LaunchRefused, or NeedsDownload
+    when its model must be downloaded first."""
 
     model: str
     reason: str
     force: bool = False
+    downloaded: bool = False  # its download has just ended: launch now, whatever the cache says
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Wait for the download of ``repo`` in the background (joining one under way); answers Fetched."""
+
+    repo: str
+    since: float
+
+
+@dataclass(frozen=True)
+class StopFetching:
+    """Stop waiting for the download (the download itself goes on: others may wait for it too)."""
 
 
 @dataclass(frozen=True)
@@ -334,7 +385,7 @@ class Forget:
     """Delete the worker; its owner task ends."""
 
 
-Effect = Launch | StopGroup | KillGroup | PutToSleep | WakeUp | Record | Reject | Forget
+Effect = Launch | Fetch | StopFetching | StopGroup | KillGroup | PutToSleep | WakeUp | Record | Reject | Forget
 Step = tuple[Life, list[Effect]]
 
 
@@ -352,7 +403,7 @@ def _moved(old: Life, new: Life, kind: str, message: str, **data: object) -> Rec
 def step(life: Life, event: Event, policy: Policy) -> Step:
     match event:
         case StartRequested(force=force):
-            if life.state in (State.STARTING, State.READY, State.WAKING):
+            if life.state in (State.DOWNLOADING, State.STARTING, State.READY, State.WAKING):
                 return life, []  # already running: two starts make one process
             if life.state == State.SLEEPING:
                 return _wake(life)  # its engine is there: waking it is the start
@@ -378,6 +429,11 @@ def step(life: Life, event: Event, policy: Policy) -> Step:
                 )
             if life.state in (State.STOPPED, State.FAILED):  # a failed start keeps its reason
                 return replace(life, engine=None), []
+            if life.state == State.DOWNLOADING:  # it has no engine: its start begins again, and rejoins the download
+                waiting = _download_over(life)
+                return _launch(
+                    waiting, StartKind.START, life.model, "its download was under way at a manager restart", False
+                )
             new = replace(life, state=State.STOPPED, engine=None)
             return new, [_moved(life, new, "stopped", "its process was gone after a manager restart; marked stopped")]
         case NodeLost():
@@ -385,7 +441,15 @@ def step(life: Life, event: Event, policy: Policy) -> Step:
         case Launched():
             return _launched(life, event)
         case LaunchRefused(error=error):
+            if life.state == State.DOWNLOADING:
+                return _refused_after_download(life, error)
             return _launch_refused(life, error)
+        case NeedsDownload():
+            return _needs_download(life, event)
+        case Fetched():
+            if life.state != State.DOWNLOADING or event.since != life.download_since:
+                return life, []  # the end of a wait given up on (stopped, or started again since)
+            return _fetched(life, event, policy)
         case GroupStopped():
             return _group_stopped(life, event, policy)
         case Probed():
@@ -443,14 +507,18 @@ def _launch(life: Life, kind: StartKind, model: str, reason: str, force: bool) -
 
 
 def _stop(life: Life, reason: str, alive: bool) -> Step:
-    calm = replace(life, next_restart_at=None, switch_from=None, start_kind=None, sleep_level=None)
+    calm = replace(_download_over(life), next_restart_at=None, switch_from=None, start_kind=None, sleep_level=None)
+    effects: list[Effect] = []
+    if life.state == State.DOWNLOADING:
+        effects.append(StopFetching())
+        reason = f"{reason}; the download of {life.download} goes on"
     if alive and life.engine is not None:
         new = replace(calm, state=State.STOPPING)
-        return new, [_moved(life, new, "stopping", reason, pid=life.engine.pid), StopGroup(life.engine.pid)]
+        return new, [*effects, _moved(life, new, "stopping", reason, pid=life.engine.pid), StopGroup(life.engine.pid)]
     new = replace(calm, state=State.STOPPED, engine=None, desired="stopped")
     if life.state == State.STOPPED:
         return new, []
-    return new, [_moved(life, new, "stopped", reason)]
+    return new, [*effects, _moved(life, new, "stopped", reason)]
 
 
 def _group_stopped(life: Life, event: GroupStopped, policy: Policy) -> Step:
@@ -467,7 +535,7 @@ def _group_stopped(life: Life, event: GroupStopped, policy: Policy) -> Step:
 
 def _switch(life: Life, model: str, alive: bool, force: bool) -> Step:
     previous = life.model
-    if model == previous and life.state in (State.STARTING, State.READY):
+    if model == previous and life.state in (State.DOWNLOADING, State.STARTING, State.READY):
         return life, []
     stopped, effects = _stop(life, f"switching from {previous} to {model}", alive)
     switching = replace(stopped, switch_from=previous, restart_count=0)
@@ -480,7 +548,7 @@ def _launched(life: Life, event: Launched) -> Step:
     # A crash restart and a roll back keep the error that led to them; a user's start clears it.
     keep_error = life.start_kind in (StartKind.CRASH_RESTART, StartKind.ROLLBACK)
     new = replace(
-        life,
+        _download_over(life),
         state=State.STARTING,
         model=event.model,
         served_name=event.served_name,
@@ -517,7 +585,8 @@ def _launched(life: Life, event: Launched) -> Step:
 
 
 def _node_lost(life: Life, event: NodeLost) -> Step:
-    if life.state in (State.STOPPED, State.FAILED, State.LOST):
+    # A download runs on the manager's box, for an engine that does not exist yet: nothing is out of reach.
+    if life.state in (State.STOPPED, State.FAILED, State.LOST, State.DOWNLOADING):
         return life, []
     if life.state == State.STOPPING:  # the stop under way settles it; a worker being stopped never moves
         return life, []
@@ -531,6 +600,64 @@ def _node_lost(life: Life, event: NodeLost) -> Step:
         )
         return launched, effects + more
     return new, effects
+
+
+def _needs_download(life: Life, event: NeedsDownload) -> Step:
+    launch = event.launch
+    keep_error = life.start_kind in (StartKind.CRASH_RESTART, StartKind.ROLLBACK)
+    new = replace(
+        life,
+        state=State.DOWNLOADING,
+        model=launch.model,
+        engine=None,
+        desired="running",
+        last_error=life.last_error if keep_error else None,
+        detail=f"downloading {event.repo}",
+        download=event.repo,
+        download_since=event.now,
+        after_download=replace(launch, downloaded=True),
+        next_restart_at=None,
+        health_failures=0,
+        sleep_level=None,
+    )
+    message = f"{launch.reason}: downloading {event.repo} from the Hugging Face Hub before {launch.model} starts"
+    moved = _moved(life, new, "download", message, model=launch.model, repo=event.repo)
+    return new, [moved, Fetch(event.repo, event.now)]
+
+
+def _fetched(life: Life, event: Fetched, policy: Policy) -> Step:
+    since = event.now if life.download_since is None else life.download_since
+    repo, took = life.download, event.now - since
+    if event.ok:
+        launch = life.after_download or Launch(life.model, "start after the download", downloaded=True)
+        # Downloading still, until the launch answers: the config stays held, and a second Fetched is stale.
+        waiting = replace(life, download_since=None, detail=f"downloaded {repo}: starting the engine")
+        done = record(
+            "download", f"downloaded {repo} in {took:.0f} s", model=life.model, repo=repo, seconds=round(took, 1)
+        )
+        return waiting, [done, launch]
+    ended = record(
+        "download", f"gave up on the download of {repo} after {took:.0f} s", model=life.model, repo=repo, ok=False
+    )
+    failed, effects = _start_failed(_download_over(life), event.detail, policy, event.now)
+    return failed, [ended, *effects]
+
+
+def _refused_after_download(life: Life, error: ManagerError) -> Step:
+    """A start refused once its download was over (or begun again after a manager restart): nobody
+    waits for an answer now, so the worker does not stay downloading: it fails with the reason."""
+    calm = _download_over(life)
+    if life.start_kind == StartKind.CRASH_RESTART:
+        return _failed(calm, f"restart refused: {error.message}")
+    if life.start_kind == StartKind.ROLLBACK:
+        return _failed(calm, f"{life.last_error}; the roll back was refused: {error.message}")
+    if life.switch_from:
+        return _roll_back(calm, f"start refused: {error.message}")
+    return _failed(calm, f"start refused: {error.message}")
+
+
+def _download_over(life: Life) -> Life:
+    return replace(life, download=None, download_since=None, after_download=None)
 
 
 def _launch_refused(life: Life, error: ManagerError) -> Step:
@@ -608,19 +735,23 @@ def _start_failed(life: Life, reason: str, policy: Policy, now: float) -> Step:
     """A start that did not become ready: roll a switch back, count a crash restart, else failed."""
     life = replace(life, engine=None)
     if life.switch_from:
-        previous, failed_model = life.switch_from, life.model
-        error = f"switch to {failed_model} failed: {reason}; rolled back to {previous}"
-        note = record(
-            "switch_failed", f"switch to {failed_model} failed: {reason}", model=failed_model, previous=previous
-        )
-        rolling = replace(life, switch_from=None, last_error=error)
-        launched, effects = _launch(
-            rolling, StartKind.ROLLBACK, previous, f"roll back after failed switch to {failed_model}", False
-        )
-        return launched, [note, *effects]
+        return _roll_back(life, reason)
     if life.start_kind == StartKind.CRASH_RESTART:
         return _crashed(life, f"restart did not become ready: {reason}", policy, now)
     return _failed(life, reason)
+
+
+def _roll_back(life: Life, reason: str) -> Step:
+    """A switch's start failed: start the config it switched from again."""
+    assert life.switch_from is not None
+    previous, failed_model = life.switch_from, life.model
+    error = f"switch to {failed_model} failed: {reason}; rolled back to {previous}"
+    note = record("switch_failed", f"switch to {failed_model} failed: {reason}", model=failed_model, previous=previous)
+    rolling = replace(life, switch_from=None, last_error=error)
+    launched, effects = _launch(
+        rolling, StartKind.ROLLBACK, previous, f"roll back after failed switch to {failed_model}", False
+    )
+    return launched, [note, *effects]
 
 
 def _crashed(life: Life, reason: str, policy: Policy, now: float) -> Step:

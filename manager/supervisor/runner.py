@@ -13,7 +13,7 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +24,7 @@ from sqlalchemy.engine import Engine as DbEngine
 from manager.cluster.hosts import LocalHost, ProcessHost, node_folders
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound, Unavailable
+from manager.hub.fetching import Fetcher, FetchFailed
 from manager.launch.command import LaunchCommand
 from manager.launch.secrets import Redactor
 from manager.launch.validation import cannot_run
@@ -34,9 +35,18 @@ from manager.supervisor import sleep_mode
 from manager.supervisor.events import EventLog
 from manager.supervisor.logs import LogTail, meaningful_error, new_log_file
 from manager.supervisor.probe import probe
-from manager.supervisor.view import WorkerView
+from manager.supervisor.view import DownloadProgress, WorkerView
 
 log = logging.getLogger("vllm_manager.runner")
+
+
+@dataclass(frozen=True)
+class Download:
+    """A hub model a start must download before its engine can load it offline."""
+
+    repo: str
+    env: Mapping[str, str]  # the config's environment: the engine's cache and token
+    timeout_s: float | None  # download_timeout_s; None: no limit
 
 
 @dataclass
@@ -52,6 +62,7 @@ class Prepared:
     run_dir: Path | None = None  # its run folder on that box (None: the worker's local one)
     log_dir: Path | None = None  # its log folder on that box, when that is another box
     port: int | None = None  # the port the command names, when not the one the start was asked for
+    download: Download | None = None  # what must be downloaded before the command can run
 
 
 # Builds the launch for a model config: (worker id, config name, port, gpus, force).
@@ -83,6 +94,8 @@ class RunnerDeps:
     abandon: Callable[[str, lc.Engine], None] = lambda node, engine: None
     # After a start: (config name, engine log) -> the plan_mismatch event's message and data, or None.
     check_plan: Callable[[str, Path], tuple[str, dict] | None] | None = None
+    # Downloads from the Hugging Face Hub (None: vLLM downloads during its start, as without the manager).
+    fetcher: Fetcher | None = None
 
 
 def policy_of(settings: Settings) -> lc.Policy:
@@ -137,6 +150,8 @@ class WorkerRunner:
         self.wanted_node: str | None = None  # the node its next start must run on (asked for at creation)
         self._queue: asyncio.Queue[Command] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self._download: Download | None = None  # what its start downloads (or last did)
+        self._fetching: asyncio.Task[None] | None = None  # the wait for that download
         self._forgotten = False
 
     @property
@@ -171,7 +186,9 @@ class WorkerRunner:
         self._task = asyncio.create_task(self._own(), name=f"worker-{self.id}")
 
     async def halt(self) -> None:
-        """Stop the owner task only; the engine keeps running (the manager is restarting)."""
+        """Stop the owner task only; the engine keeps running (the manager is restarting) and so does a
+        download (the next manager's start of the worker waits for it again)."""
+        self._stop_fetching()
         if self._task:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -210,6 +227,7 @@ class WorkerRunner:
         )
         return WorkerView(
             id=self.id,
+            download=self._progress() if life.state == lc.State.DOWNLOADING else None,
             model=life.model,
             served_model_name=life.served_name,
             state=life.state,
@@ -227,6 +245,17 @@ class WorkerRunner:
             run_dir=str(self.run_dir),
             log_file=str(self.logs.path) if self.logs.path else None,
         )
+
+    def _progress(self) -> DownloadProgress | None:
+        fetcher, download = self.deps.fetcher, self._download
+        if fetcher is None or download is None:
+            return None
+        try:
+            progress = fetcher.progress(download.repo, download.env)
+        except Exception:  # a view is read by every page and request: it never fails for a progress figure
+            log.exception("worker %s: reading the download progress of %s failed", self.id, download.repo)
+            return None
+        return DownloadProgress.of(progress) if progress is not None else None
 
     # ---- the owner loop --------------------------------------------------------------------
     async def _own(self) -> None:
@@ -371,6 +400,11 @@ class WorkerRunner:
                 self.deps.events.record(kind, self.secrets.text(message), self.id, **hidden)
             case lc.Launch():
                 return await self._launch(effect)
+            case lc.Fetch(since=since):
+                self._stop_fetching()
+                self._fetching = asyncio.create_task(self._fetch(since), name=f"worker-{self.id} download")
+            case lc.StopFetching():
+                self._stop_fetching()
             case lc.StopGroup(pid=pid):
                 try:
                     report = await asyncio.to_thread(self.host.stop_group, pid, self.deps.settings.stop_grace_s)
@@ -410,6 +444,9 @@ class WorkerRunner:
             launch = await asyncio.to_thread(self.deps.prepare, self.id, effect.model, port, self.gpus, effect.force)
         except ManagerError as exc:
             return lc.LaunchRefused(exc)
+        if launch.download is not None and self.deps.fetcher is not None and not effect.downloaded:
+            self._download = launch.download
+            return lc.NeedsDownload(effect, launch.download.repo, time.monotonic())
         host = launch.host
         run_dir = launch.run_dir or self.deps.settings.run_dir / f"worker-{self.id}"
         try:
@@ -446,6 +483,35 @@ class WorkerRunner:
             removed_stale=tuple(removed),
             port=launch.port,
         )
+
+    # ---- the download -----------------------------------------------------------------------------
+    async def _fetch(self, since: float) -> None:
+        """Wait for the start's download (under its download_timeout_s), then tell the machine how it ended."""
+        fetcher, download = self.deps.fetcher, self._download
+        assert fetcher is not None and download is not None
+        ok, detail = False, ""
+        try:
+            if download.timeout_s is None:
+                await fetcher.fetch(download.repo, download.env)
+            else:
+                await asyncio.wait_for(fetcher.fetch(download.repo, download.env), download.timeout_s)
+            ok = True
+        except TimeoutError:
+            detail = f"the download took longer than download_timeout_s ({download.timeout_s:g} s)"
+        except FetchFailed as exc:
+            detail = str(exc) or f"the download of {download.repo} failed"
+        except Exception as exc:
+            log.exception("worker %s: the download of %s failed", self.id, download.repo)
+            detail = f"the download of {download.repo} failed: {exc}"
+        # Queued, not awaited: the answer to it may be a new wait, which ends this task.
+        told = Command("event", event=lc.Fetched(ok, detail, since, time.monotonic()))
+        told.future.add_done_callback(_read_outcome)
+        self._queue.put_nowait(told)
+
+    def _stop_fetching(self) -> None:
+        if self._fetching is not None and not self._fetching.done():
+            self._fetching.cancel()
+        self._fetching = None
 
     # ---- the process -----------------------------------------------------------------------------
     def _port(self) -> int:
@@ -547,6 +613,12 @@ class WorkerRunner:
             if row is not None:
                 db.delete(row)
                 db.commit()
+
+
+def _read_outcome(future: asyncio.Future[WorkerView]) -> None:
+    # Nobody waits for the outcome of a download's end: a failure of it is in the worker's state and events.
+    if not future.cancelled():
+        future.exception()
 
 
 def _engine_bytes(local: Path) -> int:

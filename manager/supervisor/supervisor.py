@@ -21,7 +21,8 @@ from manager.cluster.nodes import NodeState, spans_nodes
 from manager.cluster.views import NodeView, node_view, this_box
 from manager.db import session
 from manager.errors import Conflict, Invalid, NotFound
-from manager.launch.command import build_command, served_name, sleep_pool_on
+from manager.hub.fetching import Fetcher
+from manager.launch.command import build_command, downloads_first, served_name, sleep_pool_on
 from manager.launch.engine_key import ENV_NAME, engine_key, key_values
 from manager.launch.flags import flag_value
 from manager.launch.model_location import check_startable, download_note
@@ -41,7 +42,7 @@ from manager.supervisor import lifecycle as lc
 from manager.supervisor import process
 from manager.supervisor.events import EventLog
 from manager.supervisor.lifecycle import Adopted, FoundGone, NodeLost, State
-from manager.supervisor.runner import Prepared, RunnerDeps, WorkerRunner
+from manager.supervisor.runner import Download, Prepared, RunnerDeps, WorkerRunner
 from manager.supervisor.view import WorkerView
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class Supervisor:
         http: httpx.AsyncClient,
         preflight: Preflight | None,
         cluster: RayCluster | None = None,
+        fetcher: Fetcher | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -75,12 +77,20 @@ class Supervisor:
         self._pools = PoolsReader.from_plugin()  # what each engine's plugin publishes (its sleep pool)
         self._local = LocalHost()
         self.cluster = cluster
+        # Downloads a start's hub model before its engine starts. Not in a Ray cluster: there vLLM
+        # downloads on the node that runs it, into that node's cache.
+        self._fetcher = fetcher if cluster is None else None
         self._orphans: dict[str, list[lc.Engine]] = {}  # engines on lost nodes that no worker holds now
         self._background: set[asyncio.Task[Any]] = set()  # news of a node, on its way to each worker
         if cluster is not None:
             self._local = cluster.local
             cluster.workers_on = self._workers_on
             cluster.on_change(self._node_changed)
+
+    @property
+    def fetcher(self) -> Fetcher | None:
+        """The downloads a start of a hub model waits for (None: vLLM downloads during its start)."""
+        return self._fetcher
 
     # ---- life cycle ----------------------------------------------------------------------------
     async def start_up(self) -> None:
@@ -259,6 +269,7 @@ class Supervisor:
             adopted=self._adopted,
             abandon=self._abandon,
             check_plan=self._check_plan,
+            fetcher=self._fetcher,
         )
         runner = WorkerRunner(row, deps)
         if listed:
@@ -324,9 +335,14 @@ class Supervisor:
             if flag_value(cmd.argv, "--distributed-executor-backend") is None:
                 cmd.argv.extend(["--distributed-executor-backend", "ray"])
             cmd.notes.append("--distributed-executor-backend ray: the model needs more GPUs than any one node has")
-        if isinstance(host, LocalHost) and (download := download_note(config.model, config.env)):
-            cmd.notes.append(download)
-            self.events.record("download", download, worker_id, model=config.model)
+        download = None
+        if self._fetcher is not None and isinstance(host, LocalHost):
+            if downloads_first(cmd, config, self._fetcher):
+                timeout = config.download_timeout_s
+                download = Download(config.model, dict(config.env), float(timeout) if timeout else None)
+        elif isinstance(host, LocalHost) and (note := download_note(config.model, config.env)):
+            cmd.notes.append(note)
+            self.events.record("download", note, worker_id, model=config.model)
         return Prepared(
             served_name(config),
             cmd,
@@ -337,6 +353,7 @@ class Supervisor:
             run_dir=run_dir,
             log_dir=log_dir,
             port=port,
+            download=download,
         )
 
     def _gpus_known(self) -> tuple[int | None, str]:

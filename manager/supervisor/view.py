@@ -11,7 +11,41 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from manager.hub.fetching import Progress, about
 from manager.supervisor.lifecycle import State
+
+
+class DownloadProgress(BaseModel):
+    """How far the download of a downloading worker's model is."""
+
+    model_config = ConfigDict(frozen=True)
+
+    repo: str = Field(description="The model's id on the Hugging Face Hub")
+    done_bytes: int
+    total_bytes: int
+    percent: int
+    rate_bps: float | None = Field(description="Bytes per second lately; none until it is known")
+    eta_s: float | None = Field(description="Seconds left at that rate; none until it is known")
+
+    @classmethod
+    def of(cls, progress: Progress) -> DownloadProgress:
+        return cls(
+            repo=progress.repo,
+            done_bytes=progress.done_bytes,
+            total_bytes=progress.total_bytes,
+            percent=progress.percent,
+            rate_bps=progress.rate_bps,
+            eta_s=progress.eta_s,
+        )
+
+    @property
+    def progress(self) -> Progress:
+        return Progress(self.repo, self.done_bytes, self.total_bytes, self.rate_bps)
+
+    def state_line(self) -> str:
+        """'downloading 34 %, about 2 min left', as a worker's state reads while it downloads."""
+        left = "" if self.eta_s is None else f", about {about(self.eta_s)} left"
+        return f"downloading {self.percent} %{left}"
 
 
 class WorkerView(BaseModel):
@@ -34,6 +68,9 @@ class WorkerView(BaseModel):
     started_at: datetime | None
     run_dir: str = Field(description="The engine's run folder (offload-pool statistics are written here)")
     log_file: str | None = Field(description="The current start's log file")
+    download: DownloadProgress | None = Field(
+        default=None, description="How far its model's download is, while downloading (none until it is known)"
+    )
 
     @property
     def ready(self) -> bool:

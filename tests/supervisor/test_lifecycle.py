@@ -365,9 +365,21 @@ def test_every_state_answers_every_event_without_error(state: State) -> None:
         lc.WakeRequested(),
         lc.Slept(True, 1.0, ""),
         lc.Woke(False, 1.0, "no", 1.0),
+        lc.NeedsDownload(lc.Launch("a", "start"), "org/a", 1.0),
+        lc.Fetched(True, "", 1.0, 2.0),
+        lc.Fetched(False, "gated", 1.0, 2.0),
     ]
     effect_types = (
-        lc.Launch | lc.StopGroup | lc.KillGroup | lc.PutToSleep | lc.WakeUp | lc.Record | lc.Reject | lc.Forget
+        lc.Launch
+        | lc.Fetch
+        | lc.StopFetching
+        | lc.StopGroup
+        | lc.KillGroup
+        | lc.PutToSleep
+        | lc.WakeUp
+        | lc.Record
+        | lc.Reject
+        | lc.Forget
     )
     for event in events:
         new, effects = step(life, event)
