@@ -85,9 +85,15 @@ def errors(*statuses: int, **reasons: str) -> dict[int | str, dict[str, Any]]:
 def openai_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """Error responses for /v1 routes, in OpenAI's shape."""
     declared: dict[int | str, dict[str, Any]] = {s: {"model": OpenAIError, "description": REASONS[s]} for s in statuses}
+    retry_after = {"description": "Seconds to wait before trying again", "schema": {"type": "integer"}}
     if 429 in declared:
-        declared[429]["headers"] = {
-            "Retry-After": {"description": "Seconds to wait before trying again", "schema": {"type": "integer"}}
+        declared[429]["headers"] = {"Retry-After": retry_after}
+    if 503 in declared:
+        declared[503] = {
+            **declared[503],
+            "description": REASONS[503] + "; while the model is being downloaded from the Hugging Face Hub, the "
+            "message says how far the download is and Retry-After when to ask again",
+            "headers": {"Retry-After": {**retry_after, "description": "Sent while the model is being downloaded"}},
         }
     return declared
 

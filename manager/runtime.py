@@ -178,6 +178,8 @@ def worker_info(view: WorkerView) -> WorkerInfo:
         address=view.address,
         node=view.node if view.address != "127.0.0.1" else None,
         last_error=view.last_error,
+        download=view.download.state_line() if view.download else None,
+        download_percent=view.download.percent if view.download else None,
     )
 
 

@@ -1,12 +1,15 @@
 """Errors the front door answers with, in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 
 Every refusal says what was wrong and what to do; the route layer turns one into a JSON response
-with its status and headers (Retry-After for a full queue).
+with its status and headers (Retry-After for a full queue, or a model being downloaded).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+from manager.hub.fetching import Progress
 
 
 class FrontDoorError(Exception):
@@ -90,6 +93,23 @@ class ModelUnavailable(FrontDoorError):
     status = 503
     type = "server_error"
     code = "model_unavailable"
+
+
+class ModelDownloading(ModelUnavailable):
+    """The model is being downloaded from the Hugging Face Hub; its engine starts once the download is
+    complete. Retry-After says when to ask again: the time the download has left, within 1 .. 60 s."""
+
+    code = "model_downloading"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+        self.retry_after_s = retry_after_s
+
+    @classmethod
+    def of(cls, config: str, progress: Progress | None) -> ModelDownloading:
+        eta = progress.eta_s if progress is not None else None
+        retry = 10 if eta is None else max(1, min(60, math.ceil(eta)))
+        return cls(progress.line(config) if progress is not None else f"downloading {config}", retry)
 
 
 class StartTimeout(FrontDoorError):

@@ -66,6 +66,7 @@ def placement_of(
         sleep_level=config.sleep_level,
         sleep_host_bytes=sleep_bytes,
         sleep_pooled=pooled,
+        wait_for_download=config.wait_for_download,
     )
 
 

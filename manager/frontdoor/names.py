@@ -12,9 +12,9 @@ from typing import Any, Literal
 from manager.supervisor.lifecycle import State
 from manager.supervisor.view import WorkerView
 
-ModelState = Literal["ready", "sleeping", "starting", "stopped"]
+ModelState = Literal["ready", "sleeping", "starting", "downloading", "stopped"]
 # A config with several workers (one running, older stopped ones) shows its best state.
-_RANK: dict[ModelState, int] = {"ready": 3, "sleeping": 2, "starting": 1, "stopped": 0}
+_RANK: dict[ModelState, int] = {"ready": 4, "sleeping": 3, "starting": 2, "downloading": 1, "stopped": 0}
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class NameTable:
 
 
 def state_of(config: str, views: Iterable[WorkerView]) -> ModelState:
-    """The model's state from its workers' views: ready, sleeping, starting or stopped."""
+    """The model's state from its workers' views: ready, sleeping, starting, downloading or stopped."""
     best: ModelState = "stopped"
     for view in views:
         if view.model != config:
@@ -121,6 +121,8 @@ def _public_state(state: State) -> ModelState:
         return "sleeping"
     if state in (State.STARTING, State.WAKING):
         return "starting"
+    if state == State.DOWNLOADING:
+        return "downloading"
     # Stopping, failed and crashed workers serve nothing: a request would start the model again.
     return "stopped"
 

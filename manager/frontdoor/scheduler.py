@@ -26,7 +26,7 @@ from typing import Literal, Protocol
 
 from manager.errors import ManagerError
 from manager.frontdoor import eviction
-from manager.frontdoor.errors import ModelUnavailable, QueueFull, StartTimeout
+from manager.frontdoor.errors import ModelDownloading, ModelUnavailable, QueueFull, StartTimeout
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.launch.preflight import HostRamHeldBySleepers
 from manager.supervisor.lifecycle import State
@@ -37,8 +37,9 @@ log = logging.getLogger("vllm_manager.frontdoor")
 # Workers that hold (or are about to hold) their GPUs; a crashed one restarts on its own soon.
 # A sleeping worker has given its GPU memory back.
 HOLDING = (State.STARTING, State.READY, State.CRASHED, State.WAKING)
-# The worker a config already has: used as it is, woken, or (crashed) started at once.
-CURRENT = (*HOLDING, State.SLEEPING)
+# The worker a config already has: used as it is, woken, (crashed) started at once, or waited for while
+# its model downloads (it holds no GPU until then: it is never evicted).
+CURRENT = (*HOLDING, State.SLEEPING, State.DOWNLOADING)
 # A stopped worker of the config is started again rather than a new one created.
 RESTARTABLE = (State.STOPPED, State.FAILED, State.CRASHED)
 
@@ -83,6 +84,7 @@ class Placement:
     sleep_level: int | None = None  # vLLM sleep mode: 1 or 2; None: off
     sleep_host_bytes: int | None = None  # host RAM its sleep keeps (level 1: the weights); None: unknown
     sleep_pooled: bool = False  # level 1 through the sleep pool, whose RAM its start already counted
+    wait_for_download: bool = False  # a request waits while its model downloads (else 503 + Retry-After)
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,9 @@ class Lease:
 
 SwapKind = Literal["cold", "wake"]
 # What the dashboard shows for a model config: its current worker's state, or stopped.
-ModelState = Literal["ready", "sleeping", "starting", "waking", "crashed", "stopping", "failed", "stopped"]
+ModelState = Literal[
+    "ready", "sleeping", "downloading", "starting", "waking", "crashed", "stopping", "failed", "stopped"
+]
 
 
 @dataclass(frozen=True)
@@ -525,7 +529,9 @@ class Scheduler:
             self.metrics.swap.labels(kind).observe(seconds)
 
     async def _until_ready(self, target: WorkerView, placement: Placement, started: float) -> WorkerView:
-        deadline = started + placement.start_timeout_s
+        # The start timeout counts from the engine's launch: the model's download (its own timeout, kept
+        # by the worker) is not part of it.
+        deadline: float | None = None if target.state == State.DOWNLOADING else started + placement.start_timeout_s
         config = placement.config
         while True:
             try:
@@ -542,6 +548,14 @@ class Scheduler:
                         "swapped_in", f"started {config} in {seconds:.1f} s", view.id, model=config, seconds=seconds
                     )
                 return view
+            if view.state == State.DOWNLOADING:
+                if not placement.wait_for_download:
+                    raise ModelDownloading.of(config, view.download.progress if view.download else None)
+                deadline = None
+                await asyncio.sleep(self.options.poll_s)
+                continue
+            if deadline is None:
+                deadline = self._clock() + placement.start_timeout_s
             late = self._clock() >= deadline
             if view.state not in (State.STARTING, State.WAKING) and not late:
                 reason = view.last_error or f"its worker is {view.state.value}"
@@ -636,6 +650,7 @@ class Scheduler:
 _MODEL_STATE: dict[State, ModelState] = {
     State.READY: "ready",
     State.SLEEPING: "sleeping",
+    State.DOWNLOADING: "downloading",
     State.STARTING: "starting",
     State.WAKING: "waking",
     State.CRASHED: "crashed",

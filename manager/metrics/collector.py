@@ -50,6 +50,8 @@ class WorkerInfo:
     address: str = "127.0.0.1"  # where its HTTP server answers
     node: str | None = None  # another node of a Ray cluster: its figures come from that node's agent
     last_error: str | None = None  # why it failed or crashed, as vLLM said it (secrets hidden)
+    download: str | None = None  # while its model downloads: "downloading 34 %, about 2 min left"
+    download_percent: int | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,8 @@ class WorkerMetrics:
     engine: EngineSample | None  # None when the worker is not in a state that serves /metrics
     pools: PoolReport | None
     last_error: str | None = None
+    download: str | None = None  # while its model downloads: "downloading 34 %, about 2 min left"
+    download_percent: int | None = None
 
 
 @dataclass(frozen=True)
@@ -268,6 +272,8 @@ class MetricsCollector:
                     engine=by_worker.get(w.id),
                     pools=pools.get(w.id),
                     last_error=w.last_error,
+                    download=w.download,
+                    download_percent=w.download_percent,
                 )
                 for w in workers
             ),

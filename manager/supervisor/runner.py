@@ -490,14 +490,16 @@ class WorkerRunner:
         fetcher, download = self.deps.fetcher, self._download
         assert fetcher is not None and download is not None
         ok, detail = False, ""
+        limit = asyncio.timeout(download.timeout_s)
         try:
-            if download.timeout_s is None:
+            async with limit:
                 await fetcher.fetch(download.repo, download.env)
-            else:
-                await asyncio.wait_for(fetcher.fetch(download.repo, download.env), download.timeout_s)
             ok = True
-        except TimeoutError:
-            detail = f"the download took longer than download_timeout_s ({download.timeout_s:g} s)"
+        except TimeoutError as exc:
+            if limit.expired():
+                detail = f"the download took longer than download_timeout_s ({download.timeout_s:g} s)"
+            else:  # the hub, not the limit
+                detail = f"the download of {download.repo} failed: {exc or 'it timed out'}"
         except FetchFailed as exc:
             detail = str(exc) or f"the download of {download.repo} failed"
         except Exception as exc:

@@ -19,8 +19,9 @@ Event = tuple[str, str]  # (SSE event name, data)
 
 
 def worker_signature(snap: Snapshot) -> tuple:
-    """What decides the worker cards' frame (buttons, state badge); numbers change inside it."""
-    return tuple((w.id, w.state, w.model, w.port) for w in snap.workers)
+    """What decides the worker cards' frame (buttons, state badge); numbers change inside it. A download's
+    state line is redrawn at each percent (not at each second of its time left)."""
+    return tuple((w.id, w.state, w.model, w.port, w.download_percent) for w in snap.workers)
 
 
 def chart_payload(snap: Snapshot) -> dict[str, Any]:

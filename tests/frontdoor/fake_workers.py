@@ -1,6 +1,6 @@
 """A stand-in for the supervisor's public side, for scheduler tests without processes.
 
-Workers move through the same states as real ones (starting, ready, stopped, failed) on a timer;
+Workers move through the same states as real ones (downloading, starting, ready, stopped, failed) on a timer;
 every command is logged, so a test can check that five requests made one start.
 """
 
@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from manager.errors import Conflict, Invalid, NotFound
+from manager.hub.fetching import Progress
 from manager.supervisor.lifecycle import State
-from manager.supervisor.view import WorkerView
+from manager.supervisor.view import DownloadProgress, WorkerView
 
 
 @dataclass
@@ -26,6 +27,9 @@ class Behaviour:
     sleep_error: str | None = None  # the engine refuses to sleep
     wake_error: str | None = None  # the engine cannot wake
     wake_s: float = 0.01
+    download_s: float | None = None  # its first start downloads the model for this long first
+    download_error: str | None = None  # the download fails with this
+    progress: Progress | None = None  # how far the download is, as its worker shows it
 
 
 @dataclass
@@ -54,6 +58,7 @@ class FakeWorkers:
         self.sleep_levels: list[int] = []
         self.engine_keys: dict[int, str] = {}  # worker id -> the API key its engine asks for
         self._timers: set[asyncio.Task[None]] = set()
+        self.downloaded: set[str] = set()  # models whose download is complete
 
     @property
     def events(self) -> FakeEvents:
@@ -107,6 +112,8 @@ class FakeWorkers:
             return self._set(worker_id, State.READY)
         if kind == "start":
             return await self._start(worker_id)
+        if kind == "stop" and view.state == State.DOWNLOADING:
+            return self._set(worker_id, State.STOPPED, download=None)
         if kind == "stop":
             self._set(worker_id, State.STOPPING)
             await asyncio.sleep(self.stop_s)
@@ -143,11 +150,28 @@ class FakeWorkers:
             raise Invalid(behaviour.refused)
         if self.preflight is not None:
             self.preflight(self._views[wid].model, self.views())
-        view = self._set(wid, State.STARTING, last_error=None)
-        timer = asyncio.create_task(self._finish_start(wid, behaviour))
+        model = self._views[wid].model
+        if behaviour.download_s is not None and model not in self.downloaded:
+            shown = DownloadProgress.of(behaviour.progress) if behaviour.progress else None
+            view = self._set(wid, State.DOWNLOADING, last_error=None, download=shown)
+            timer = asyncio.create_task(self._finish_download(wid, behaviour))
+        else:
+            view = self._set(wid, State.STARTING, last_error=None)
+            timer = asyncio.create_task(self._finish_start(wid, behaviour))
         self._timers.add(timer)
         timer.add_done_callback(self._timers.discard)
         return view
+
+    async def _finish_download(self, wid: int, behaviour: Behaviour) -> None:
+        await asyncio.sleep(behaviour.download_s or 0.0)
+        if self._views[wid].state != State.DOWNLOADING:
+            return
+        if behaviour.download_error:
+            self._set(wid, State.FAILED, last_error=behaviour.download_error, download=None)
+            return
+        self.downloaded.add(self._views[wid].model)
+        self._set(wid, State.STARTING, download=None)
+        await self._finish_start(wid, behaviour)
 
     async def _finish_start(self, wid: int, behaviour: Behaviour) -> None:
         await asyncio.sleep(behaviour.start_s)

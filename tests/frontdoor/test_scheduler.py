@@ -9,9 +9,10 @@ from typing import TypeVar
 import pytest
 from prometheus_client import generate_latest
 
-from manager.frontdoor.errors import ModelUnavailable, QueueFull, StartTimeout
+from manager.frontdoor.errors import ModelDownloading, ModelUnavailable, QueueFull, StartTimeout
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.scheduler import Lease, Placement, Scheduler, SchedulerOptions
+from manager.hub.fetching import Progress
 from manager.launch.preflight import HostRamHeldBySleepers, Sleeper
 from manager.supervisor.lifecycle import State
 from tests.frontdoor.fake_workers import Behaviour, FakeWorkers
@@ -578,3 +579,91 @@ def test_a_pooled_worker_sleeps_on_the_ram_its_pool_already_holds_and_otherwise_
     assert run(lambda: body(held_gib=16, host_gib=1)) == State.SLEEPING  # its pool holds the weights already
     assert run(lambda: body(held_gib=0, host_gib=1)) == State.STOPPED  # no pool taken, no room: stopped
     assert run(lambda: body(held_gib=10, host_gib=8)) == State.SLEEPING  # 6 GiB more needed, 8 free
+
+
+# ---- models being downloaded ------------------------------------------------------------------------
+
+
+def test_a_request_for_a_model_being_downloaded_is_a_503_with_its_progress_and_retry_after():
+    async def body():
+        progress = Progress("org/a", 34, 100, rate_bps=1.0)  # 66 s left
+        workers = FakeWorkers({"a": Behaviour(download_s=0.3, progress=progress)})
+        scheduler = make(workers)
+        for _ in range(2):  # the request that began the download, and one while it runs
+            with pytest.raises(ModelDownloading) as err:
+                await scheduler.acquire("a")
+            assert err.value.status == 503 and err.value.code == "model_downloading"
+            assert err.value.message == "downloading a: 34 %, about 66 s left"
+            assert err.value.headers == {"Retry-After": "60"}  # at most a minute
+        assert workers.starts("a") == 1 and workers.state(1) == State.DOWNLOADING
+        assert [m.state for m in scheduler.snapshot() if m.config == "a"] == ["downloading"]
+        # Once it is downloaded and started, requests are served.
+        await eventually(lambda: workers.state(1) == State.READY)
+        lease = await scheduler.acquire("a")
+        assert lease.worker_id == 1 and workers.starts("a") == 1
+
+    run(body)
+
+
+@pytest.mark.parametrize(
+    ("progress", "message", "retry_after"),
+    [
+        (Progress("org/a", 99, 100, rate_bps=10.0), "downloading a: 99 %, about 1 s left", "1"),
+        (Progress("org/a", 5, 100), "downloading a: 5 %", "10"),  # no rate yet: time left unknown
+        (None, "downloading a", "10"),
+    ],
+)
+def test_retry_after_is_the_time_the_download_has_left_or_ten_seconds_when_unknown(progress, message, retry_after):
+    async def body():
+        workers = FakeWorkers({"a": Behaviour(download_s=5, progress=progress)})
+        with pytest.raises(ModelDownloading) as err:
+            await make(workers).acquire("a")
+        assert err.value.message == message and err.value.headers == {"Retry-After": retry_after}
+
+    run(body)
+
+
+def test_a_model_that_waits_for_its_download_is_served_after_it_and_its_start_timeout_counts_from_the_launch():
+    async def body():
+        workers = FakeWorkers({"a": Behaviour(download_s=0.4, start_s=0.1, progress=Progress("org/a", 1, 100))})
+        # The download takes longer than the start timeout: only the engine's start is timed.
+        scheduler = make(workers, a={"wait_for_download": True, "start_timeout_s": 0.3})
+        leases = await asyncio.gather(*(scheduler.acquire("a") for _ in range(3)))
+        assert {lease.worker_id for lease in leases} == {1} and workers.starts("a") == 1
+        assert all(lease.waited_s >= 0.5 for lease in leases)
+
+    run(body)
+
+
+def test_a_waiting_request_gets_the_reason_when_the_download_fails():
+    async def body():
+        reason = "the download took longer than download_timeout_s (60 s)"
+        workers = FakeWorkers({"a": Behaviour(download_s=0.05, download_error=reason)})
+        scheduler = make(workers, a={"wait_for_download": True})
+        with pytest.raises(ModelUnavailable, match=r"a failed to start: the download took longer than"):
+            await scheduler.acquire("a")
+
+    run(body)
+
+
+def test_a_start_after_the_download_that_is_too_slow_is_still_a_504():
+    async def body():
+        workers = FakeWorkers({"a": Behaviour(download_s=0.05, never_ready=True)})
+        scheduler = make(workers, a={"wait_for_download": True, "start_timeout_s": 0.2})
+        with pytest.raises(StartTimeout):
+            await scheduler.acquire("a")
+
+    run(body)
+
+
+def test_a_downloading_model_holds_no_gpu_so_another_is_started_beside_it_without_evicting_it():
+    async def body():
+        workers = FakeWorkers({"a": Behaviour(download_s=5)})
+        scheduler = make(workers)
+        with pytest.raises(ModelDownloading):
+            await scheduler.acquire("a")
+        lease = await scheduler.acquire("b")  # b shares GPU 0 with a
+        assert workers.stops() == [] and workers.state(1) == State.DOWNLOADING
+        assert workers.views()[lease.worker_id - 1].model == "b"
+
+    run(body)

@@ -1,13 +1,13 @@
 """A start whose hub model is not in the cache: the supervisor downloads it first, then starts the engine
-offline. The downloads here are a stand-in that finishes when the test says so (the real ones are tested
-in tests/hub); the engine interpreter is a script that only sleeps, so no vLLM runs.
+offline. The downloads here are a stand-in that finishes when the test says so (tests.support.downloads);
+the engine interpreter is a script that only sleeps, so no vLLM runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -16,42 +16,13 @@ import pytest
 from sqlmodel import select
 
 from manager.db import make_engine, migrate, session
-from manager.hub.fetching import FetchFailed, Progress
 from manager.schemas.model_config import ModelConfig
 from manager.settings import Settings
 from manager.supervisor.lifecycle import State
 from manager.supervisor.supervisor import Supervisor
+from tests.support.downloads import Downloads
 
 T = TypeVar("T")
-
-
-class Downloads:
-    """The manager's downloads as a start sees them: one download, which ends when ``finish`` is set."""
-
-    def __init__(self, missing: bool = True, progress: Progress | None = None) -> None:
-        self.missing = missing  # the model is not (complete) in the engine's cache
-        self.finish = asyncio.Event()
-        self.failure: str | None = None  # the download ends with this FetchFailed
-        self.shown = progress or Progress("org/a", 34, 100, rate_bps=1.0)
-        self.waits: list[tuple[str, dict[str, str]]] = []
-        self.given_up = 0  # waits cancelled
-
-    def needed(self, model: str, env: Mapping[str, str]) -> bool:
-        return self.missing
-
-    async def fetch(self, model: str, env: Mapping[str, str]) -> None:
-        self.waits.append((model, dict(env)))
-        try:
-            await self.finish.wait()
-        except asyncio.CancelledError:
-            self.given_up += 1
-            raise
-        if self.failure:
-            raise FetchFailed(self.failure)
-        self.missing = False
-
-    def progress(self, model: str, env: Mapping[str, str]) -> Progress | None:
-        return self.shown if self.missing else None
 
 
 @pytest.fixture
