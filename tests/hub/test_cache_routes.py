@@ -1,4 +1,4 @@
-"""/api/cache through the real app: the list, deleting, and the refusal while
+"""/api/cache and the Models on disk page through the real app: the list, deleting, and the refusal while
 a worker uses the model. The engine interpreter is a script that only sleeps, so a started worker stays
 "starting" (active) without an engine."""
 
@@ -14,6 +14,8 @@ from fastapi.testclient import TestClient
 from manager.app import create_app
 from manager.settings import Settings
 from tests.support.hub_cache import complete_model, put_revision
+
+PAGE = {"Accept": "text/html"}
 
 
 @pytest.fixture
@@ -92,3 +94,37 @@ def test_deleting_needs_the_token_once_one_exists(sleepy, own):
         assert [c["path"] for c in c.get("/api/cache").json()] == [str(own), "<hidden>"]
         assert [c["path"] for c in c.get("/api/cache", headers=auth).json()] == [str(own), "/srv/private-hub"]
         assert c.delete("/api/cache/org/b", headers=auth).status_code == 200
+
+
+def test_the_page_lists_the_models_and_leaves_room_for_downloads(client):
+    html = client.get("/disk", headers=PAGE).text
+    assert '<a href="/disk" aria-current="page">On disk</a>' in html
+    rows = dict(re.findall(r'<tr data-repo="([^"]+)">(.*?)</tr>', html, re.S))
+    assert set(rows) == {"org/a", "org/b"}
+    assert '<a href="/models/a">a</a>' in rows["org/a"] and "no config" in rows["org/b"]
+    assert "complete" in rows["org/a"] and 'hx-confirm="Delete org/a' in rows["org/a"]
+    assert "incomplete" not in html
+    downloads = re.search(r'<section id="downloads">(.*?)</section>', html, re.S)
+    assert downloads is not None and re.sub(r"\s+", " ", downloads.group(1)).strip() == "<h2>Downloads</h2>"
+
+
+def test_the_page_says_what_an_incomplete_revision_lacks(client, own):
+    put_revision(own, "org/b", {"config.json": b"{}"}, commit="e" * 40, refs=())  # what a planner fetched
+    html = client.get("/disk", headers=PAGE).text
+    row = dict(re.findall(r'<tr data-repo="([^"]+)">(.*?)</tr>', html, re.S))["org/b"]
+    assert 'data-testid="incomplete">incomplete, missing *.safetensors<' in row
+    assert row.count(">Delete revision</button>") == 2  # each of its two revisions can go alone
+
+
+def test_the_page_shows_why_a_delete_was_refused_and_what_a_delete_freed(client, own):
+    client.post("/api/workers", json={"model": "a", "force": True})
+    refused = client.post("/ui/disk/delete", data={"repo": "org/a", "cache": str(own)})
+    assert refused.status_code == 200
+    assert re.search(r'data-testid="disk-error">org/a is in use by worker \d+ \(a, starting\)', refused.text)
+    assert 'data-repo="org/a"' in refused.text
+
+    done = client.post("/ui/disk/delete", data={"repo": "org/b", "cache": str(own)})
+    assert re.search(
+        rf'data-testid="disk-message">Deleted org/b from {re.escape(str(own))}: [\d.]+ KiB freed', done.text
+    )
+    assert 'data-repo="org/b"' not in done.text
