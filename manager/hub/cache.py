@@ -109,14 +109,13 @@ def caches_of(configs: Iterable[StoredConfig]) -> list[tuple[Path, list[str]]]:
 
 
 def _used_by(repo: CachedRepoInfo, configs: Sequence[StoredConfig], readers: list[str]) -> list[str]:
-    """The model configs of this cache that load the repo: by its id, or by a folder inside it."""
+    """The model configs that load the repo: by its id from this cache (``readers``: the configs whose
+    engines read it), or by a folder inside it whatever their env says."""
     names = []
     for config in configs:
-        if config.name not in readers:
-            continue
-        if config.model == repo.repo_id or (
-            is_local_path(config.model) and _inside(Path(config.model), repo.repo_path)
-        ):
+        by_id = config.name in readers and config.model == repo.repo_id
+        by_folder = is_local_path(config.model) and _inside(Path(os.path.realpath(config.model)), repo.repo_path)
+        if by_id or by_folder:
             names.append(config.name)
     return names
 

@@ -50,7 +50,8 @@ def test_each_cache_lists_its_models_with_revisions_and_the_configs_using_them(o
     configs = [
         Config("qwen", "Qwen/Qwen3-0.6B"),
         Config("tiny", "org/tiny", {"HF_HOME": "ignored-behind-HF_HUB_CACHE", "HF_HUB_CACHE": str(other / "hub")}),
-        Config("pinned", str(old)),  # a config naming a snapshot folder itself
+        # A config naming a snapshot folder itself, whatever cache its env names.
+        Config("pinned", str(old), {"HF_HUB_CACHE": str(tmp_path / "nowhere")}),
         Config("elsewhere", "org/gone", {"HF_HUB_CACHE": str(tmp_path / "nowhere")}),
     ]
     listed = hub_cache.list_caches(configs)
@@ -61,7 +62,7 @@ def test_each_cache_lists_its_models_with_revisions_and_the_configs_using_them(o
         (str(tmp_path / "nowhere"), False, False),
     ]
     mine = listed[0]
-    assert mine.configs == ["qwen", "pinned"]
+    assert mine.configs == ["qwen"]
     assert [m.repo for m in mine.models] == ["Qwen/Qwen3-0.6B"]  # the dataset is not a model
     qwen = mine.models[0]
     assert qwen.used_by == ["qwen", "pinned"]
@@ -72,7 +73,7 @@ def test_each_cache_lists_its_models_with_revisions_and_the_configs_using_them(o
     assert qwen.size_bytes == sum(len(v) for v in complete_model().values())  # the shared config counted once
     assert qwen.revisions[0].files == 3 and qwen.revisions[1].files == 1
     assert listed[1].models[0].repo == "org/tiny" and listed[1].models[0].used_by == ["tiny"]
-    assert listed[2].models == [] and listed[2].configs == ["elsewhere"]
+    assert listed[2].models == [] and listed[2].configs == ["pinned", "elsewhere"]
 
 
 def test_a_reader_without_the_token_does_not_see_paths_from_config_env(own, tmp_path):
