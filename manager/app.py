@@ -13,6 +13,7 @@ from manager.deps import require_admin_access
 from manager.frontdoor.endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS
 from manager.middleware import BodyLimit, FramingForbidden, HeadAsGet, TrustedHosts
 from manager.routes import (
+    cache,
     docs,
     health,
     keys,
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     # /v1 first: a route is found by trying each in turn, and /v1 takes the most requests by far.
     for module in (v1, health, docs, models, profiles, transfer, workers, nodes, plan, loras, keys, sessions, usage):
         app.include_router(module.router)
+    app.include_router(cache.router)
     app.include_router(v1.not_served)
     web.install(app)
     openapi.install(app, settings)

@@ -14,9 +14,9 @@ from manager.web.paths import static_dir
 
 def install(app: FastAPI) -> None:
     # Imported here: the pages depend on manager.deps, which imports manager.web.live through the runtime.
-    from manager.web import key_pages, login, lora_pages, metrics_api, model_pages, node_pages, pages
+    from manager.web import disk_pages, key_pages, login, lora_pages, metrics_api, model_pages, node_pages, pages
 
-    for module in (metrics_api, pages, model_pages, lora_pages, key_pages, node_pages):
+    for module in (metrics_api, pages, model_pages, disk_pages, lora_pages, key_pages, node_pages):
         app.include_router(module.router)
     login.install(app)
     app.mount("/static", StaticFiles(directory=static_dir()), name="static")

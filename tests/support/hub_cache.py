@@ -9,6 +9,8 @@ cache.
 from __future__ import annotations
 
 import hashlib
+import json
+import struct
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -42,6 +44,28 @@ def put_revision(
     return storage / "snapshots" / commit
 
 
-def complete_model(config: bytes = b'{"model_type": "llama"}', weights: bytes = b"w" * 1000) -> dict[str, bytes]:
+def safetensors(values: int = 256, fill: int = 0) -> bytes:
+    """A safetensors file of one float32 tensor: the 8-byte header length, the JSON header, the data."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [values], "data_offsets": [0, 4 * values]}}).encode()
+    return struct.pack("<Q", len(header)) + header + bytes([fill]) * (4 * values)
+
+
+LLAMA_CONFIG = json.dumps(
+    {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1024,
+        "max_position_embeddings": 2048,
+        "torch_dtype": "bfloat16",
+    }
+).encode()
+
+
+def complete_model(weights: bytes | None = None) -> dict[str, bytes]:
     """The files of a small complete model: a config, a tokenizer and one safetensors file."""
-    return {"config.json": config, "tokenizer.json": b"{}", "model.safetensors": weights}
+    return {"config.json": LLAMA_CONFIG, "tokenizer.json": b"{}", "model.safetensors": weights or safetensors()}
