@@ -15,6 +15,7 @@ from manager.middleware import BodyLimit, FramingForbidden, HeadAsGet, TrustedHo
 from manager.routes import (
     cache,
     docs,
+    downloads,
     health,
     keys,
     loras,
@@ -82,7 +83,22 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
 
     error_responses.install(app)
     # /v1 first: a route is found by trying each in turn, and /v1 takes the most requests by far.
-    for module in (v1, health, docs, models, profiles, transfer, workers, nodes, plan, loras, keys, sessions, usage):
+    for module in (
+        v1,
+        health,
+        docs,
+        models,
+        profiles,
+        transfer,
+        workers,
+        nodes,
+        plan,
+        loras,
+        keys,
+        sessions,
+        usage,
+        downloads,
+    ):
         app.include_router(module.router)
     app.include_router(cache.router)
     app.include_router(v1.not_served)

@@ -431,3 +431,13 @@ def _register_apply_commands() -> None:
 
 
 _register_apply_commands()
+
+
+def _register_download_commands() -> None:
+    from manager.cli_pull import downloads, pull
+
+    app.command("pull")(pull)
+    app.command("downloads")(downloads)
+
+
+_register_download_commands()

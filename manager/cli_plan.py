@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from manager.errors import ManagerError
 from manager.planner import PlanError, PlanRequest, make_plan
 from manager.planner.records import Plan
 from manager.planner.scheduling import parse_transfer_config
@@ -83,8 +84,8 @@ def plan(
         typer.echo(f"error: {'.'.join(str(p) for p in first['loc']) or 'input'}: {first['msg']}", err=True)
         raise typer.Exit(2) from exc
     try:
-        result = make_plan(request)
-    except PlanError as exc:
+        result = make_plan(request, hub=True)
+    except (PlanError, ManagerError) as exc:  # ManagerError: the hub refused or did not answer
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     typer.echo(result.model_dump_json(indent=2) if as_json else render(result))

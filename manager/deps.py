@@ -21,6 +21,7 @@ from manager.frontdoor.access import Caller
 from manager.frontdoor.errors import NoCredentials, NotAllowed, TooManyWrongKeys
 from manager.frontdoor.front_door import FrontDoor
 from manager.frontdoor.usage import UsageRecorder
+from manager.hub.downloads import Downloads
 from manager.lora.pin_keeper import PinKeeper
 from manager.metrics import MetricsCollector
 from manager.runtime import Runtime
@@ -100,6 +101,10 @@ def get_usage_recorder(runtime: RuntimeDep) -> UsageRecorder:
     return runtime.usage
 
 
+async def get_downloads(runtime: RuntimeDep) -> Downloads:
+    return runtime.downloads
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_db)]
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
@@ -110,6 +115,7 @@ EngineHttpDep = Annotated[httpx.AsyncClient, Depends(get_engine_http)]
 FrontDoorDep = Annotated[FrontDoor, Depends(get_front_door)]
 ThrottlesDep = Annotated[Mapping[str, WrongTokenThrottle], Depends(get_throttles)]
 UsageRecorderDep = Annotated[UsageRecorder, Depends(get_usage_recorder)]
+DownloadsDep = Annotated[Downloads, Depends(get_downloads)]
 
 
 def _bearer(request: Request) -> str | None:

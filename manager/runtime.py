@@ -25,6 +25,7 @@ from manager.db import make_engine, migrate, session
 from manager.frontdoor.front_door import FrontDoor
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.usage import UsageRecorder
+from manager.hub.downloads import Downloads, public
 from manager.launch.preflight import refuse_if_it_cannot_fit
 from manager.lora.pin_keeper import PinKeeper
 from manager.metrics import HistoryStore, ManagerExposition, MetricsCollector, WorkerInfo
@@ -53,6 +54,7 @@ class Runtime:
     wrong_tokens: WrongTokenThrottle  # guesses at the admin token, wherever they are sent
     wrong_keys: WrongTokenThrottle  # inference keys that are not (any more), sent anywhere
     usage: UsageRecorder
+    downloads: Downloads
 
     @property
     def throttles(self) -> dict[str, WrongTokenThrottle]:
@@ -68,7 +70,11 @@ class Runtime:
         # Probes, scrapes and control calls to every engine (what /v1 forwards has its own pool).
         http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
         cluster = open_cluster(settings)
-        supervisor = Supervisor(settings, engine, http, preflight=refuse_if_it_cannot_fit, cluster=cluster)
+        downloads = Downloads(engine, settings.logs_dir, record=lambda *a, **k: supervisor.events.record(*a, **k))
+        supervisor = Supervisor(
+            settings, engine, http, preflight=refuse_if_it_cannot_fit, cluster=cluster, fetcher=downloads
+        )
+        await downloads.open()
         await supervisor.start_up()
         if cluster is not None:
             cluster.start()
@@ -92,10 +98,11 @@ class Runtime:
             supervisor=supervisor,
             metrics=collector,
             exposition=exposition,
-            live_views=LiveViews(model_names),
+            live_views=LiveViews(model_names, lambda: downloads_shown(downloads)),
             pin_keeper=PinKeeper(engine, supervisor, http),
             front_door=FrontDoor(settings, engine, supervisor, http, FrontDoorMetrics(exposition.registry), usage),
             usage=usage,
+            downloads=downloads,
             wrong_tokens=WrongTokenThrottle(),
             wrong_keys=WrongTokenThrottle(),
         )
@@ -113,6 +120,7 @@ class Runtime:
         if cluster is not None:
             await cluster.stop()
         await self.front_door.stop()
+        await self.downloads.close()
         await self.usage.stop()
         await self.pin_keeper.stop()
         await self.metrics.stop()
@@ -135,6 +143,10 @@ def open_cluster(settings: Settings) -> RayCluster | None:
     if not ray.is_initialized():
         connect(settings.ray_address)
     return RayCluster(settings.ray_address)
+
+
+def downloads_shown(downloads: Downloads) -> tuple[int, list[dict]]:
+    return downloads.version, [public(row, downloads.rate(row.id or 0)) for row in downloads.list()]
 
 
 def end_sessions_of_tokens_gone(settings: Settings, engine: Engine) -> None:

@@ -20,6 +20,8 @@ from tests.support.tiny_model import make_tiny_llama, make_tiny_qwen3_moe
 ENGINE_LOCK = Path("/tmp/vllm-engine.lock")
 # FastAPI's TestClient calls itself "testserver"; the DNS-rebinding guard must let that name through.
 os.environ.setdefault("VLLM_MANAGER_ALLOWED_HOSTS", '["localhost", "127.0.0.1", "::1", "testserver"]')
+# No test reaches the real Hugging Face Hub: its address is a closed port unless a test starts its own hub.
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 
 
 @pytest.fixture(scope="session")

@@ -89,7 +89,7 @@ def sleep_host_bytes(
     if level >= 2:
         return 0
     try:
-        found = model_files.read_model(config.model)
+        found = model_files.read_model(config.model, hub=False)
         weights = estimate_weights(found.config, found.weights, config.dtype)
         request = plan_request(config, profile, "detected")
     except (model_files.ModelNotFound, OSError, ValueError, KeyError):
@@ -236,8 +236,8 @@ def plan_now(request: PlanRequest, claims: HostClaims) -> Plan:
     """The plan as a start now would see it: this machine's host RAM less what the workers hold,
     unless the request plans another machine's RAM (``host_ram_gib``)."""
     if request.host_ram_gib:
-        return make_plan(request)
-    return make_plan(request, host=host_now(claims))
+        return make_plan(request, hub=True)
+    return make_plan(request, host=host_now(claims), hub=True)
 
 
 def refuse_if_it_cannot_fit(

@@ -1,9 +1,10 @@
-"""Finding a model's config.json and weight sizes on this machine, never downloading anything.
+"""Finding a model's config.json and weight sizes, never downloading its weights.
 
-A model is a local folder, or a hub id (``org/name``) already in the local Hugging Face cache
-(``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``). Weight sizes come
-from the safetensors headers: the 8-byte length and the JSON header at the start of each file,
-so a 60 GB model is sized by reading a few kilobytes.
+A model is a local folder, a hub id (``org/name``) in the local Hugging Face cache (``HF_HUB_CACHE``,
+else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``), or a hub id read from the hub itself
+(manager.hub.source). Weight sizes come from the safetensors headers: the 8-byte length and the JSON
+header at the start of each file, so a 60 GB model is sized by reading a few kilobytes (on the hub,
+with HTTP range requests).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from manager.planner.records import ModelSource
 from manager.schemas.common import expand_home
 
 # Tensor names of routed experts (Qwen-MoE, Mixtral, DeepSeek, gpt-oss); shared experts stay dense.
@@ -45,9 +47,10 @@ class WeightFiles:
 
 @dataclass(frozen=True)
 class ModelFiles:
-    folder: Path
+    folder: Path | None  # None: read from the hub, not on disk
     config: dict[str, Any]
-    weights: WeightFiles | None  # None when the folder has no safetensors files
+    weights: WeightFiles | None  # None when the model has no safetensors files
+    source: ModelSource
 
 
 def hub_cache_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -90,10 +93,9 @@ def find_model_folder(model: str) -> Path:
         snap = cached_snapshot(model)
         if snap is not None:
             return snap
-    hint = f"download it first (huggingface-cli download {model}) or give" if model.count("/") == 1 else "give"
     raise ModelNotFound(
-        f"model {model!r} is neither a local folder nor in the Hugging Face cache at "
-        f"{hub_cache_dir()}. The planner never downloads: {hint} the model folder's path."
+        f"model {model!r} is neither a local folder nor in the Hugging Face cache at {hub_cache_dir()}: give the "
+        "model folder's path (the one holding config.json), or a Hugging Face id such as Qwen/Qwen3-0.6B"
     )
 
 
@@ -117,10 +119,15 @@ def weight_files(folder: Path) -> WeightFiles | None:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         return None
+    return sizes_from_headers([read_safetensors_header(path) for path in files])
+
+
+def sizes_from_headers(headers: list[dict[str, Any]]) -> WeightFiles:
+    """Weight sizes from safetensors headers, wherever they were read (a folder, or the hub by range reads)."""
     total = experts = 0
     by_dtype: dict[str, int] = {}
-    for path in files:
-        for name, info in read_safetensors_header(path).items():
+    for header in headers:
+        for name, info in header.items():
             if name == "__metadata__":
                 continue
             start, end = info["data_offsets"]
@@ -129,13 +136,39 @@ def weight_files(folder: Path) -> WeightFiles | None:
             by_dtype[info["dtype"]] = by_dtype.get(info["dtype"], 0) + size
             if is_expert_tensor(name):
                 experts += size
-    return WeightFiles(total, experts, by_dtype, len(files))
+    return WeightFiles(total, experts, by_dtype, len(headers))
 
 
-def read_model(model: str) -> ModelFiles:
-    folder = find_model_folder(model)
+def read_model(model: str, *, hub: bool = False) -> ModelFiles:
+    """The model's config and weight sizes: from a local folder, a snapshot in the Hugging Face cache, or
+    (``hub``, for a hub id in neither) the hub itself, by its config.json and safetensors headers alone."""
+    try:
+        folder = find_model_folder(model)
+    except ModelNotFound:
+        if not hub or not is_hub_id(model):
+            raise
+        folder = None
+    in_cache = (
+        folder is not None and folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--")
+    )
+    if hub and (folder is None or (in_cache and missing_files(folder))):  # none, or a download cut short
+        from manager.hub.source import read_from_hub
+
+        return read_from_hub(model)
+    assert folder is not None
     try:
         config = json.loads((folder / "config.json").read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{folder / 'config.json'} is not valid JSON: {exc}") from exc
-    return ModelFiles(folder, config, weight_files(folder))
+    source = ModelSource(kind="cache" if in_cache else "folder", cache_dir=str(folder) if in_cache else None)
+    return ModelFiles(folder, config, weight_files(folder), source)
+
+
+def missing_files(folder: Path) -> list[str]:
+    from manager.hub.files import missing
+
+    return missing(folder)
+
+
+def is_hub_id(model: str) -> bool:
+    return model.count("/") == 1 and not model.startswith(("/", ".", "~"))

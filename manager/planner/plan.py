@@ -18,7 +18,7 @@ from manager.planner.hf_config import text_config
 from manager.planner.host import HostMemory, planned_host, read_host_memory
 from manager.planner.kv import offload_prefix_tokens
 from manager.planner.model_files import read_model
-from manager.planner.records import Plan, PlanLine, PlanRequest, Verdict, WayOut
+from manager.planner.records import ModelSource, Plan, PlanLine, PlanRequest, Verdict, WayOut
 from manager.planner.weights import WeightEstimate, estimate_weights
 
 OS_RESERVE_MIN = 4 * GiB  # the OS, page cache, the manager itself
@@ -36,26 +36,28 @@ class _Model:
     config: dict[str, Any]
     weights: WeightEstimate
     max_len: int
+    source: ModelSource
 
 
-def _load_model(req: PlanRequest) -> _Model:
+def _load_model(req: PlanRequest, hub: bool) -> _Model:
     if req.hf_config is not None:
-        config, folder, files = req.hf_config, None, None
+        config, folder, files, source = req.hf_config, None, None, ModelSource(kind="config")
     else:
         try:
-            found = read_model(req.model)
+            found = read_model(req.model, hub=hub)
         except (FileNotFoundError, ValueError) as exc:
             raise PlanError(str(exc)) from exc
         except OSError as exc:  # a name too long for a path, a folder this user cannot read, ...
             raise PlanError(
                 f"the model cannot be read from {req.model[:200]!r} ({exc.strerror or exc}): give a local model folder"
             ) from exc
-        config, folder, files = found.config, str(found.folder), found.weights
+        config, files, source = found.config, found.weights, found.source
+        folder = str(found.folder) if found.folder is not None else None
     cfg = text_config(config)
     max_len = req.max_model_len or int(cfg.get("max_position_embeddings") or 0)
     if not max_len:
         raise PlanError("config.json has no max_position_embeddings; give max_model_len.")
-    return _Model(folder, config, estimate_weights(config, files, req.dtype), max_len)
+    return _Model(folder, config, estimate_weights(config, files, req.dtype), max_len, source)
 
 
 def _resolve_device(req: PlanRequest, gpu: GPU | NoGPU | None) -> tuple[GPU | None, str]:
@@ -287,19 +289,25 @@ def _host_lines(
     return lines, reasons, total
 
 
-def make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMemory | None = None) -> Plan:
-    """The plan for ``req``; anything that cannot be planned is a PlanError with a message, never a crash."""
+def make_plan(
+    req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMemory | None = None, hub: bool = False
+) -> Plan:
+    """The plan for ``req``; anything that cannot be planned is a PlanError with a message, never a crash.
+    ``hub``: a hub id neither local nor cached is read from the Hugging Face Hub (headers only); without it,
+    as for a start's check, the planner reads this machine alone."""
     try:
-        return _make_plan(req, gpu=gpu, host=host)
+        return _make_plan(req, gpu=gpu, host=host, hub=hub)
     except PlanError:
         raise
     except (ValueError, ZeroDivisionError, OverflowError, KeyError, TypeError) as exc:
         raise PlanError(f"cannot plan this request: {exc}") from exc
 
 
-def _make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMemory | None = None) -> Plan:
+def _make_plan(
+    req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMemory | None = None, hub: bool = False
+) -> Plan:
     """The whole plan for ``req``. ``gpu``/``host`` replace detection (tests, other machines)."""
-    model = _load_model(req)
+    model = _load_model(req, hub)
     device, device_text = _resolve_device(req, gpu)
     if host is None:
         host = planned_host(req.host_ram_gib, req.host_shm_gib) if req.host_ram_gib else read_host_memory()
@@ -468,9 +476,12 @@ def _make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMe
     warnings = []
     if req.host_ram_gib is None and device is not None and device.source == "catalogue":
         warnings.append("host figures are this machine's; set host_ram_gib to plan another machine's RAM")
+    if (disk := _download_warning(model.source)) is not None:
+        warnings.append(disk)
     return Plan(
         request=req,
         model_folder=model.folder,
+        source=model.source,
         device=device_text,
         lines=lines,
         verdict=verdict,
@@ -483,6 +494,17 @@ def _make_plan(req: PlanRequest, *, gpu: GPU | NoGPU | None = None, host: HostMe
         assumptions=side.assumptions,
         warnings=warnings,
     )
+
+
+def _download_warning(source: ModelSource) -> str | None:
+    """For a model read from the hub: what a download takes, and a warning when the cache's disk lacks it."""
+    if source.kind != "hub" or source.needed_bytes is None:
+        return None
+    need, free = gib(source.needed_bytes), gib(source.free_bytes or 0)
+    where = f"{source.repo} at {(source.commit or '')[:12]}: read from {source.hub} (config.json and headers only)"
+    if source.fits_on_disk:
+        return f"{where}; a download takes {need} GiB, and {source.cache_dir} has {free} GiB free"
+    return f"{where}; a download needs {need} GiB but {source.cache_dir} has only {free} GiB free: it would be refused"
 
 
 def _assumption_lines(side: GpuSide) -> list[PlanLine]:

@@ -161,9 +161,29 @@ class KVAssumptions(BaseModel):
     summary: str  # all of the above in a sentence
 
 
+class ModelSource(BaseModel):
+    """Where the plan read the model from, and for the hub what a download would take."""
+
+    kind: Literal["folder", "cache", "hub", "config"] = Field(
+        description="folder: a local folder; cache: the Hugging Face cache; hub: read from the hub (config.json "
+        "and the safetensors headers, nothing downloaded); config: the config.json given in the request"
+    )
+    repo: str | None = None
+    commit: str | None = Field(default=None, description="The commit the hub resolved the revision to")
+    hub: str | None = Field(default=None, description="The hub's address (HF_ENDPOINT)")
+    download_bytes: int | None = Field(
+        default=None, description="The files a download fetches: the weights vLLM loads, config and tokenizer"
+    )
+    needed_bytes: int | None = Field(default=None, description="Of those, the bytes not in the cache yet")
+    cache_dir: str | None = None
+    free_bytes: int | None = Field(default=None, description="Free space on the cache's disk")
+    fits_on_disk: bool | None = None
+
+
 class Plan(BaseModel):
     request: PlanRequest
     model_folder: str | None
+    source: ModelSource = Field(default_factory=lambda: ModelSource(kind="config"))
     device: str  # the GPU model, "vllm-cpu", with its source
     lines: list[PlanLine]
     verdict: Verdict

@@ -17,13 +17,23 @@ router = APIRouter(tags=["plan"])
     "/api/plan",
     response_model=Plan,
     responses=errors(
+        403,
+        404,
+        409,
         422,
+        502,
+        _403="The model is gated or private on the Hugging Face Hub and HF_TOKEN may not read it",
+        _404="The model is neither on this machine nor on the Hugging Face Hub",
+        _409="The model is not on this machine, and HF_HUB_OFFLINE keeps the manager off the hub",
         _422="The request does not match this schema, or cannot be planned (no such model folder, no GPU to plan for)",
+        _502="The Hugging Face Hub did not answer",
     ),
 )
 def plan(request: PlanRequest, sup: SupervisorDep) -> Plan:
     """What fits for a model and settings, why, and what would extend it. Planned against this
-    machine's host RAM, what running and sleeping workers hold is not usable (each is a line)."""
+    machine's host RAM, what running and sleeping workers hold is not usable (each is a line). A Hugging
+    Face id that is not on this machine is read from the hub: config.json and the safetensors headers
+    only; ``source`` says so, with what a download would take and the cache disk's room."""
     try:
         return plan_now(request, sup.host_claims())
     except PlanError as exc:

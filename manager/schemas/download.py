@@ -1,8 +1,7 @@
 """Downloads of models from the Hugging Face Hub into the cache the engines read.
 
 A row is kept for every download so that one under way when the manager stops goes on after it
-starts again (huggingface_hub resumes its ``.incomplete`` files), and so that a failed or cancelled
-one says why. Bytes done are not stored on every step: they are on disk, and the live figure comes
+starts again (the files already complete are kept), and so that a failed or cancelled one says why. Bytes done are not stored on every step: they are on disk, and the live figure comes
 from the download's own progress.
 """
 

@@ -36,10 +36,16 @@ def chart_payload(snap: Snapshot) -> dict[str, Any]:
 
 
 class LiveViews:
-    """Renders the stream's messages; ``model_names`` lists model configs for the Switch menus."""
+    """Renders the stream's messages; ``model_names`` lists model configs for the Switch menus,
+    ``downloads`` the Hub downloads with their progress (and a number that changes with them)."""
 
-    def __init__(self, model_names: Callable[[], list[str]]) -> None:
+    def __init__(
+        self,
+        model_names: Callable[[], list[str]],
+        downloads: Callable[[], tuple[int, list[dict[str, Any]]]] | None = None,
+    ) -> None:
         self._model_names = model_names
+        self._downloads = downloads
         self._seq: int | None = None
         self._cache: dict[Any, Any] = {}
 
@@ -89,6 +95,11 @@ class LiveViews:
             ]
 
         return [self.snapshot_event(snap), *self._once(snap, ("detail", worker_id), make)]
+
+    def downloads(self) -> tuple[int, Event]:
+        """The downloads table, and the version of the downloads it shows (sent again when that changes)."""
+        version, rows = self._downloads() if self._downloads is not None else (0, [])
+        return version, ("downloads", render("fragments/downloads.html", downloads=rows))
 
 
 def find_worker(snap: Snapshot, worker_id: str) -> WorkerMetrics | None:

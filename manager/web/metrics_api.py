@@ -123,19 +123,26 @@ async def history(
 async def stream(
     collector: MetricsDep,
     views: LiveViewsDep,
-    view: Literal["overview", "worker"] = "overview",
+    view: Literal["overview", "worker", "disk"] = "overview",
     worker: str | None = None,
 ) -> EventSourceResponse:
     """Server-sent events, once a second: a JSON ``snapshot`` for the charts and HTML fragments
-    for the page (``view=overview``, or ``view=worker&worker=ID`` for one worker's page)."""
+    for the page (``view=overview``, or ``view=worker&worker=ID`` for one worker's page); ``view=disk``
+    sends the ``downloads`` table whenever a download moves (at most once a second)."""
     if view == "worker" and not worker:
         raise HTTPException(422, "view=worker needs worker=<id>")
 
     async def messages() -> AsyncIterator[dict[str, Any]]:
         cards_sent = None
         first = True
+        downloads_sent = None
         async for snap in collector.broadcast.subscribe():
-            if view == "worker":
+            if view == "disk":
+                version, table = views.downloads()
+                if version == downloads_sent:
+                    continue
+                events, downloads_sent = [table], version
+            elif view == "worker":
                 events = views.worker_detail(snap, worker or "")
             else:
                 events = views.overview(snap)

@@ -209,11 +209,13 @@ async def update_model(
 
 
 @router.get("/ui/models/{name}/command", response_class=HTMLResponse)
-async def command_preview(name: str, request: Request, db: SessionDep, settings: SettingsDep, check: bool = False):
+async def command_preview(
+    name: str, request: Request, db: SessionDep, settings: SettingsDep, supervisor: SupervisorDep, check: bool = False
+):
     """The argv and environment a start would use; with check=1, also vLLM's own verdict."""
     config = models.get_model(db, name)
     try:
-        cmd = preview_command(config, models.profile_of(db, config), settings)
+        cmd = preview_command(config, models.profile_of(db, config), settings, supervisor.fetcher)
     except ManagerError as exc:
         return HTMLResponse(render("fragments/command.html", error=exc.message, name=name))
     secrets = Redactor.of_config(config)

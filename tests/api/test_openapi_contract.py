@@ -20,6 +20,7 @@ from schemathesis.python import asgi
 from manager.app import create_app
 from manager.settings import Settings
 from tests.support.engine import stop_leftover_engines
+from tests.support.hub_server import TestHub
 
 TOKEN = "vmt_contract-test-token-" + "t" * 20
 EXAMPLES = 8  # per operation and phase, from a fixed seed: the whole file runs in about 2 minutes on 2 cores
@@ -111,10 +112,13 @@ def token(request) -> str | None:
 
 
 @pytest.fixture
-def quiet_machine() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as patch:
+def quiet_machine(tmp_path) -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch, TestHub() as hub:
         # The vLLM servers other people run on this machine are not this test's to stop or adopt.
         patch.setattr("manager.supervisor.process.find_engines", lambda exclude: [])
+        # A hub that holds no model: plans and downloads of a hub id get its answers (no such repo).
+        patch.setenv("HF_ENDPOINT", hub.url)
+        patch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
         try:
             yield
         finally:
@@ -153,7 +157,10 @@ def test_the_calls_on_a_worker_that_is_not_ready_do_what_the_schema_says(tmp_pat
     schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=_config(token, []), headers=headers)
     try:
         start = schema["/api/workers"]["POST"]
-        config = {"name": "never-ready", "model": "org/never-ready", "start_timeout_s": 600}
+        folder = tmp_path / "never-ready"  # a local model folder: a hub id would be downloaded first
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        config = {"name": "never-ready", "model": str(folder), "start_timeout_s": 600}
         with asgi.get_client(cast(Any, app)) as client:
             assert client.post("/api/models", json=config, headers=headers).status_code == 201
         for expected in (201, 200):  # a second start answers with the worker already starting

@@ -78,10 +78,11 @@ def test_hf_home_is_used_when_no_hub_cache_is_set(tmp_path, monkeypatch):
     assert find_model_folder("org/m") == snap
 
 
-def test_missing_model_says_it_never_downloads(tmp_path, monkeypatch):
+def test_a_model_on_neither_this_machine_nor_asked_of_the_hub_says_what_to_give(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(ModelNotFound, match="never downloads"):
-        find_model_folder("meta-llama/Llama-3.1-8B-Instruct")
+    with pytest.raises(ModelNotFound, match="neither a local folder nor in the Hugging Face cache") as missing:
+        read_model("meta-llama/Llama-3.1-8B-Instruct")  # as a start's check reads: this machine alone
+    assert str(tmp_path) in str(missing.value)
 
 
 def test_folder_without_config_is_refused(tmp_path):

@@ -1,0 +1,421 @@
+"""Downloads from the Hugging Face Hub into the cache the engines read: planned (which files, how many
+bytes, room on the disk) before a byte is fetched, one process each, progress a few times a second,
+cancel and resume, and carried on after a restart of the manager.
+
+Resuming keeps every file already complete; a file cut short starts again (huggingface_hub 2.4 writes
+each attempt to a file of its own and does not reuse a partial one), and the partial files a cancelled
+or killed download leaves are removed.
+
+This is the one owner of download rows: a row's state changes here only. Two callers that need the
+same repo in the same cache share one download.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy.engine import Engine
+from sqlmodel import col, select
+
+from manager.db import session
+from manager.errors import Conflict, InsufficientStorage, ManagerError, NotFound
+from manager.hub import client, files
+from manager.hub.client import Listing
+from manager.hub.fetching import FetchFailed, Progress
+from manager.hub.files import RepoFile
+from manager.launch.model_location import not_cached
+from manager.planner.model_files import hub_cache_dir
+from manager.schemas.common import utcnow
+from manager.schemas.download import UNFINISHED, Download, DownloadState
+
+log = logging.getLogger("vllm_manager.downloads")
+GiB = 1024**3
+KEEP_FINISHED = 50  # finished downloads listed; older rows stay in the store
+
+
+@dataclass(frozen=True)
+class DownloadPlan:
+    """What a download of a repo would fetch, before it starts."""
+
+    listing: Listing
+    files: tuple[RepoFile, ...]
+    cache_dir: Path
+    present_bytes: int  # of those files, already complete in the cache
+    free_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def needed_bytes(self) -> int:
+        return self.total_bytes - self.present_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_bytes <= self.free_bytes
+
+
+def plan_download(repo: str, revision: str | None, env: Mapping[str, str], cache_dir: Path) -> DownloadPlan:
+    """Which files of ``repo`` vLLM loads, their bytes, what the cache has of them and the disk's room."""
+    found = client.listing(repo, revision, env)
+    index_name = files.index_name_for(found.files)
+    index = client.read_json(found, index_name, env) if index_name else None
+    chosen = files.choose(found.files, index)
+    snapshot = cache_dir / ("models--" + repo.replace("/", "--")) / "snapshots" / found.commit
+    present = sum(f.size for f in chosen.files if (snapshot / f.path).is_file())
+    return DownloadPlan(found, tuple(chosen.files), cache_dir, present, free_space(cache_dir))
+
+
+def free_space(folder: Path) -> int:
+    """Free bytes on the disk that holds ``folder`` (its nearest existing parent, before it is made)."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def refuse_if_no_room(plan: DownloadPlan) -> None:
+    if not plan.fits:
+        raise InsufficientStorage(
+            f"{plan.listing.repo} needs {plan.needed_bytes / GiB:.2f} GiB more in {plan.cache_dir}, but its disk has "
+            f"{plan.free_bytes / GiB:.2f} GiB free: free some space (delete a model on the Models on disk page) or "
+            "point HF_HOME at a larger disk",
+            needed_bytes=plan.needed_bytes,
+            free_bytes=plan.free_bytes,
+        )
+
+
+@dataclass
+class _Run:
+    """A download under way: its process and the figures it reports."""
+
+    process: asyncio.subprocess.Process | None = None
+    base_bytes: int = 0  # complete before this run: the process counts only what it writes
+    done_bytes: int = 0
+    rate_bps: float | None = None
+    samples: list[tuple[float, int]] = field(default_factory=list)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: bool = False
+
+    def saw(self, done: int, now: float) -> None:
+        self.done_bytes = self.base_bytes + done
+        self.samples = [s for s in self.samples if now - s[0] <= 10.0] + [(now, self.done_bytes)]
+        first = self.samples[0]
+        if now - first[0] >= 1.0:
+            self.rate_bps = (self.done_bytes - first[1]) / (now - first[0])
+
+
+class Downloads:
+    """Every download the manager runs (``python -m manager.hub.fetch_process`` each)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        logs_dir: Path,
+        record: Callable[..., object] | None = None,
+        python: str = sys.executable,
+    ) -> None:
+        self._engine = engine
+        self._logs = logs_dir / "downloads"
+        self._record = record  # the event log: started, finished, failed, cancelled
+        self._python = python
+        self._runs: dict[int, _Run] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._lock = asyncio.Lock()
+        self._closing = False
+        self.version = 0  # goes up on every change a page shows
+
+    # ---- start, join, cancel, resume ---------------------------------------------------------------
+    async def start(self, repo: str, revision: str | None = None, env: Mapping[str, str] | None = None) -> Download:
+        """A download of ``repo`` into the cache of an engine with ``env`` (default: the manager's), or the
+        one of it already under way there."""
+        env = dict(env or {})
+        client.check_repo_id(repo)
+        client.refuse_if_offline(repo, "download")
+        cache = hub_cache_dir({**os.environ, **env})
+        plan = await asyncio.to_thread(plan_download, repo, revision, env, cache)
+        async with self._lock:
+            running = self._unfinished(repo, cache, plan.listing.commit)
+            if running is not None:
+                return running
+            refuse_if_no_room(plan)
+            with session(self._engine) as db:
+                row = Download(
+                    repo=repo,
+                    revision=plan.listing.revision,
+                    commit=plan.listing.commit,
+                    cache_dir=str(cache),
+                    files=[f.path for f in plan.files],
+                    total_bytes=plan.total_bytes,
+                    done_bytes=plan.present_bytes,
+                )
+                db.add(row)
+                db.commit()
+                db.refresh(row)
+            self._launch(row, env)
+        self._note("download", f"downloading {repo} ({plan.needed_bytes / GiB:.2f} GiB) into {cache}", row)
+        return row
+
+    async def cancel(self, download_id: int) -> Download:
+        row = self.get(download_id)
+        run = self._runs.get(download_id)
+        if row.state not in UNFINISHED:
+            raise Conflict(
+                f"download {download_id} of {row.repo} is {row.state.value}; only a running one can be cancelled"
+            )
+        if run is not None:
+            run.cancelled = True
+            if run.process is not None and run.process.returncode is None:
+                run.process.kill()
+            await run.finished.wait()
+        else:
+            self._finish(download_id, DownloadState.CANCELLED, None)
+        return self.get(download_id)
+
+    async def resume(self, download_id: int, env: Mapping[str, str] | None = None) -> Download:
+        """Go on with a cancelled or failed download, from the bytes already on disk."""
+        row = self.get(download_id)
+        if row.state in UNFINISHED or row.state == DownloadState.DONE:
+            raise Conflict(
+                f"download {download_id} of {row.repo} is {row.state.value}; only a cancelled or failed one resumes"
+            )
+        async with self._lock:
+            other = self._unfinished(row.repo, Path(row.cache_dir), row.commit)
+            if other is not None:
+                return other
+            row = self._set(download_id, state=DownloadState.QUEUED, error=None, finished_at=None)
+            self._launch(row, dict(env or {}))
+        return row
+
+    async def open(self) -> None:
+        """After a restart: downloads that were under way go on (huggingface_hub resumes their files)."""
+        with session(self._engine) as db:
+            rows = list(db.exec(select(Download).where(col(Download.state).in_(list(UNFINISHED)))))
+        for row in rows:
+            log.info("download %s of %s goes on after the restart", row.id, row.repo)
+            self._launch(row, {})
+
+    async def close(self) -> None:
+        """Stop the processes, leaving their rows unfinished: the next start of the manager goes on."""
+        self._closing = True
+        for run in self._runs.values():
+            if run.process is not None and run.process.returncode is None:
+                run.process.terminate()
+        _, late = await asyncio.wait(self._tasks, timeout=10) if self._tasks else (set(), set())
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+
+    # ---- reading -----------------------------------------------------------------------------------
+    def get(self, download_id: int) -> Download:
+        with session(self._engine) as db:
+            row = db.get(Download, download_id)
+        if row is None:
+            raise NotFound(f"no download {download_id}")
+        return self._live(row)
+
+    def list(self) -> list[Download]:
+        with session(self._engine) as db:
+            rows = list(db.exec(select(Download).order_by(col(Download.id).desc()).limit(KEEP_FINISHED)))
+        return [self._live(r) for r in rows]
+
+    def progress_of(self, download_id: int) -> Progress | None:
+        row = self.get(download_id)
+        run = self._runs.get(download_id)
+        rate = run.rate_bps if run is not None else None
+        return Progress(row.repo, row.done_bytes, row.total_bytes, rate)
+
+    def rate(self, download_id: int) -> float | None:
+        run = self._runs.get(download_id)
+        return run.rate_bps if run is not None else None
+
+    # ---- what a start needs (manager.hub.fetching.Fetcher) -----------------------------------------
+    def needed(self, model: str, env: Mapping[str, str]) -> bool:
+        return model.count("/") == 1 and not_cached(model, env) is not None
+
+    async def fetch(self, model: str, env: Mapping[str, str]) -> None:
+        try:
+            row = await self.start(model, None, env)
+        except ManagerError as exc:  # gated, no room, offline, no such repo: the worker's reason
+            raise FetchFailed(exc.message) from exc
+        assert row.id is not None
+        row = await self.wait(row.id)
+        if row.state != DownloadState.DONE:
+            raise FetchFailed(row.error or f"the download of {model} was {row.state.value}")
+
+    def progress(self, model: str, env: Mapping[str, str]) -> Progress | None:
+        cache = str(hub_cache_dir({**os.environ, **env}))
+        for download_id, run in self._runs.items():
+            row = self.get(download_id)
+            if row.repo == model and row.cache_dir == cache and row.state in UNFINISHED:
+                return Progress(row.repo, row.done_bytes, row.total_bytes, run.rate_bps)
+        return None
+
+    async def wait(self, download_id: int) -> Download:
+        run = self._runs.get(download_id)
+        if run is not None:
+            await run.finished.wait()
+        return self.get(download_id)
+
+    # ---- the processes -----------------------------------------------------------------------------
+    def _launch(self, row: Download, env: Mapping[str, str]) -> None:
+        assert row.id is not None
+        run = _Run(base_bytes=_complete_bytes(row))
+        run.done_bytes = run.base_bytes
+        self._runs[row.id] = run
+        task = asyncio.get_running_loop().create_task(self._run(row, env, run), name=f"download-{row.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self.version += 1
+
+    async def _run(self, row: Download, env: Mapping[str, str], run: _Run) -> None:
+        assert row.id is not None
+        download_id = row.id
+        request = {"repo": row.repo, "commit": row.commit, "cache_dir": row.cache_dir, "files": row.files}
+        child_env = {**os.environ, "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"}
+        if token := client.token(env):
+            child_env["HF_TOKEN"] = token  # in the environment, never in argv
+        self._logs.mkdir(parents=True, exist_ok=True)
+        _remove_partial_files(row)  # a manager killed outright left them; they are never reused
+        outcome: tuple[DownloadState, str | None] = (DownloadState.FAILED, "the download process ended without a word")
+        try:
+            self._set(download_id, state=DownloadState.RUNNING)
+            with open(self._logs / f"download-{download_id}.log", "ab") as errors:
+                run.process = await asyncio.create_subprocess_exec(
+                    self._python,
+                    "-m",
+                    "manager.hub.fetch_process",
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=errors,
+                    env=child_env,
+                )
+            assert run.process.stdin is not None and run.process.stdout is not None
+            run.process.stdin.write(json.dumps(request).encode())
+            await run.process.stdin.drain()
+            run.process.stdin.close()
+            async for raw in run.process.stdout:
+                try:
+                    message = json.loads(raw)
+                except ValueError:
+                    continue
+                if "done" in message:
+                    run.saw(int(message["done"]), time.monotonic())
+                    self.version += 1
+                elif "finished" in message:
+                    run.saw(row.total_bytes - run.base_bytes, time.monotonic())
+                    outcome = (DownloadState.DONE, None)
+                elif "error" in message:
+                    outcome = (DownloadState.FAILED, str(message["error"]))
+            await run.process.wait()
+            if self._closing and outcome[0] != DownloadState.DONE:  # to go on at the next start
+                self._set(download_id, done_bytes=run.done_bytes)
+                run.finished.set()
+                return
+            if run.cancelled:
+                outcome = (DownloadState.CANCELLED, None)
+        except asyncio.CancelledError:  # the manager is closing: the row stays unfinished, to go on later
+            self._set(download_id, done_bytes=run.done_bytes)
+            run.finished.set()
+            raise
+        except OSError as exc:
+            outcome = (DownloadState.FAILED, f"the download process could not run: {exc}")
+        if outcome[0] != DownloadState.DONE:
+            _remove_partial_files(row)
+        self._finish(download_id, outcome[0], outcome[1], run.done_bytes)
+        run.finished.set()
+        self._runs.pop(download_id, None)
+
+    # ---- rows --------------------------------------------------------------------------------------
+    def _finish(self, download_id: int, state: DownloadState, error: str | None, done: int | None = None) -> None:
+        changes: dict = {"state": state, "error": error, "finished_at": utcnow()}
+        if done is not None:
+            changes["done_bytes"] = done
+        row = self._set(download_id, **changes)
+        size = f"{row.total_bytes / GiB:.2f} GiB"
+        messages = {
+            DownloadState.DONE: f"downloaded {row.repo} ({size}) into {row.cache_dir}",
+            DownloadState.CANCELLED: f"the download of {row.repo} was cancelled at {row.done_bytes / GiB:.2f} of {size} "
+            "(resume goes on from there)",
+            DownloadState.FAILED: f"the download of {row.repo} failed: {error}",
+        }
+        self._note("download", messages.get(state, f"download of {row.repo}: {state.value}"), row)
+
+    def _set(self, download_id: int, **changes) -> Download:
+        with session(self._engine) as db:
+            row = db.get(Download, download_id)
+            if row is None:
+                raise NotFound(f"no download {download_id}")
+            for key, value in changes.items():
+                setattr(row, key, value)
+            row.updated_at = utcnow()
+            db.add(row)
+            db.commit()
+            db.refresh(row)
+        self.version += 1
+        return row
+
+    def _unfinished(self, repo: str, cache: Path, commit: str | None) -> Download | None:
+        with session(self._engine) as db:
+            query = select(Download).where(
+                Download.repo == repo, Download.cache_dir == str(cache), col(Download.state).in_(list(UNFINISHED))
+            )
+            rows = [r for r in db.exec(query) if commit is None or r.commit == commit]
+        return self._live(rows[0]) if rows else None
+
+    def _live(self, row: Download) -> Download:
+        """The row with the bytes its process reported last (the store has them as of its last change)."""
+        run = self._runs.get(row.id or 0)
+        if run is not None and row.state in UNFINISHED:
+            row = row.model_copy(update={"done_bytes": run.done_bytes})
+        return row
+
+    def _note(self, kind: str, message: str, row: Download) -> None:
+        if self._record is not None:
+            with contextlib.suppress(Exception):  # the event log is a record, never a reason to fail
+                self._record(kind, message, None, repo=row.repo, download=row.id)
+
+
+def _remove_partial_files(row: Download) -> None:
+    """The ``.incomplete`` files a download stopped half-way leaves: never reused, they only take room."""
+    blobs = Path(row.cache_dir) / ("models--" + row.repo.replace("/", "--")) / "blobs"
+    for path in blobs.glob("*.incomplete"):
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _complete_bytes(row: Download) -> int:
+    """Bytes of the row's files already complete in its snapshot (a resume starts its count there)."""
+    if not row.commit:
+        return 0
+    snapshot = Path(row.cache_dir) / ("models--" + row.repo.replace("/", "--")) / "snapshots" / row.commit
+    total = 0
+    for name in row.files:
+        path = snapshot / name
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                total += path.stat().st_size
+    return total
+
+
+def public(row: Download, rate_bps: float | None) -> dict:
+    """A download as the API and the pages show it."""
+    progress = Progress(row.repo, row.done_bytes, row.total_bytes, rate_bps if row.state in UNFINISHED else None)
+    return {
+        **row.model_dump(mode="json", exclude={"files"}),
+        "files": len(row.files),
+        "percent": progress.percent,
+        "rate_bps": progress.rate_bps,
+        "eta_s": progress.eta_s,
+    }

@@ -1,0 +1,37 @@
+"""A model read from the Hugging Face Hub without downloading it: its config.json, the safetensors
+headers of the weight files vLLM would load (HTTP range reads), and the list of files with their
+sizes, which says what a download would take and whether the cache's disk has room."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from manager.hub import client
+from manager.hub.downloads import plan_download
+from manager.planner.model_files import ModelFiles, hub_cache_dir, sizes_from_headers
+from manager.planner.records import ModelSource
+
+
+def read_from_hub(repo: str, revision: str | None = None, env: Mapping[str, str] | None = None) -> ModelFiles:
+    env = dict(env or {})
+    client.check_repo_id(repo, field="model")
+    client.refuse_if_offline(repo, "plan")
+    cache = hub_cache_dir({**os.environ, **env})
+    plan = plan_download(repo, revision, env, cache)
+    config = client.read_json(plan.listing, "config.json", env)
+    shards = [f.path for f in plan.files if f.path.endswith(".safetensors")]
+    headers = client.safetensors_headers(plan.listing, shards, env)
+    weights = sizes_from_headers([headers[name] for name in shards]) if shards else None
+    source = ModelSource(
+        kind="hub",
+        repo=repo,
+        commit=plan.listing.commit,
+        hub=client.endpoint(),
+        download_bytes=plan.total_bytes,
+        needed_bytes=plan.needed_bytes,
+        cache_dir=str(cache),
+        free_bytes=plan.free_bytes,
+        fits_on_disk=plan.fits,
+    )
+    return ModelFiles(None, config, weights, source)

@@ -1,0 +1,216 @@
+"""Downloads into the engines' Hugging Face cache from a hub on loopback: only the files vLLM loads, progress
+while they come, the disk checked first, cancel and resume, gated repos and offline mode, and one download
+for two callers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from huggingface_hub import scan_cache_dir
+
+from manager.db import make_engine, migrate
+from manager.errors import Conflict, Forbidden, InsufficientStorage
+from manager.hub.downloads import Downloads
+from manager.hub.fetching import FetchFailed
+from manager.schemas.download import DownloadState
+from tests.support.hub_server import GOOD_TOKEN, TestHub
+from tests.support.tiny_hub_model import NOT_LOADED, SERVED_FILES
+
+REPO = "acme/tiny-llama"
+BIG = "acme/big"
+MiB = 1024**2
+
+
+def big_safetensors(mib: int) -> bytes:
+    """A valid safetensors file of about ``mib`` MiB (one F32 tensor of zeros)."""
+    count = mib * MiB // 4
+    header = json.dumps({"w": {"dtype": "F32", "shape": [count], "data_offsets": [0, count * 4]}}).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + bytes(count * 4)
+
+
+@pytest.fixture
+def cache(test_hub: TestHub, tiny_hub_repo: Path, tmp_path: Path, monkeypatch) -> Path:
+    test_hub.add_repo_from_folder(REPO, tiny_hub_repo)
+    config = (tiny_hub_repo / "config.json").read_bytes()
+    test_hub.add_repo(BIG, {"config.json": config, "model.safetensors": big_safetensors(32)})
+    folder = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_ENDPOINT", test_hub.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(folder))
+    monkeypatch.delenv("HF_HOME", raising=False)
+    return folder
+
+
+@pytest.fixture
+def downloads(tmp_path: Path) -> Iterator[tuple[Downloads, list[tuple]]]:
+    engine = make_engine(tmp_path / "manager.db")
+    migrate(engine)
+    events: list[tuple] = []
+    yield Downloads(engine, tmp_path / "logs", record=lambda *a, **k: events.append((a, k))), events
+    engine.dispose()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def cached_files(cache: Path, repo: str) -> set[str]:
+    found = [r for r in scan_cache_dir(cache).repos if r.repo_id == repo]
+    return {f.file_name if "/" not in str(f.file_path) else str(f.file_path).split("/snapshots/")[1].split("/", 1)[1]
+            for r in found for rev in r.revisions for f in rev.files}  # fmt: skip
+
+
+def test_a_pull_fetches_only_what_vllm_loads_and_records_it(downloads, cache: Path, test_hub: TestHub) -> None:
+    manager, events = downloads
+
+    async def pull():
+        row = await manager.start(REPO)
+        return row, await manager.wait(row.id)
+
+    started, done = run(pull())
+
+    assert started.state in (DownloadState.QUEUED, DownloadState.RUNNING) and started.total_bytes > 0
+    assert done.state == DownloadState.DONE and done.done_bytes == done.total_bytes and done.error is None
+    assert cached_files(cache, REPO) == set(SERVED_FILES)
+    assert all(test_hub.bytes_served(REPO, name) == 0 for name in NOT_LOADED)
+    assert not manager.needed(REPO, {})  # a start now finds it complete
+    messages = [a[1] for a, _ in events]
+    assert messages[0].startswith(f"downloading {REPO}") and messages[-1].startswith(f"downloaded {REPO}")
+
+
+def test_progress_is_reported_while_the_bytes_come(downloads, cache: Path, test_hub: TestHub) -> None:
+    manager, _ = downloads
+    test_hub.set_faults(BIG, rate_bytes_per_s=16 * MiB)  # 32 MiB: about 2 s
+
+    async def pull():
+        row = await manager.start(BIG)
+        seen = []
+        while (now := manager.get(row.id)).state in (DownloadState.QUEUED, DownloadState.RUNNING):
+            seen.append((now.done_bytes, manager.progress(BIG, {})))
+            await asyncio.sleep(0.1)
+        return row, seen, now
+
+    row, seen, done = run(pull())
+
+    partway = {b for b, _ in seen if 0 < b < row.total_bytes}
+    assert len(partway) >= 2, seen  # it moved, more than once, before the end
+    rated = [p for _, p in seen if p is not None and p.rate_bps]
+    assert rated and all(4 * MiB < p.rate_bps < 64 * MiB for p in rated[-3:])  # near the 16 MiB/s served
+    assert rated[-1].line("big").startswith("downloading big: ") and "left" in rated[-1].line("big")
+    assert done.state == DownloadState.DONE
+
+
+def test_a_download_larger_than_the_free_disk_is_refused_with_both_numbers(
+    downloads, cache: Path, tmp_path: Path, monkeypatch
+) -> None:
+    manager, _ = downloads
+    small = tmp_path / "small-disk"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)], check=True)
+    try:
+        monkeypatch.setenv("HF_HUB_CACHE", str(small / "hub"))
+        with pytest.raises(InsufficientStorage) as refused:
+            run(manager.start(BIG))
+        assert "needs 0.03 GiB more" in refused.value.message and "0.01 GiB free" in refused.value.message
+        assert refused.value.status == 507
+        assert not (small / "hub").exists() or not any((small / "hub").iterdir())  # not a byte written
+        assert manager.list() == []
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_cancel_keeps_nothing_half_written_and_resume_finishes(downloads, cache: Path, test_hub: TestHub) -> None:
+    manager, events = downloads
+    test_hub.set_faults(BIG, stall_after_bytes=12 * MiB)
+
+    async def cancel_then_resume():
+        row = await manager.start(BIG)
+        assert await asyncio.to_thread(test_hub.wait_stalled, 10.0)
+        cancelled = await manager.cancel(row.id)
+        blobs = list((cache / "models--acme--big" / "blobs").glob("*.incomplete"))
+        test_hub.set_faults(BIG)  # the hub serves normally again
+        resumed = await manager.resume(row.id)
+        return cancelled, blobs, resumed, await manager.wait(row.id)
+
+    cancelled, partial, resumed, done = run(cancel_then_resume())
+    test_hub.release()
+
+    assert cancelled.state == DownloadState.CANCELLED and partial == []
+    assert resumed.id == cancelled.id and done.state == DownloadState.DONE
+    assert "cancelled at" in " ".join(a[1] for a, _ in events)
+    with pytest.raises(Conflict):
+        run(manager.cancel(done.id))
+
+
+def test_a_gated_repo_needs_its_token(downloads, cache: Path, test_hub: TestHub, tiny_hub_repo: Path, monkeypatch):
+    manager, _ = downloads
+    test_hub.add_repo_from_folder("acme/gated", tiny_hub_repo, gated=True)
+
+    with pytest.raises(Forbidden) as refused:
+        run(manager.start("acme/gated"))  # the listing is public, the files are not: the run fails
+    assert "gated" in refused.value.message and "HF_TOKEN" in refused.value.message
+
+    with pytest.raises(FetchFailed) as failed:
+        run(manager.fetch("acme/gated", {}))
+    assert "HF_TOKEN" in str(failed.value)
+
+    run(manager.fetch("acme/gated", {"HF_TOKEN": GOOD_TOKEN}))  # a config's own token
+    assert cached_files(cache, "acme/gated") == set(SERVED_FILES)
+
+
+def test_offline_the_manager_never_contacts_the_hub(downloads, cache: Path, test_hub: TestHub, monkeypatch) -> None:
+    manager, _ = downloads
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    test_hub.clear_requests()
+
+    with pytest.raises(Conflict) as refused:
+        run(manager.start(REPO))
+
+    assert "HF_HUB_OFFLINE" in refused.value.message and test_hub.requests == []
+
+
+def test_two_callers_share_one_download(downloads, cache: Path, test_hub: TestHub) -> None:
+    manager, _ = downloads
+    test_hub.set_faults(BIG, rate_bytes_per_s=32 * MiB)
+
+    async def both():
+        first = await manager.start(BIG)
+        await asyncio.gather(manager.fetch(BIG, {}), manager.fetch(BIG, {}))
+        return first
+
+    first = run(both())
+
+    assert [d.id for d in manager.list()] == [first.id]
+    assert test_hub.bytes_served(BIG, "model.safetensors") == len(big_safetensors(32))  # fetched once
+
+
+def test_a_download_under_way_goes_on_after_a_restart(tmp_path: Path, cache: Path, test_hub: TestHub) -> None:
+    engine = make_engine(tmp_path / "manager.db")
+    migrate(engine)
+    test_hub.set_faults(BIG, stall_after_bytes=12 * MiB)
+
+    async def stop_midway():
+        first = Downloads(engine, tmp_path / "logs")
+        row = await first.start(BIG)
+        assert await asyncio.to_thread(test_hub.wait_stalled, 10.0)
+        await first.close()  # the manager stops: the row stays unfinished
+        return row
+
+    row = run(stop_midway())
+    test_hub.release()
+    test_hub.set_faults(BIG)
+
+    async def start_again():
+        second = Downloads(engine, tmp_path / "logs")
+        await second.open()
+        return await second.wait(row.id)
+
+    done = run(start_again())
+    assert done.state == DownloadState.DONE and done.id == row.id
+    engine.dispose()
