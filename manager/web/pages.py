@@ -10,7 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
 from manager.deps import MAX_ROW_ID, FrontDoorDep, LiveViewsDep, MetricsDep, SessionDep, SupervisorDep, WorkerId
-from manager.errors import NotFound
+from manager.errors import ManagerError, NotFound
 from manager.launch.preflight import plan_now, worker_kv_check
 from manager.planner import PlanError, PlanRequest
 from manager.planner.gpus import CATALOGUE, NoGPU, detect_gpu
@@ -179,4 +179,6 @@ async def plan_submit(request: Request, sup: SupervisorDep) -> HTMLResponse:
             plan = await run_in_threadpool(lambda: plan_now(req, sup.host_claims()))
         except PlanError as exc:
             errors.add(FORM_LEVEL, str(exc))
+        except ManagerError as exc:  # the hub refused (gated, no such model, offline) or did not answer
+            errors.add(FORM_LEVEL, exc.message)
     return HTMLResponse(_plan_page(form, errors, plan))

@@ -97,3 +97,17 @@ def test_a_hub_that_does_not_answer_is_a_502(monkeypatch, client, tmp_path) -> N
     answer = client.post("/api/plan", json={"model": REPO, "gpu": "h100-80"})
 
     assert answer.status_code == 502 and "cannot be reached" in answer.json()["detail"]
+
+
+def test_the_plan_page_says_the_plan_came_from_the_hub_and_offers_the_download(
+    test_hub: TestHub, tiny_hub_repo: Path, hub_env: Path, client: TestClient
+) -> None:
+    page = client.post("/ui/plan", data={"model": REPO, "gpu": "h100-80", "max_model_len": "4096"})
+
+    assert page.status_code == 200
+    assert 'data-testid="plan-source"' in page.text and "Read from the hub" in page.text
+    assert 'hx-post="/api/downloads"' in page.text  # the disk has room: the page offers the download
+
+    test_hub.add_repo_from_folder("acme/gated", tiny_hub_repo, gated=True)
+    refused = client.post("/ui/plan", data={"model": "acme/gated", "gpu": "h100-80", "max_model_len": "4096"})
+    assert refused.status_code == 200 and "acme/gated is a gated model" in refused.text
