@@ -214,3 +214,47 @@ def test_a_download_under_way_goes_on_after_a_restart(tmp_path: Path, cache: Pat
     done = run(start_again())
     assert done.state == DownloadState.DONE and done.id == row.id
     engine.dispose()
+
+
+def test_a_connection_dropped_half_way_is_taken_up_again(downloads, cache: Path, test_hub: TestHub) -> None:
+    manager, _ = downloads
+    test_hub.set_faults(BIG, drop_after_bytes=15 * MiB)
+
+    async def pull():
+        row = await manager.start(BIG)
+        return await manager.wait(row.id)
+
+    done = run(pull())
+
+    assert done.state == DownloadState.DONE
+    assert any(r.range and not r.range.startswith("bytes=0-") for r in test_hub.requests)  # resumed, not restarted
+
+
+def test_a_hub_that_stops_sending_is_asked_again_and_a_hub_gone_fails_the_download_with_a_reason(
+    downloads, cache: Path, test_hub: TestHub, monkeypatch
+) -> None:
+    manager, _ = downloads
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "1")  # the download process's read timeout
+    test_hub.set_faults(BIG, stall_after_bytes=12 * MiB)  # once: the request after the timeout is served
+
+    async def pull():
+        row = await manager.start(BIG)
+        return await asyncio.wait_for(manager.wait(row.id), 60)
+
+    assert run(pull()).state == DownloadState.DONE
+    test_hub.release()
+
+    test_hub.add_repo("acme/big-2", {"config.json": b"{}", "model.safetensors": big_safetensors(32)})
+    test_hub.set_faults("acme/big-2", stall_after_bytes=12 * MiB)
+
+    async def hub_goes_away():
+        row = await manager.start("acme/big-2")
+        assert await asyncio.to_thread(test_hub.wait_stalled, 10.0)
+        test_hub.close()
+        return await asyncio.wait_for(manager.wait(row.id), 90)
+
+    failed = run(hub_goes_away())
+
+    assert failed.state == DownloadState.FAILED
+    assert failed.error and "acme/big-2" in failed.error, failed.error
+    assert not list((cache / "models--acme--big-2" / "blobs").glob("*.incomplete"))
