@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse
 
-from manager.deps import SessionDep, SettingsDep, SupervisorDep, is_authorized
+from manager.deps import DownloadsDep, SessionDep, SettingsDep, SupervisorDep, is_authorized
 from manager.errors import ManagerError
 from manager.hub import cache as hub_cache
 from manager.services import models
@@ -43,13 +43,19 @@ def delete(
     db: SessionDep,
     settings: SettingsDep,
     sup: SupervisorDep,
+    downloads: DownloadsDep,
     repo: Annotated[str, Form(max_length=200)],
     cache: Annotated[str, Form(max_length=4096)] = "",
     revision: Annotated[str, Form(max_length=256)] = "",
 ) -> HTMLResponse:
     try:
         deleted = hub_cache.delete(
-            repo, models.list_models(db), sup.views(), revision=revision or None, cache=cache or None
+            repo,
+            models.list_models(db),
+            sup.views(),
+            revision=revision or None,
+            cache=cache or None,
+            downloads=downloads.unfinished(),
         )
     except ManagerError as exc:
         return HTMLResponse(_list(request, db, settings, error=exc.message))
