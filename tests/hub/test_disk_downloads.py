@@ -149,3 +149,20 @@ def test_a_model_is_not_deleted_while_a_download_writes_into_it(client, cache, t
     deleted = client.delete(f"/api/cache/{BIG}")
     assert deleted.status_code == 200, deleted.text
     assert not (cache / "models--acme--big").exists()
+
+
+def test_the_form_follows_the_pages_rules_once_a_token_exists(settings, cache):
+    token = "a-long-enough-admin-token-" + "t" * 20
+    with TestClient(create_app(settings.model_copy(update={"api_token": token}))) as c:
+        assert c.post("/ui/disk/downloads", data={"repo": SMALL}).status_code == 401
+        assert c.post("/login", data={"token": token, "next": "/disk"}, follow_redirects=False).status_code == 303
+        unproven = c.post("/ui/disk/downloads", data={"repo": SMALL})  # a session, but no Origin
+        assert unproven.status_code == 403 and "this manager's own pages" in unproven.json()["detail"]
+        other = c.post("/ui/disk/downloads", data={"repo": SMALL}, headers={"Origin": "https://attacker.example"})
+        assert other.status_code == 403
+        assert c.get("/api/downloads").json() == []  # none of those started one
+
+        own = c.post("/ui/disk/downloads", data={"repo": SMALL}, headers={"Origin": "http://testserver"})
+        assert 'data-testid="download-started"' in own.text
+        [row] = c.get("/api/downloads").json()
+        assert finished(c, row["id"])["state"] == "done"
