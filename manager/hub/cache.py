@@ -4,8 +4,8 @@ The caches that matter are the manager's own (``hub_cache_dir()`` of this proces
 model config's engine reads (``HF_HUB_CACHE`` / ``HF_HOME`` in its env). huggingface_hub scans them
 (``scan_cache_dir``) and deletes from them (``delete_revisions``); this module says which model configs
 use each model, whether each revision holds what a start reads (``manager.hub.files.missing``), and
-refuses a deletion while a worker of such a config is active or when it would touch a file outside
-the cache.
+refuses a deletion while a worker of such a config is active, while a download into that repo runs
+(its files would be cut from under it) or when it would touch a file outside the cache.
 """
 
 from __future__ import annotations
@@ -42,6 +42,23 @@ class StoredConfig(Protocol):
     name: str
     model: str
     env: dict[str, str]
+
+
+class DownloadUnderWay(Protocol):
+    """What this module reads of a queued or running download (``manager.schemas.download.Download``)."""
+
+    @property
+    def id(self) -> int | None: ...
+    @property
+    def repo(self) -> str: ...
+    @property
+    def cache_dir(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def done_bytes(self) -> int: ...
+    @property
+    def total_bytes(self) -> int: ...
 
 
 class CachedRevision(BaseModel):
@@ -217,6 +234,19 @@ def _pick_cache(
     return holding[0]
 
 
+def refuse_while_downloading(repo: str, path: Path, downloads: Iterable[DownloadUnderWay]) -> None:
+    """A revision deleted alone shares blobs with the others, so any download of the repo into this cache
+    counts, whatever revision it fetches."""
+    under_way = [d for d in downloads if d.repo == repo and _same(Path(d.cache_dir), path)]
+    if under_way:
+        d = min(under_way, key=lambda d: d.id or 0)
+        percent = 100 * d.done_bytes // d.total_bytes if d.total_bytes else 0
+        raise Conflict(
+            f"{repo} is being downloaded into {path} (download {d.id}, {d.state}, {percent} %): cancel the download "
+            "or let it finish before deleting the model; deleting files under a running download corrupts it"
+        )
+
+
 def _revisions_to_delete(repo: CachedRepoInfo, revision: str | None, cache: Path) -> list[CachedRevisionInfo]:
     if revision is None:
         return list(repo.revisions)
@@ -236,11 +266,14 @@ def delete(
     *,
     revision: str | None = None,
     cache: str | None = None,
+    downloads: Iterable[DownloadUnderWay] = (),
 ) -> Deleted:
     """Delete ``repo`` from a cache: all its revisions, or one (a commit, or a ref such as main). ``cache``
-    names the cache when the repo is in several. Refused while a worker of a config using it is active."""
+    names the cache when the repo is in several. Refused while a worker of a config using it is active,
+    and while one of ``downloads`` (those queued or running) writes into it there."""
     check_repo_id(repo)
     path, readers, info, repo_info = _pick_cache(repo, cache, caches_of(configs))
+    refuse_while_downloading(repo, path, downloads)
     users = set(_used_by(repo_info, configs, readers))
     busy = sorted((w for w in workers if w.state in ACTIVE and w.model in users), key=lambda w: w.id)
     if busy:

@@ -225,6 +225,12 @@ class Downloads:
             raise NotFound(f"no download {download_id}")
         return self._live(row)
 
+    def unfinished(self) -> list[Download]:
+        """Every download queued or running, however many finished since."""
+        with session(self._engine) as db:
+            rows = list(db.exec(select(Download).where(col(Download.state).in_(list(UNFINISHED)))))
+        return [self._live(r) for r in rows]
+
     def list(self) -> list[Download]:
         with session(self._engine) as db:
             rows = list(db.exec(select(Download).order_by(col(Download.id).desc()).limit(KEEP_FINISHED)))

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 
-from manager.deps import SessionDep, SettingsDep, SupervisorDep, is_authorized
+from manager.deps import DownloadsDep, SessionDep, SettingsDep, SupervisorDep, is_authorized
 from manager.hub import cache as hub_cache
 from manager.hub.cache import REPO_PART, Deleted, HubCache
 from manager.openapi import errors
@@ -42,12 +42,27 @@ def list_cache(request: Request, db: SessionDep, settings: SettingsDep) -> list[
         409,
         422,
         _404="The model (or that revision of it) is not in the cache, or no model config uses a cache there",
-        _409="A worker whose model config uses the model is active, or the model links to files outside the cache",
+        _409="A worker whose model config uses the model is active, a download into it runs (the message names "
+        "it), or the model links to files outside the cache",
         _422="The model is in more than one cache and the call does not say which",
     ),
 )
 def delete_cached(
-    owner: Owner, name: Name, db: SessionDep, sup: SupervisorDep, revision: Revision = None, cache: Cache = None
+    owner: Owner,
+    name: Name,
+    db: SessionDep,
+    sup: SupervisorDep,
+    downloads: DownloadsDep,
+    revision: Revision = None,
+    cache: Cache = None,
 ) -> Deleted:
-    """Delete a model from the hub cache, all its revisions or one; refused while a worker uses it."""
-    return hub_cache.delete(f"{owner}/{name}", models.list_models(db), sup.views(), revision=revision, cache=cache)
+    """Delete a model from the hub cache, all its revisions or one; refused while a worker uses it or a
+    download into it runs."""
+    return hub_cache.delete(
+        f"{owner}/{name}",
+        models.list_models(db),
+        sup.views(),
+        revision=revision,
+        cache=cache,
+        downloads=downloads.unfinished(),
+    )

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from manager.deps import MAX_ROW_ID, DownloadsDep
 from manager.hub.downloads import public
 from manager.openapi import errors
+from manager.schemas.download import DownloadRequest
 
 router = APIRouter(prefix="/api/downloads", tags=["downloads"])
 DownloadId = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="The download's id")]
@@ -21,18 +22,6 @@ _HUB = {
     "_502": "The Hugging Face Hub did not answer",
     "_507": "The files need more room than the cache's disk has free (both numbers in the message)",
 }
-
-
-class DownloadRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    repo: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$",
-        description="A Hugging Face model id, such as Qwen/Qwen3-0.6B",
-    )
-    revision: str | None = Field(
-        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,199}$", description="Branch, tag or commit (main)"
-    )
 
 
 class DownloadPublic(BaseModel):

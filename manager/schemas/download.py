@@ -7,9 +7,12 @@ from the download's own progress.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import StrEnum
 
+from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import Field as Described
 from sqlalchemy import Column
 from sqlalchemy.types import JSON
 from sqlmodel import Field, SQLModel
@@ -45,3 +48,37 @@ class Download(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
+
+
+REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$"
+REVISION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,199}$"
+
+
+class DownloadRequest(BaseModel):
+    """A download to start: a model on the Hugging Face Hub and, if not main, its revision."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    repo: str = Described(pattern=REPO_PATTERN, description="A Hugging Face model id, such as Qwen/Qwen3-0.6B")
+    revision: str | None = Described(default=None, pattern=REVISION_PATTERN, description="Branch, tag or commit (main)")
+
+    # The patterns stay in the schema for clients; these say in words what a mismatch got wrong.
+    @field_validator("repo", mode="before")
+    @classmethod
+    def _repo_in_words(cls, value: object) -> object:
+        if isinstance(value, str) and not re.fullmatch(REPO_PATTERN, value):
+            raise ValueError(
+                f"{value[:200]!r} is not a Hugging Face model id: give it as owner/name, such as Qwen/Qwen3-0.6B "
+                "(letters, digits, '.', '_' and '-'; each part starts with a letter or digit)"
+            )
+        return value
+
+    @field_validator("revision", mode="before")
+    @classmethod
+    def _revision_in_words(cls, value: object) -> object:
+        if isinstance(value, str) and not re.fullmatch(REVISION_PATTERN, value):
+            raise ValueError(
+                f"{value[:200]!r} is not a branch, tag or commit: letters, digits, '.', '_', '/' and '-', starting "
+                "with a letter or digit, at most 200 characters"
+            )
+        return value

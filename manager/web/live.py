@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from manager.metrics import Snapshot, WorkerMetrics
 from manager.web.render import render
@@ -96,10 +96,31 @@ class LiveViews:
 
         return [self.snapshot_event(snap), *self._once(snap, ("detail", worker_id), make)]
 
-    def downloads(self) -> tuple[int, Event]:
-        """The downloads table, and the version of the downloads it shows (sent again when that changes)."""
+    def downloads_table(self) -> str:
+        """The downloads table as the Models on disk page shows it at first load."""
+        _, rows = self._downloads() if self._downloads is not None else (0, [])
+        return render("fragments/downloads.html", downloads=rows)
+
+    def disk(self, sent: DiskSent | None) -> tuple[DiskSent, list[Event]]:
+        """What the Models on disk page gets now, given ``sent`` (what the last call returned): the
+        downloads table when the downloads moved, and ``disk-changed`` when one started or ended since,
+        so that the page reloads its list of models (the list shows paths only some readers may see,
+        so the page asks for it, with its own credentials)."""
         version, rows = self._downloads() if self._downloads is not None else (0, [])
-        return version, ("downloads", render("fragments/downloads.html", downloads=rows))
+        if sent is not None and sent.version == version:
+            return sent, []
+        now = DiskSent(version, tuple((row["id"], row["state"]) for row in rows))
+        events = [("downloads", render("fragments/downloads.html", downloads=rows))]
+        if sent is not None and sent.states != now.states:
+            events.append(("disk-changed", str(version)))  # an event with no data is never dispatched
+        return now, events
+
+
+class DiskSent(NamedTuple):
+    """What the Models on disk page was sent last: the downloads' version, and each one's state."""
+
+    version: int
+    states: tuple[tuple[int, str], ...]
 
 
 def find_worker(snap: Snapshot, worker_id: str) -> WorkerMetrics | None:

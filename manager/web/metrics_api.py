@@ -128,20 +128,20 @@ async def stream(
 ) -> EventSourceResponse:
     """Server-sent events, once a second: a JSON ``snapshot`` for the charts and HTML fragments
     for the page (``view=overview``, or ``view=worker&worker=ID`` for one worker's page); ``view=disk``
-    sends the ``downloads`` table whenever a download moves (at most once a second)."""
+    sends the ``downloads`` table whenever a download moves (at most once a second), and ``disk-changed``
+    when one starts or ends (the models on disk change then)."""
     if view == "worker" and not worker:
         raise HTTPException(422, "view=worker needs worker=<id>")
 
     async def messages() -> AsyncIterator[dict[str, Any]]:
         cards_sent = None
         first = True
-        downloads_sent = None
+        disk_sent = None
         async for snap in collector.broadcast.subscribe():
             if view == "disk":
-                version, table = views.downloads()
-                if version == downloads_sent:
+                disk_sent, events = views.disk(disk_sent)
+                if not events:
                     continue
-                events, downloads_sent = [table], version
             elif view == "worker":
                 events = views.worker_detail(snap, worker or "")
             else:

@@ -88,7 +88,10 @@
   });
 
   setInterval(() => {
-    if (!document.querySelector("[sse-connect]") || !lastMessageAt) return;
+    const stream = document.querySelector("[sse-connect]");
+    // A stream that sends only when something changes (data-changes-only) may rightly be silent for long:
+    // only a lost connection (htmx:sseError above) makes its page stale.
+    if (!stream || stream.hasAttribute("data-changes-only") || !lastMessageAt) return;
     const age = Date.now() - lastMessageAt;
     if (age > STALE_AFTER_MS) {
       const why = connected ? "no update from the manager" : "not connected";

@@ -42,3 +42,29 @@ def test_values_read_in_the_units_a_user_expects():
     assert seconds(42) == "42 s" and seconds(3725) == "1 h 2 min" and seconds(90061) == "1 d 1 h"
     assert latency(0.0123) == "12 ms" and latency(12.5) == "12.5 s"
     assert share(30, 120) == 25.0 and share(200, 100) == 100.0
+
+
+def test_the_disk_view_sends_the_downloads_when_they_move_and_reloads_the_list_when_one_starts_or_ends():
+    from manager.web.live import LiveViews
+
+    shown: dict = {"version": 1, "rows": []}
+    views = LiveViews(lambda: [], lambda: (shown["version"], shown["rows"]))
+    row = {"id": 4, "repo": "acme/big", "commit": None, "state": "running", "percent": 10, "done_bytes": 1,
+           "total_bytes": 10, "rate_bps": None, "eta_s": None, "error": None}  # fmt: skip
+
+    sent, events = views.disk(None)  # a page connects: the table, its list was rendered with the page
+    assert [name for name, _ in events] == ["downloads"] and "No downloads yet" in events[0][1]
+    assert views.disk(sent) == (sent, [])  # nothing moved: nothing sent
+
+    shown.update(version=2, rows=[row])  # a download starts
+    sent, events = views.disk(sent)
+    assert [name for name, _ in events] == ["downloads", "disk-changed"] and events[1][1] == "2"
+    assert 'data-download="4" data-state="running"' in events[0][1]
+
+    shown.update(version=3, rows=[{**row, "percent": 50, "done_bytes": 5}])  # it moves
+    sent, events = views.disk(sent)
+    assert [name for name, _ in events] == ["downloads"] and ">50 %<" in events[0][1]
+
+    shown.update(version=4, rows=[{**row, "state": "done", "percent": 100, "done_bytes": 10}])  # it ends
+    sent, events = views.disk(sent)
+    assert [name for name, _ in events] == ["downloads", "disk-changed"]
