@@ -5,8 +5,6 @@ for two callers."""
 from __future__ import annotations
 
 import asyncio
-import json
-import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,19 +18,11 @@ from manager.hub.downloads import Downloads
 from manager.hub.fetching import FetchFailed
 from manager.schemas.download import DownloadState
 from tests.support.hub_server import GOOD_TOKEN, TestHub
-from tests.support.tiny_hub_model import NOT_LOADED, SERVED_FILES
+from tests.support.tiny_hub_model import NOT_LOADED, SERVED_FILES, big_safetensors
 
 REPO = "acme/tiny-llama"
 BIG = "acme/big"
 MiB = 1024**2
-
-
-def big_safetensors(mib: int) -> bytes:
-    """A valid safetensors file of about ``mib`` MiB (one F32 tensor of zeros)."""
-    count = mib * MiB // 4
-    header = json.dumps({"w": {"dtype": "F32", "shape": [count], "data_offsets": [0, count * 4]}}).encode()
-    header += b" " * (-len(header) % 8)
-    return struct.pack("<Q", len(header)) + header + bytes(count * 4)
 
 
 @pytest.fixture
