@@ -29,7 +29,8 @@ class Reporter:
 
     lock = threading.Lock()
     bars: list[Reporter] = []
-    last_sent = 0.0
+    reporting = threading.Lock()
+    sent = -1  # the count last reported
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.unit = kwargs.get("unit", "it")
@@ -42,8 +43,6 @@ class Reporter:
 
     def update(self, n: float | None = 1) -> None:
         self.n += n or 0
-        if self.unit == "B":
-            Reporter.report()
 
     def update_transfer(self, n: float | None = 1) -> None:
         pass  # network bytes; the bytes written are what the user waits for
@@ -54,11 +53,25 @@ class Reporter:
             return int(max((bar.n for bar in cls.bars), default=0))
 
     @classmethod
-    def report(cls, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - cls.last_sent >= EVERY_S:
-            cls.last_sent = now
-            emit({"done": cls.done()})
+    def report(cls) -> None:
+        """The count, when it changed since it was last reported."""
+        with cls.reporting:
+            done = cls.done()
+            if done != cls.sent:
+                cls.sent = done
+                emit({"done": done})
+
+    @classmethod
+    def report_every(cls, seconds: float) -> None:
+        """Report from a clock, not from each update: the bytes of the last update before a pause (a
+        slow or stalled connection; the bytes come 10 MiB at a time) are shown then, not at the next one."""
+
+        def tick() -> None:
+            while True:
+                time.sleep(seconds)
+                cls.report()
+
+        threading.Thread(target=tick, daemon=True, name="progress").start()
 
     # What else snapshot_download and its thread map call on a bar.
     def __enter__(self) -> Reporter:
@@ -89,9 +102,13 @@ class Reporter:
         pass
 
 
+_writing = threading.Lock()
+
+
 def emit(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+    with _writing:  # the progress clock and the main thread both write; a line is never cut by another
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
 
 
 def fetch(request: dict[str, Any]) -> str:
@@ -127,6 +144,7 @@ def end_with_parent() -> None:
 def main() -> int:
     end_with_parent()
     request = json.loads(sys.stdin.read())
+    Reporter.report_every(EVERY_S)
     try:
         folder = fetch(request)
     except ManagerError as exc:
@@ -135,7 +153,7 @@ def main() -> int:
     except OSError as exc:  # the disk filled up, the cache is not writable
         emit({"error": f"writing into {request['cache_dir']} failed: {exc.strerror or exc}", "status": 507})
         return 1
-    Reporter.report(force=True)
+    Reporter.report()
     emit({"finished": folder})
     return 0
 
