@@ -69,6 +69,7 @@ class DownloadPlan:
 def plan_download(repo: str, revision: str | None, env: Mapping[str, str], cache_dir: Path) -> DownloadPlan:
     """Which files of ``repo`` vLLM loads, their bytes, what the cache has of them and the disk's room."""
     found = client.listing(repo, revision, env)
+    client.refuse_if_gated_without_token(found, env)
     index_name = files.index_name_for(found.files)
     index = client.read_json(found, index_name, env) if index_name else None
     chosen = files.choose(found.files, index)
@@ -331,9 +332,11 @@ class Downloads:
             raise
         except OSError as exc:
             outcome = (DownloadState.FAILED, f"the download process could not run: {exc}")
-        if outcome[0] != DownloadState.DONE:
+        done = run.done_bytes
+        if outcome[0] != DownloadState.DONE:  # what is kept is what a resume goes on from
             _remove_partial_files(row)
-        self._finish(download_id, outcome[0], outcome[1], run.done_bytes)
+            done = _complete_bytes(row)
+        self._finish(download_id, outcome[0], outcome[1], done)
         run.finished.set()
         self._runs.pop(download_id, None)
 
