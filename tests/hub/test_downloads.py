@@ -143,7 +143,7 @@ def test_a_gated_repo_needs_its_token(downloads, cache: Path, test_hub: TestHub,
     test_hub.add_repo_from_folder("acme/gated", tiny_hub_repo, gated=True)
 
     with pytest.raises(Forbidden) as refused:
-        run(manager.start("acme/gated"))  # the listing is public, the files are not: the run fails
+        run(manager.start("acme/gated"))  # the listing is public and says gated: no download is made
     assert "gated" in refused.value.message and "HF_TOKEN" in refused.value.message
 
     with pytest.raises(FetchFailed) as failed:
