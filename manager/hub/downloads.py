@@ -283,7 +283,13 @@ class Downloads:
     async def _run(self, row: Download, env: Mapping[str, str], run: _Run) -> None:
         assert row.id is not None
         download_id = row.id
-        request = {"repo": row.repo, "commit": row.commit, "cache_dir": row.cache_dir, "files": row.files}
+        request = {
+            "repo": row.repo,
+            "revision": row.revision,
+            "commit": row.commit,
+            "cache_dir": row.cache_dir,
+            "files": row.files,
+        }
         child_env = {**os.environ, "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"}
         if token := client.token(env):
             child_env["HF_TOKEN"] = token  # in the environment, never in argv

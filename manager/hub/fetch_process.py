@@ -9,12 +9,14 @@ event loop. The token comes in the environment (``HF_TOKEN``), never in argv.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from manager.errors import ManagerError
@@ -116,7 +118,7 @@ def fetch(request: dict[str, Any]) -> str:
 
     repo = request["repo"]
     with client.hub_errors(repo, request["commit"]):
-        return snapshot_download(
+        folder = snapshot_download(
             repo,
             revision=request["commit"],
             cache_dir=request["cache_dir"],
@@ -126,6 +128,39 @@ def fetch(request: dict[str, Any]) -> str:
             tqdm_class=Reporter,
             max_workers=int(request.get("workers", 8)),
         )
+    remember_revision(request["cache_dir"], repo, request.get("revision"), request["commit"])
+    forget_file_list(request["cache_dir"], repo, request["commit"])
+    return folder
+
+
+def forget_file_list(cache_dir: str, repo: str, commit: str) -> None:
+    """Remove the list of the repo's files huggingface_hub keeps beside a download (``trees/<commit>.json``).
+    Offline, snapshot_download calls a snapshot incomplete when a file of that list matching the pattern
+    asked for is missing, and vLLM asks offline for every ``*.safetensors``: weights its index leaves out
+    (not downloaded, never loaded) would fail the start. Without the list the check is not made; online,
+    huggingface_hub lists the repo again."""
+    with contextlib.suppress(OSError):
+        (_repo_folder(cache_dir, repo) / "trees" / f"{commit}.json").unlink(missing_ok=True)
+
+
+def _repo_folder(cache_dir: str, repo: str) -> Path:
+    return Path(cache_dir) / ("models--" + repo.replace("/", "--"))
+
+
+def remember_revision(cache_dir: str, repo: str, revision: str | None, commit: str) -> None:
+    """Write the cache's ref from the revision asked for (``main``) to the commit downloaded. A download by
+    commit writes none, and an engine started offline finds a model by its ref: without it vLLM fails
+    with "Cannot find an appropriate cached snapshot folder"."""
+    if not revision or revision == commit:
+        return
+    refs = _repo_folder(cache_dir, repo) / "refs"
+    ref = refs / revision
+    if ".." in Path(revision).parts or not ref.resolve().is_relative_to(refs.resolve()):
+        return  # not a name a ref has; the hub answered for it, but nothing is written outside the cache
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ref.with_name(ref.name + ".tmp")
+    tmp.write_text(commit)
+    tmp.replace(ref)  # a reader never sees half a commit
 
 
 def end_with_parent() -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from huggingface_hub import scan_cache_dir
+from huggingface_hub import hf_hub_download, scan_cache_dir, snapshot_download
 
 from manager.db import make_engine, migrate
 from manager.errors import Conflict, Forbidden, InsufficientStorage
@@ -18,7 +18,7 @@ from manager.hub.downloads import Downloads
 from manager.hub.fetching import FetchFailed
 from manager.schemas.download import DownloadState
 from tests.support.hub_server import GOOD_TOKEN, TestHub
-from tests.support.tiny_hub_model import NOT_LOADED, SERVED_FILES, big_safetensors
+from tests.support.tiny_hub_model import NOT_LOADED, SERVED_FILES, SHARDS, big_safetensors
 
 REPO = "acme/tiny-llama"
 BIG = "acme/big"
@@ -72,6 +72,27 @@ def test_a_pull_fetches_only_what_vllm_loads_and_records_it(downloads, cache: Pa
     assert not manager.needed(REPO, {})  # a start now finds it complete
     messages = [a[1] for a, _ in events]
     assert messages[0].startswith(f"downloading {REPO}") and messages[-1].startswith(f"downloaded {REPO}")
+
+
+def test_a_downloaded_model_is_found_offline_as_vllm_looks_for_it(
+    downloads, cache: Path, test_hub: TestHub, tiny_hub_repo: Path
+) -> None:
+    manager, _ = downloads
+    # Shards named by the index, which vLLM loads, and one model.safetensors beside them, which it does not.
+    files = {p.relative_to(tiny_hub_repo).as_posix(): p for p in tiny_hub_repo.rglob("*") if p.is_file()}
+    test_hub.add_repo("acme/two-copies", {**files, "model.safetensors": big_safetensors(1)})
+    run(manager.fetch("acme/two-copies", {}))
+
+    # What vLLM 0.32 asks, started with HF_HUB_OFFLINE=1 and no revision: transformers reads the config at
+    # main, and the weights come from snapshot_download(allow_patterns="*.safetensors") (the index narrows
+    # that only online); vLLM then loads what the index names.
+    config = hf_hub_download("acme/two-copies", "config.json", cache_dir=cache, local_files_only=True)
+    weights = snapshot_download(
+        "acme/two-copies", allow_patterns="*.safetensors", cache_dir=cache, local_files_only=True
+    )
+    (row,) = manager.list()
+    assert Path(config).parent.name == Path(weights).name == row.commit
+    assert {p.name for p in Path(weights).glob("*.safetensors")} == set(SHARDS)
 
 
 def test_progress_is_reported_while_the_bytes_come(downloads, cache: Path, test_hub: TestHub) -> None:
