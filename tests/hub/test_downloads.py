@@ -225,3 +225,36 @@ def test_a_download_under_way_goes_on_after_a_restart(tmp_path: Path, cache: Pat
     done = run(start_again())
     assert done.state == DownloadState.DONE and done.id == row.id
     engine.dispose()
+
+
+def test_a_gated_download_carried_on_after_a_restart_gets_the_token_of_the_start_that_rejoins_it(
+    tmp_path: Path, cache: Path, test_hub: TestHub
+) -> None:
+    engine = make_engine(tmp_path / "manager.db")
+    migrate(engine)
+    config = {"config.json": b"{}", "model.safetensors": big_safetensors(32)}
+    test_hub.add_repo("acme/gated-big", config, gated=True)
+    test_hub.set_faults("acme/gated-big", stall_after_bytes=12 * MiB)
+    own_token = {"HF_TOKEN": GOOD_TOKEN}  # the config's env: the manager itself has none
+
+    async def stop_midway():
+        first = Downloads(engine, tmp_path / "logs")
+        row = await first.start("acme/gated-big", None, own_token)
+        assert await asyncio.to_thread(test_hub.wait_stalled, 10.0)
+        await first.close()
+        return row
+
+    row = run(stop_midway())
+    test_hub.set_faults("acme/gated-big", rate_bytes_per_s=16 * MiB)
+    test_hub.release()
+
+    async def start_again():
+        second = Downloads(engine, tmp_path / "logs")
+        await second.open()  # goes on at once, without the token (it is never stored)
+        await second.fetch("acme/gated-big", own_token)  # the worker's start, rejoining it
+        return second.list()
+
+    rows = run(start_again())
+    assert [(r.id, r.state) for r in rows] == [(row.id, DownloadState.DONE)]
+    assert cached_files(cache, "acme/gated-big") == {"config.json", "model.safetensors"}
+    engine.dispose()
