@@ -93,10 +93,7 @@ def hub_errors(repo: str, revision: str | None = None, hub: str | None = None) -
     try:
         yield
     except GatedRepoError as exc:
-        raise Forbidden(
-            f"{repo} is a gated model: accept its licence on {where}/{repo} with your account, then set HF_TOKEN "
-            "(the manager's environment, or the config's env) to a token of that account"
-        ) from exc
+        raise gated(repo, where) from exc
     except RevisionNotFoundError as exc:
         raise NotFound(f"{repo} has no revision {revision!r} on {where}") from exc
     except EntryNotFoundError as exc:
@@ -124,6 +121,20 @@ def hub_errors(repo: str, revision: str | None = None, hub: str | None = None) -
                 f"the Hugging Face Hub at {where} cannot be reached for {repo}: {_first_line(exc)}"
             ) from exc
         raise
+
+
+def gated(repo: str, where: str | None = None) -> Forbidden:
+    where = where or endpoint()
+    return Forbidden(
+        f"{repo} is a gated model: accept its licence on {where}/{repo} with your account, then set HF_TOKEN "
+        "(the manager's environment, or the config's env) to a token of that account"
+    )
+
+
+def refuse_if_gated_without_token(found: Listing, env: Mapping[str, str] | None = None) -> None:
+    """Forbidden for a gated repo when no token would be sent: its files would be refused one by one."""
+    if found.gated and not token(env):
+        raise gated(found.repo)
 
 
 def _first_line(exc: BaseException) -> str:

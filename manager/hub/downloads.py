@@ -69,6 +69,7 @@ class DownloadPlan:
 def plan_download(repo: str, revision: str | None, env: Mapping[str, str], cache_dir: Path) -> DownloadPlan:
     """Which files of ``repo`` vLLM loads, their bytes, what the cache has of them and the disk's room."""
     found = client.listing(repo, revision, env)
+    client.refuse_if_gated_without_token(found, env)
     index_name = files.index_name_for(found.files)
     index = client.read_json(found, index_name, env) if index_name else None
     chosen = files.choose(found.files, index)
@@ -101,12 +102,14 @@ class _Run:
     """A download under way: its process and the figures it reports."""
 
     process: asyncio.subprocess.Process | None = None
+    token: str | None = None  # the HF_TOKEN its process was given
     base_bytes: int = 0  # complete before this run: the process counts only what it writes
     done_bytes: int = 0
     rate_bps: float | None = None
     samples: list[tuple[float, int]] = field(default_factory=list)
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: bool = False
+    superseded: bool = False  # ended to run again with a token; the row goes on
 
     def saw(self, done: int, now: float) -> None:
         self.done_bytes = self.base_bytes + done
@@ -148,6 +151,7 @@ class Downloads:
         async with self._lock:
             running = self._unfinished(repo, cache, plan.listing.commit)
             if running is not None:
+                await self._give_token(running, env)
                 return running
             refuse_if_no_room(plan)
             with session(self._engine) as db:
@@ -269,15 +273,30 @@ class Downloads:
         return None
 
     async def wait(self, download_id: int) -> Download:
-        run = self._runs.get(download_id)
-        if run is not None:
+        while (run := self._runs.get(download_id)) is not None:
             await run.finished.wait()
+            if self._runs.get(download_id) is run:  # ended for good (or the manager is closing)
+                break
         return self.get(download_id)
+
+    async def _give_token(self, row: Download, env: Mapping[str, str]) -> None:
+        """A download carried on after a restart runs without the token of the config that began it
+        (tokens are never stored): a caller that brings one runs it again with it, from the files complete."""
+        run = self._runs.get(row.id or 0)
+        token = client.token(env)
+        if run is None or run.token or not token:
+            return
+        log.info("download %s of %s goes on with the HF_TOKEN of its caller", row.id, row.repo)
+        run.superseded = True
+        if run.process is not None and run.process.returncode is None:
+            run.process.kill()
+        await run.finished.wait()
+        self._launch(row, env)
 
     # ---- the processes -----------------------------------------------------------------------------
     def _launch(self, row: Download, env: Mapping[str, str]) -> None:
         assert row.id is not None
-        run = _Run(base_bytes=_complete_bytes(row))
+        run = _Run(base_bytes=_complete_bytes(row), token=client.token(env))
         run.done_bytes = run.base_bytes
         self._runs[row.id] = run
         task = asyncio.get_running_loop().create_task(self._run(row, env, run), name=f"download-{row.id}")
@@ -288,10 +307,16 @@ class Downloads:
     async def _run(self, row: Download, env: Mapping[str, str], run: _Run) -> None:
         assert row.id is not None
         download_id = row.id
-        request = {"repo": row.repo, "commit": row.commit, "cache_dir": row.cache_dir, "files": row.files}
+        request = {
+            "repo": row.repo,
+            "revision": row.revision,
+            "commit": row.commit,
+            "cache_dir": row.cache_dir,
+            "files": row.files,
+        }
         child_env = {**os.environ, "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"}
-        if token := client.token(env):
-            child_env["HF_TOKEN"] = token  # in the environment, never in argv
+        if run.token:
+            child_env["HF_TOKEN"] = run.token  # in the environment, never in argv
         self._logs.mkdir(parents=True, exist_ok=True)
         _remove_partial_files(row)  # a manager killed outright left them; they are never reused
         outcome: tuple[DownloadState, str | None] = (DownloadState.FAILED, "the download process ended without a word")
@@ -307,6 +332,8 @@ class Downloads:
                     stderr=errors,
                     env=child_env,
                 )
+            if run.cancelled or run.superseded:  # asked while the process was being started
+                run.process.kill()
             assert run.process.stdin is not None and run.process.stdout is not None
             run.process.stdin.write(json.dumps(request).encode())
             await run.process.stdin.drain()
@@ -329,17 +356,22 @@ class Downloads:
                 self._set(download_id, done_bytes=run.done_bytes)
                 run.finished.set()
                 return
-            if run.cancelled:
-                outcome = (DownloadState.CANCELLED, None)
         except asyncio.CancelledError:  # the manager is closing: the row stays unfinished, to go on later
             self._set(download_id, done_bytes=run.done_bytes)
             run.finished.set()
             raise
-        except OSError as exc:
+        except OSError as exc:  # also a process killed before it read its request
             outcome = (DownloadState.FAILED, f"the download process could not run: {exc}")
-        if outcome[0] != DownloadState.DONE:
+        if run.superseded:  # it runs again at once, under the same row
+            run.finished.set()
+            return
+        if run.cancelled:
+            outcome = (DownloadState.CANCELLED, None)
+        done = run.done_bytes
+        if outcome[0] != DownloadState.DONE:  # what is kept is what a resume goes on from
             _remove_partial_files(row)
-        self._finish(download_id, outcome[0], outcome[1], run.done_bytes)
+            done = _complete_bytes(row)
+        self._finish(download_id, outcome[0], outcome[1], done)
         run.finished.set()
         self._runs.pop(download_id, None)
 

@@ -9,12 +9,14 @@ event loop. The token comes in the environment (``HF_TOKEN``), never in argv.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from manager.errors import ManagerError
@@ -29,7 +31,8 @@ class Reporter:
 
     lock = threading.Lock()
     bars: list[Reporter] = []
-    last_sent = 0.0
+    reporting = threading.Lock()
+    sent = -1  # the count last reported
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.unit = kwargs.get("unit", "it")
@@ -42,8 +45,6 @@ class Reporter:
 
     def update(self, n: float | None = 1) -> None:
         self.n += n or 0
-        if self.unit == "B":
-            Reporter.report()
 
     def update_transfer(self, n: float | None = 1) -> None:
         pass  # network bytes; the bytes written are what the user waits for
@@ -54,11 +55,25 @@ class Reporter:
             return int(max((bar.n for bar in cls.bars), default=0))
 
     @classmethod
-    def report(cls, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - cls.last_sent >= EVERY_S:
-            cls.last_sent = now
-            emit({"done": cls.done()})
+    def report(cls) -> None:
+        """The count, when it changed since it was last reported."""
+        with cls.reporting:
+            done = cls.done()
+            if done != cls.sent:
+                cls.sent = done
+                emit({"done": done})
+
+    @classmethod
+    def report_every(cls, seconds: float) -> None:
+        """Report from a clock, not from each update: the bytes of the last update before a pause (a
+        slow or stalled connection; the bytes come 10 MiB at a time) are shown then, not at the next one."""
+
+        def tick() -> None:
+            while True:
+                time.sleep(seconds)
+                cls.report()
+
+        threading.Thread(target=tick, daemon=True, name="progress").start()
 
     # What else snapshot_download and its thread map call on a bar.
     def __enter__(self) -> Reporter:
@@ -89,9 +104,13 @@ class Reporter:
         pass
 
 
+_writing = threading.Lock()
+
+
 def emit(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+    with _writing:  # the progress clock and the main thread both write; a line is never cut by another
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
 
 
 def fetch(request: dict[str, Any]) -> str:
@@ -99,7 +118,7 @@ def fetch(request: dict[str, Any]) -> str:
 
     repo = request["repo"]
     with client.hub_errors(repo, request["commit"]):
-        return snapshot_download(
+        folder = snapshot_download(
             repo,
             revision=request["commit"],
             cache_dir=request["cache_dir"],
@@ -109,6 +128,39 @@ def fetch(request: dict[str, Any]) -> str:
             tqdm_class=Reporter,
             max_workers=int(request.get("workers", 8)),
         )
+    remember_revision(request["cache_dir"], repo, request.get("revision"), request["commit"])
+    forget_file_list(request["cache_dir"], repo, request["commit"])
+    return folder
+
+
+def forget_file_list(cache_dir: str, repo: str, commit: str) -> None:
+    """Remove the list of the repo's files huggingface_hub keeps beside a download (``trees/<commit>.json``).
+    Offline, snapshot_download calls a snapshot incomplete when a file of that list matching the pattern
+    asked for is missing, and vLLM asks offline for every ``*.safetensors``: weights its index leaves out
+    (not downloaded, never loaded) would fail the start. Without the list the check is not made; online,
+    huggingface_hub lists the repo again."""
+    with contextlib.suppress(OSError):
+        (_repo_folder(cache_dir, repo) / "trees" / f"{commit}.json").unlink(missing_ok=True)
+
+
+def _repo_folder(cache_dir: str, repo: str) -> Path:
+    return Path(cache_dir) / ("models--" + repo.replace("/", "--"))
+
+
+def remember_revision(cache_dir: str, repo: str, revision: str | None, commit: str) -> None:
+    """Write the cache's ref from the revision asked for (``main``) to the commit downloaded. A download by
+    commit writes none, and an engine started offline finds a model by its ref: without it vLLM fails
+    with "Cannot find an appropriate cached snapshot folder"."""
+    if not revision or revision == commit:
+        return
+    refs = _repo_folder(cache_dir, repo) / "refs"
+    ref = refs / revision
+    if ".." in Path(revision).parts or not ref.resolve().is_relative_to(refs.resolve()):
+        return  # not a name a ref has; the hub answered for it, but nothing is written outside the cache
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ref.with_name(ref.name + ".tmp")
+    tmp.write_text(commit)
+    tmp.replace(ref)  # a reader never sees half a commit
 
 
 def end_with_parent() -> None:
@@ -127,6 +179,7 @@ def end_with_parent() -> None:
 def main() -> int:
     end_with_parent()
     request = json.loads(sys.stdin.read())
+    Reporter.report_every(EVERY_S)
     try:
         folder = fetch(request)
     except ManagerError as exc:
@@ -135,7 +188,7 @@ def main() -> int:
     except OSError as exc:  # the disk filled up, the cache is not writable
         emit({"error": f"writing into {request['cache_dir']} failed: {exc.strerror or exc}", "status": 507})
         return 1
-    Reporter.report(force=True)
+    Reporter.report()
     emit({"finished": folder})
     return 0
 

@@ -3,7 +3,6 @@ and stand-in downloads (tests.support.downloads) that end when the test says so.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +22,8 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 @pytest.fixture
 def downloads(monkeypatch) -> Downloads:
     downloads = Downloads()
-    monkeypatch.setattr("manager.runtime.Supervisor", functools.partial(Supervisor, fetcher=downloads))
+    # The runtime gives the supervisor the manager's own downloads; this one takes their place.
+    monkeypatch.setattr("manager.runtime.Supervisor", lambda *a, **k: Supervisor(*a, **{**k, "fetcher": downloads}))
     return downloads
 
 

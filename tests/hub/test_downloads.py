@@ -5,14 +5,12 @@ for two callers."""
 from __future__ import annotations
 
 import asyncio
-import json
-import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from huggingface_hub import scan_cache_dir
+from huggingface_hub import hf_hub_download, scan_cache_dir, snapshot_download
 
 from manager.db import make_engine, migrate
 from manager.errors import Conflict, Forbidden, InsufficientStorage
@@ -20,19 +18,11 @@ from manager.hub.downloads import Downloads
 from manager.hub.fetching import FetchFailed
 from manager.schemas.download import DownloadState
 from tests.support.hub_server import GOOD_TOKEN, TestHub
-from tests.support.tiny_hub_model import NOT_LOADED, SERVED_FILES
+from tests.support.tiny_hub_model import NOT_LOADED, SERVED_FILES, SHARDS, big_safetensors
 
 REPO = "acme/tiny-llama"
 BIG = "acme/big"
 MiB = 1024**2
-
-
-def big_safetensors(mib: int) -> bytes:
-    """A valid safetensors file of about ``mib`` MiB (one F32 tensor of zeros)."""
-    count = mib * MiB // 4
-    header = json.dumps({"w": {"dtype": "F32", "shape": [count], "data_offsets": [0, count * 4]}}).encode()
-    header += b" " * (-len(header) % 8)
-    return struct.pack("<Q", len(header)) + header + bytes(count * 4)
 
 
 @pytest.fixture
@@ -82,6 +72,27 @@ def test_a_pull_fetches_only_what_vllm_loads_and_records_it(downloads, cache: Pa
     assert not manager.needed(REPO, {})  # a start now finds it complete
     messages = [a[1] for a, _ in events]
     assert messages[0].startswith(f"downloading {REPO}") and messages[-1].startswith(f"downloaded {REPO}")
+
+
+def test_a_downloaded_model_is_found_offline_as_vllm_looks_for_it(
+    downloads, cache: Path, test_hub: TestHub, tiny_hub_repo: Path
+) -> None:
+    manager, _ = downloads
+    # Shards named by the index, which vLLM loads, and one model.safetensors beside them, which it does not.
+    files = {p.relative_to(tiny_hub_repo).as_posix(): p for p in tiny_hub_repo.rglob("*") if p.is_file()}
+    test_hub.add_repo("acme/two-copies", {**files, "model.safetensors": big_safetensors(1)})
+    run(manager.fetch("acme/two-copies", {}))
+
+    # What vLLM 0.32 asks, started with HF_HUB_OFFLINE=1 and no revision: transformers reads the config at
+    # main, and the weights come from snapshot_download(allow_patterns="*.safetensors") (the index narrows
+    # that only online); vLLM then loads what the index names.
+    config = hf_hub_download("acme/two-copies", "config.json", cache_dir=cache, local_files_only=True)
+    weights = snapshot_download(
+        "acme/two-copies", allow_patterns="*.safetensors", cache_dir=cache, local_files_only=True
+    )
+    (row,) = manager.list()
+    assert Path(config).parent.name == Path(weights).name == row.commit
+    assert {p.name for p in Path(weights).glob("*.safetensors")} == set(SHARDS)
 
 
 def test_progress_is_reported_while_the_bytes_come(downloads, cache: Path, test_hub: TestHub) -> None:
@@ -153,7 +164,7 @@ def test_a_gated_repo_needs_its_token(downloads, cache: Path, test_hub: TestHub,
     test_hub.add_repo_from_folder("acme/gated", tiny_hub_repo, gated=True)
 
     with pytest.raises(Forbidden) as refused:
-        run(manager.start("acme/gated"))  # the listing is public, the files are not: the run fails
+        run(manager.start("acme/gated"))  # the listing is public and says gated: no download is made
     assert "gated" in refused.value.message and "HF_TOKEN" in refused.value.message
 
     with pytest.raises(FetchFailed) as failed:
@@ -258,3 +269,36 @@ def test_a_hub_that_stops_sending_is_asked_again_and_a_hub_gone_fails_the_downlo
     assert failed.state == DownloadState.FAILED
     assert failed.error and "acme/big-2" in failed.error, failed.error
     assert not list((cache / "models--acme--big-2" / "blobs").glob("*.incomplete"))
+
+
+def test_a_gated_download_carried_on_after_a_restart_gets_the_token_of_the_start_that_rejoins_it(
+    tmp_path: Path, cache: Path, test_hub: TestHub
+) -> None:
+    engine = make_engine(tmp_path / "manager.db")
+    migrate(engine)
+    config = {"config.json": b"{}", "model.safetensors": big_safetensors(32)}
+    test_hub.add_repo("acme/gated-big", config, gated=True)
+    test_hub.set_faults("acme/gated-big", stall_after_bytes=12 * MiB)
+    own_token = {"HF_TOKEN": GOOD_TOKEN}  # the config's env: the manager itself has none
+
+    async def stop_midway():
+        first = Downloads(engine, tmp_path / "logs")
+        row = await first.start("acme/gated-big", None, own_token)
+        assert await asyncio.to_thread(test_hub.wait_stalled, 10.0)
+        await first.close()
+        return row
+
+    row = run(stop_midway())
+    test_hub.set_faults("acme/gated-big", rate_bytes_per_s=16 * MiB)
+    test_hub.release()
+
+    async def start_again():
+        second = Downloads(engine, tmp_path / "logs")
+        await second.open()  # goes on at once, without the token (it is never stored)
+        await second.fetch("acme/gated-big", own_token)  # the worker's start, rejoining it
+        return second.list()
+
+    rows = run(start_again())
+    assert [(r.id, r.state) for r in rows] == [(row.id, DownloadState.DONE)]
+    assert cached_files(cache, "acme/gated-big") == {"config.json", "model.safetensors"}
+    engine.dispose()

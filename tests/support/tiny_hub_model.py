@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import struct
 from pathlib import Path
 
 from manager.tiny_model import WORDS
@@ -28,6 +29,7 @@ CONFIG_FILES = (
 SERVED_FILES = (*CONFIG_FILES, INDEX, *SHARDS)
 NOT_LOADED = ("pytorch_model.bin", "original/consolidated.pth", "original/params.json", "README.md", ".gitattributes")
 
+MiB = 1024**2
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 128, 256, 2, 4, 2, 32, 1024
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 
@@ -135,3 +137,11 @@ def _write_weights(folder: Path) -> None:
         weight_map |= dict.fromkeys(tensors, name)
         total += sum(t.numel() * t.element_size() for t in tensors.values())
     _write_json(folder / INDEX, {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
+
+
+def big_safetensors(mib: int) -> bytes:
+    """A valid safetensors file of about ``mib`` MiB (one F32 tensor of zeros)."""
+    count = mib * MiB // 4
+    header = json.dumps({"w": {"dtype": "F32", "shape": [count], "data_offsets": [0, count * 4]}}).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + bytes(count * 4)

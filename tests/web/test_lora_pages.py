@@ -22,7 +22,7 @@ import pytest
 from manager.db import make_engine, session
 from manager.services import tokens
 from tests.lora.peft_adapters import make_llama_adapter
-from tests.web.conftest import free_port
+from tests.support.engine import free_port
 
 # vLLM 0.32's answers, as entrypoints/openai/models/serving.py words them.
 STAND_IN = r"""
