@@ -40,6 +40,7 @@ from manager.schemas.download import UNFINISHED, Download, DownloadState
 
 log = logging.getLogger("vllm_manager.downloads")
 GiB = 1024**3
+RATE_WINDOW_S = 5.0  # the rate shown is over this many seconds
 KEEP_FINISHED = 50  # finished downloads listed; older rows stay in the store
 
 
@@ -105,7 +106,6 @@ class _Run:
     token: str | None = None  # the HF_TOKEN its process was given
     base_bytes: int = 0  # complete before this run: the process counts only what it writes
     done_bytes: int = 0
-    rate_bps: float | None = None
     samples: list[tuple[float, int]] = field(default_factory=list)
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: bool = False
@@ -113,10 +113,18 @@ class _Run:
 
     def saw(self, done: int, now: float) -> None:
         self.done_bytes = self.base_bytes + done
-        self.samples = [s for s in self.samples if now - s[0] <= 10.0] + [(now, self.done_bytes)]
-        first = self.samples[0]
-        if now - first[0] >= 1.0:
-            self.rate_bps = (self.done_bytes - first[1]) / (now - first[0])
+        self.samples = [s for s in self.samples if now - s[0] <= RATE_WINDOW_S] + [(now, self.done_bytes)]
+
+    def rate_at(self, now: float) -> float | None:
+        """Bytes a second over the last seconds up to ``now``: a stalled download's rate falls to 0 instead
+        of showing its last speed. None until a second has passed."""
+        recent = [s for s in self.samples if now - s[0] <= RATE_WINDOW_S]
+        if not recent:
+            return 0.0 if self.samples else None
+        first = recent[0]
+        if now - first[0] < 1.0:
+            return None
+        return (self.done_bytes - first[1]) / (now - first[0])
 
 
 class Downloads:
@@ -243,12 +251,12 @@ class Downloads:
     def progress_of(self, download_id: int) -> Progress | None:
         row = self.get(download_id)
         run = self._runs.get(download_id)
-        rate = run.rate_bps if run is not None else None
+        rate = run.rate_at(time.monotonic()) if run is not None else None
         return Progress(row.repo, row.done_bytes, row.total_bytes, rate)
 
     def rate(self, download_id: int) -> float | None:
         run = self._runs.get(download_id)
-        return run.rate_bps if run is not None else None
+        return run.rate_at(time.monotonic()) if run is not None else None
 
     # ---- what a start needs (manager.hub.fetching.Fetcher) -----------------------------------------
     def needed(self, model: str, env: Mapping[str, str]) -> bool:
@@ -269,7 +277,7 @@ class Downloads:
         for download_id, run in self._runs.items():
             row = self.get(download_id)
             if row.repo == model and row.cache_dir == cache and row.state in UNFINISHED:
-                return Progress(row.repo, row.done_bytes, row.total_bytes, run.rate_bps)
+                return Progress(row.repo, row.done_bytes, row.total_bytes, run.rate_at(time.monotonic()))
         return None
 
     async def wait(self, download_id: int) -> Download:

@@ -302,3 +302,29 @@ def test_a_gated_download_carried_on_after_a_restart_gets_the_token_of_the_start
     assert [(r.id, r.state) for r in rows] == [(row.id, DownloadState.DONE)]
     assert cached_files(cache, "acme/gated-big") == {"config.json", "model.safetensors"}
     engine.dispose()
+
+
+def test_a_stalled_download_shows_its_rate_falling_not_its_last_speed(downloads, cache: Path, test_hub: TestHub):
+    manager, _ = downloads
+    test_hub.set_faults(BIG, rate_bytes_per_s=16 * MiB, stall_after_bytes=22 * MiB)
+
+    async def watch():
+        row = await manager.start(BIG)
+        flowing = None
+        while not test_hub.wait_stalled(0.0):
+            flowing = manager.rate(row.id) or flowing
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(4.0)
+        stalled = manager.rate(row.id)
+        progress = manager.progress(BIG, {})
+        await manager.cancel(row.id)
+        return flowing, stalled, progress
+
+    flowing, stalled, progress = run(watch())
+    test_hub.release()
+
+    assert flowing and flowing > 4 * MiB
+    assert stalled is not None and stalled < flowing / 2, (flowing, stalled)
+    assert progress is not None
+    left_at_full_speed = (progress.total_bytes - progress.done_bytes) / flowing
+    assert progress.eta_s is None or progress.eta_s > 2 * left_at_full_speed  # the time left grows
