@@ -27,7 +27,7 @@ folder that is removed (and the disk synced) after it, untimed; one untimed snap
   disk (no fsync, as huggingface_hub does not): the other ceiling.
 
 Plan: a 10-file repo (config, generation config, tokenizer files, the index and 4 safetensors shards of
-a 32-layer Llama shape: 291 tensors, headers the size of a real 8B model's) and ``make_plan(...,
+a 32-layer Llama shape: 291 tensors, headers of about 8.6 kB each) and ``make_plan(...,
 hub=True)`` in this process, each time with a new empty cache; the first call, which opens the
 connections, is counted apart. The hub's request log says what each plan asked and how many bytes went
 out. Then ``vllm-manager plan REPO`` as a process (Python's start and the CLI's imports included, and
