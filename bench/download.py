@@ -401,7 +401,7 @@ def summarise_pull(runs: list[Run]) -> dict[str, Any]:
 
 def time_download_plan(hub: HubProcess, scratch: Path, repeats: int) -> dict[str, Any]:
     """``plan_download`` alone: what ``Downloads.start`` asks the hub before the process starts."""
-    from manager.hub.downloads import plan_download
+    from manager.hub.download_plan import plan_download
 
     seconds, cpu = [], []
     for _ in range(repeats):

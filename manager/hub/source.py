@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 
 from manager.hub import client
-from manager.hub.downloads import plan_download
+from manager.hub.download_plan import plan_download
 from manager.planner.model_files import ModelFiles, hub_cache_dir, sizes_from_headers
 from manager.planner.records import ModelSource
 
