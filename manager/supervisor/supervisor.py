@@ -22,7 +22,7 @@ from manager.cluster.views import NodeView, node_view, this_box
 from manager.db import session
 from manager.errors import Conflict, Invalid, NotFound
 from manager.hub.fetching import Fetcher
-from manager.launch.command import build_command, downloads_first, served_name, sleep_pool_on
+from manager.launch.command import build_command, downloads_first, needs_download, served_name, sleep_pool_on
 from manager.launch.engine_key import ENV_NAME, engine_key, key_values
 from manager.launch.flags import flag_value
 from manager.launch.model_location import check_startable, download_note
@@ -48,8 +48,9 @@ from manager.supervisor.view import WorkerView
 if TYPE_CHECKING:
     from manager.cluster.ray_cluster import RayCluster
 
-# Refuses a start that cannot fit: (config, its profile, force, the host RAM other workers hold).
-Preflight = Callable[[ModelConfig, OffloadProfile | None, bool, HostClaims], None]
+# Refuses a start that cannot fit: (config, its profile, force, the host RAM other workers hold, whether
+# its model is still to be downloaded, so planned from the hub).
+Preflight = Callable[[ModelConfig, OffloadProfile | None, bool, HostClaims, bool], None]
 
 log = logging.getLogger("vllm_manager.supervisor")
 
@@ -311,7 +312,8 @@ class Supervisor:
             check_gpus_known(config, *self._gpus_known())
             if self.cluster is None:
                 check_startable(config.model, config.env)  # a folder gone since, or a download HF_HUB_OFFLINE forbids
-            node = self._place(db, worker_id, config, profile, force)
+            fetching = self._fetcher is not None and needs_download(config, self._fetcher)
+            node = self._place(db, worker_id, config, profile, force, fetching)
         host = self._host_of(node)
         if isinstance(host, LocalHost) and config.port is None and not _bindable(port):
             port = self._free_port()  # another program took the worker's port while it was stopped
@@ -337,7 +339,7 @@ class Supervisor:
             cmd.notes.append("--distributed-executor-backend ray: the model needs more GPUs than any one node has")
         download = None
         if self._fetcher is not None and isinstance(host, LocalHost):
-            if downloads_first(cmd, config, self._fetcher):
+            if downloads_first(cmd, config, self._fetcher, fetching):
                 timeout = config.download_timeout_s
                 download = Download(config.model, dict(config.env), float(timeout) if timeout else None)
         elif isinstance(host, LocalHost) and (note := download_note(config.model, config.env)):
@@ -408,10 +410,17 @@ class Supervisor:
             self.cluster.resolve(wanted)
 
     def _place(
-        self, db: Session, worker_id: int, config: ModelConfig, profile: OffloadProfile | None, force: bool
+        self,
+        db: Session,
+        worker_id: int,
+        config: ModelConfig,
+        profile: OffloadProfile | None,
+        force: bool,
+        fetching: bool = False,
     ) -> str | None:
         """The node a start runs on, after the planner's check there: the config's node, else the
-        first live node that fits (the one it ran on before first). Invalid naming each node's refusal."""
+        first live node that fits (the one it ran on before first). Invalid naming each node's refusal.
+        ``fetching``: its model is downloaded first (on this machine), and planned from the hub until then."""
         if self.cluster is None:
             if config.node:
                 raise Invalid(
@@ -420,7 +429,7 @@ class Supervisor:
                     field="node",
                 )
             if self._preflight is not None:
-                self._preflight(config, profile, force, self._host_claims(db, worker_id))
+                self._preflight(config, profile, force, self._host_claims(db, worker_id), fetching)
             return None
         cluster = self.cluster
         if spans_nodes(config.tensor_parallel_size, config.extra_args, cluster.most_gpus()):
@@ -485,7 +494,7 @@ class Supervisor:
         if self.cluster.is_local(node):
             if self._preflight is not None:
                 try:
-                    self._preflight(config, profile, force, claims)
+                    self._preflight(config, profile, force, claims, False)
                 except Invalid as exc:
                     return exc.message
             return None
