@@ -3,7 +3,6 @@ and stand-in downloads (tests.support.downloads) that end when the test says so.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,8 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from manager.app import create_app
-from manager.supervisor.supervisor import Supervisor
-from tests.frontdoor.conftest import two_models
+from tests.frontdoor.conftest import two_models, use_downloads
 from tests.support.downloads import Downloads
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -22,9 +20,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 @pytest.fixture
 def downloads(monkeypatch) -> Downloads:
-    downloads = Downloads()
-    monkeypatch.setattr("manager.runtime.Supervisor", functools.partial(Supervisor, fetcher=downloads))
-    return downloads
+    return use_downloads(monkeypatch, Downloads())
 
 
 def manager(settings, **extra: dict) -> Iterator[TestClient]:
