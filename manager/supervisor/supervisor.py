@@ -7,7 +7,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +51,9 @@ if TYPE_CHECKING:
 # Refuses a start that cannot fit: (config, its profile, force, the host RAM other workers hold, whether
 # its model is still to be downloaded, so planned from the hub).
 Preflight = Callable[[ModelConfig, OffloadProfile | None, bool, HostClaims, bool], None]
+# Awaited before the engine of a start that downloaded its model first is launched (its config's name);
+# a ManagerError from it refuses the launch.
+MakeRoom = Callable[[str], Awaitable[None]]
 
 log = logging.getLogger("vllm_manager.supervisor")
 
@@ -81,6 +84,7 @@ class Supervisor:
         # Downloads a start's hub model before its engine starts. Not in a Ray cluster: there vLLM
         # downloads on the node that runs it, into that node's cache.
         self._fetcher = fetcher if cluster is None else None
+        self._make_room: MakeRoom | None = None  # the front door's eviction, for engines started after a download
         self._orphans: dict[str, list[lc.Engine]] = {}  # engines on lost nodes that no worker holds now
         self._background: set[asyncio.Task[Any]] = set()  # news of a node, on its way to each worker
         if cluster is not None:
@@ -92,6 +96,26 @@ class Supervisor:
     def fetcher(self) -> Fetcher | None:
         """The downloads a start of a hub model waits for (None: vLLM downloads during its start)."""
         return self._fetcher
+
+    def downloads_first(self, model_name: str) -> bool:
+        """Whether a start of this model config now downloads its model before its engine starts."""
+        if self._fetcher is None:
+            return False
+        with session(self.engine) as db:
+            try:
+                config = models.get_model(db, model_name)
+            except NotFound:
+                return False
+        return needs_download(config, self._fetcher)
+
+    def make_room_with(self, make_room: MakeRoom) -> None:
+        """``make_room(config)`` is awaited before the engine of a start that downloaded its model first is
+        launched: the front door stops other models then, not while the download runs and holds no GPU."""
+        self._make_room = make_room
+
+    async def _room_for(self, model_name: str) -> None:
+        if self._make_room is not None:
+            await self._make_room(model_name)
 
     # ---- life cycle ----------------------------------------------------------------------------
     async def start_up(self) -> None:
@@ -271,6 +295,7 @@ class Supervisor:
             abandon=self._abandon,
             check_plan=self._check_plan,
             fetcher=self._fetcher,
+            make_room=self._room_for,
         )
         runner = WorkerRunner(row, deps)
         if listed:

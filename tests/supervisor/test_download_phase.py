@@ -19,7 +19,7 @@ import pytest
 from sqlmodel import select
 
 from manager.db import make_engine, migrate, session
-from manager.errors import Invalid
+from manager.errors import Conflict, Invalid
 from manager.hub import downloads as hub_downloads
 from manager.hub.fetching import Fetcher
 from manager.launch import preflight as pre_start
@@ -221,6 +221,55 @@ def test_a_switch_while_downloading_starts_the_other_config(sleepy_settings):
         finally:
             await sup.command(view.id, "stop")
             await sup.shut_down()
+
+    run(body)
+
+
+def test_room_for_the_engine_is_made_once_the_download_is_over_and_before_the_engine_starts(sleepy_settings):
+    async def body() -> None:
+        downloads = Downloads()
+        sup = supervisor(sleepy_settings, downloads, a={})
+        asked: list[tuple[str, State]] = []
+
+        async def make_room(config: str) -> None:
+            asked.append((config, sup.views()[0].state))
+
+        sup.make_room_with(make_room)
+        await sup.start_up()
+        assert sup.downloads_first("a") and not sup.downloads_first("gone")
+        view, _ = await sup.create_worker("a")
+        try:
+            await until(lambda: len(downloads.waits) == 1)
+            await asyncio.sleep(0.1)
+            assert asked == []  # the download holds no GPU: nobody makes room for it
+            downloads.finish.set()
+            await until(lambda: sup.view(view.id).state == State.STARTING)
+            assert asked == [("a", State.DOWNLOADING)]  # asked before the engine was launched
+            assert not sup.downloads_first("a")
+        finally:
+            await sup.command(view.id, "stop")
+            await sup.shut_down()
+
+    run(body)
+
+
+def test_an_engine_that_gets_no_room_after_its_download_fails_its_worker_with_the_reason(sleepy_settings):
+    async def body() -> None:
+        downloads = Downloads()
+        sup = supervisor(sleepy_settings, downloads, a={})
+
+        async def no_room(config: str) -> None:
+            raise Conflict(f"{config} cannot be started: b is persistent and holds GPU 0")
+
+        sup.make_room_with(no_room)
+        await sup.start_up()
+        view, _ = await sup.create_worker("a")
+        downloads.finish.set()
+        await until(lambda: sup.view(view.id).state == State.FAILED)
+        failed = sup.view(view.id)
+        assert failed.last_error == "start refused: a cannot be started: b is persistent and holds GPU 0"
+        assert failed.pid is None
+        await sup.shut_down()
 
     run(body)
 
