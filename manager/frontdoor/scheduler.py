@@ -4,8 +4,11 @@ Per model config: a request is served at once when the config's worker is ready;
 starting, the request joins that start (one start per config, however many requests wait for it);
 when it is stopped or asleep, eviction (``eviction.choose``) names the workers to put to sleep or
 stop, the supervisor does so and starts (or wakes) this one, and every waiting request goes on
-when it is ready. A start the pre-start check refuses because sleeping workers hold the host RAM
-it needs stops some of them (``eviction.free_host_ram``) and is tried again. It also counts the
+when it is ready. A model that must be downloaded first is started without evicting anyone (its
+download holds no GPU, and may take minutes): the same eviction is done when the download is over
+and its engine is about to start (the supervisor asks, ``make_room_with``). A start the pre-start
+check refuses because sleeping workers hold the host RAM it needs stops some of them
+(``eviction.free_host_ram``) and is tried again. It also counts the
 requests in flight per model, when each last answered and its last swap (``snapshot`` for the
 dashboard), and unloads models idle past their ``idle_timeout_s`` (to sleep when their config
 allows it and host RAM has room for what sleeping keeps there, else stopped).
@@ -20,13 +23,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from manager.errors import ManagerError
+from manager.errors import Conflict, ManagerError
 from manager.frontdoor import eviction
-from manager.frontdoor.errors import ModelDownloading, ModelUnavailable, QueueFull, StartTimeout
+from manager.frontdoor.errors import FrontDoorError, ModelDownloading, ModelUnavailable, QueueFull, StartTimeout
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.launch.preflight import HostRamHeldBySleepers
 from manager.supervisor.lifecycle import State
@@ -69,6 +72,15 @@ class Workers(Protocol):
     async def command(
         self, worker_id: int, kind: str, model: str | None = None, force: bool = False, level: int | None = None
     ) -> WorkerView: ...
+
+    def downloads_first(self, model_name: str) -> bool:
+        """Whether a start of this model config now downloads its model before the engine starts."""
+        ...
+
+    def make_room_with(self, make_room: Callable[[str], Awaitable[None]]) -> None:
+        """Have ``make_room(config)`` awaited before the engine of a start that downloaded its model first
+        is launched; a ManagerError from it refuses the launch."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -166,6 +178,9 @@ class _Slot:
     start: asyncio.Task[WorkerView] | None = None  # the one start under way, joined by every waiter
     leaving: _Leaving | None = None
     last_swap: Swap | None = None
+    # Started for requests while its model downloads, without evicting anyone: room for it is made
+    # when its engine is about to start.
+    room_at_launch: bool = False
 
 
 class Scheduler:
@@ -192,6 +207,7 @@ class Scheduler:
         self._placing = asyncio.Lock()  # one decision to evict and start at a time
         self._released = asyncio.Event()  # set (and replaced) whenever a request ends
         self._idle_task: asyncio.Task[None] | None = None
+        workers.make_room_with(self._room_at_launch)
 
     # ---- requests ---------------------------------------------------------------------------
     async def acquire(self, config: str) -> Lease:
@@ -304,44 +320,108 @@ class Scheduler:
             raise ModelUnavailable(f"model config {config!r} no longer exists")
         drain_deadline = started + self.options.drain_timeout_s
         draining: dict[str, _Leaving] = {}  # models this start asked to drain: their new requests wait
+        slot = self._slot(config)
         try:
             # A stop asked for elsewhere (the API) is let finish: its worker is then started again.
             while any(v.model == config and v.state == State.STOPPING for v in self.workers.views()):
                 if self._clock() - started > placement.start_timeout_s:
                     raise StartTimeout(f"{config} is still stopping after {placement.start_timeout_s:g} s")
                 await asyncio.sleep(self.options.poll_s)
-            while True:
+            target = await self._download_first(placement) if self.workers.downloads_first(config) else None
+            while target is None:
                 async with self._placing:
                     current = self._current_worker(config)
                     if current is not None and current.state not in (State.CRASHED, State.SLEEPING):
                         target = current  # started meanwhile (by the API, or an earlier start)
                         break
-                    decision = eviction.choose(self._running(config), self._need(placement), self._gpu_capacity())
-                    if isinstance(decision, eviction.CannotFit):
-                        raise ModelUnavailable(f"{config} cannot be started: {decision.reason}")
+                    decision = self._decide(placement)
                     if isinstance(decision, eviction.MakeRoom):
                         await self._evict(decision, f"to make room for {config}")
                         if current is not None and current.state == State.SLEEPING:
                             target = await self._wake(current, started)
                         else:
+                            slot.room_at_launch = False  # made now
                             target = await self._start(config, current)
                         break
-                    for name in self._configs_of(decision.workers):
-                        leaving = self._mark_leaving(name)
-                        if leaving is not None:
-                            draining[name] = leaving
-                    waiting_for = decision
-                if not await self._drained(waiting_for.workers, drain_deadline):
-                    raise ModelUnavailable(
-                        f"{waiting_for.reason}; they did not finish within {self.options.drain_timeout_s:g} s. "
-                        "Retry later, or give the models different GPUs"
-                    )
+                    self._drain(decision, draining)
+                await self._until_drained(decision, drain_deadline)
         except ManagerError as exc:  # a worker deleted meanwhile, a stop that failed
             raise ModelUnavailable(f"{config} could not be started: {exc.message}") from exc
         finally:
             for name, leaving in draining.items():
                 self._end_leaving(name, leaving)
         return await self._until_ready(target, placement, started)
+
+    async def _download_first(self, placement: Placement) -> WorkerView | None:
+        """Start a config whose model must be downloaded first without evicting anyone: the download holds
+        no GPU, and room is made once it is over (``_room_at_launch``). None when it is to be started as
+        any other: it has a worker already, or the pre-start check refused it while workers that eviction
+        would stop were running (their memory counted against it)."""
+        config = placement.config
+        slot = self._slot(config)
+        async with self._placing:
+            if self._current_worker(config) is not None:
+                return None
+            # One that can never get its GPUs (persistent models hold them) is not downloaded for nothing.
+            decision = self._decide(placement)
+            slot.room_at_launch = True
+        try:
+            view = await self._start(config, None)
+        except ModelUnavailable:
+            slot.room_at_launch = False
+            if decision == eviction.MakeRoom():
+                raise  # nobody is in its way: the refusal is the model's own
+            return None
+        if view.state != State.DOWNLOADING:  # downloaded by someone else just now: its engine starts as it is
+            slot.room_at_launch = False
+        return view
+
+    async def _room_at_launch(self, config: str) -> None:
+        """Before the engine of ``config`` starts once its model is downloaded: the eviction its start for
+        requests left until now (the supervisor awaits this). A start made elsewhere evicts nobody, as
+        before. Raises Conflict when room cannot be made: the worker fails with the reason."""
+        slot = self._slots.get(config)
+        placement = self._placements().get(config)
+        if slot is None or not slot.room_at_launch or placement is None:
+            return
+        slot.room_at_launch = False
+        deadline = self._clock() + self.options.drain_timeout_s
+        draining: dict[str, _Leaving] = {}
+        try:
+            while True:
+                async with self._placing:
+                    decision = self._decide(placement)
+                    if isinstance(decision, eviction.MakeRoom):
+                        await self._evict(decision, f"to make room for {config}")
+                        return
+                    self._drain(decision, draining)
+                await self._until_drained(decision, deadline)
+        except FrontDoorError as exc:
+            raise Conflict(exc.message) from exc
+        finally:
+            for name, leaving in draining.items():
+                self._end_leaving(name, leaving)
+
+    def _decide(self, placement: Placement) -> eviction.MakeRoom | eviction.WaitForDrain:
+        """What must go for ``placement`` to start; ModelUnavailable when it cannot start at all."""
+        decision = eviction.choose(self._running(placement.config), self._need(placement), self._gpu_capacity())
+        if isinstance(decision, eviction.CannotFit):
+            raise ModelUnavailable(f"{placement.config} cannot be started: {decision.reason}")
+        return decision
+
+    def _drain(self, decision: eviction.WaitForDrain, draining: dict[str, _Leaving]) -> None:
+        """New requests for the models that must drain wait (until ``draining`` is ended)."""
+        for name in self._configs_of(decision.workers):
+            leaving = self._mark_leaving(name)
+            if leaving is not None:
+                draining[name] = leaving
+
+    async def _until_drained(self, decision: eviction.WaitForDrain, deadline: float) -> None:
+        if not await self._drained(decision.workers, deadline):
+            raise ModelUnavailable(
+                f"{decision.reason}; they did not finish within {self.options.drain_timeout_s:g} s. "
+                "Retry later, or give the models different GPUs"
+            )
 
     def _need(self, placement: Placement) -> eviction.Need:
         return eviction.Need(placement.config, placement.gpus, placement.gpu_bytes)

@@ -265,13 +265,21 @@ def preview_command(
     return cmd
 
 
-def downloads_first(cmd: LaunchCommand, config: ModelConfig, fetcher: Fetcher) -> bool:
-    """Whether a start of ``config`` on this machine downloads its hub model before the engine starts
-    (said in the notes). A model complete in the cache is loaded offline (HF_HUB_OFFLINE=1, unless the
-    config's env sets it), so the engine's start asks the Hub nothing and start_timeout_s is the start alone."""
+def needs_download(config: ModelConfig, fetcher: Fetcher) -> bool:
+    """Whether a start of ``config`` on this machine downloads its hub model before the engine starts."""
     if is_local_path(config.model) or downloads_forbidden(config.env):
         return False  # a folder, or an engine that may not download (its start is checked for that)
-    if fetcher.needed(config.model, config.env):
+    return fetcher.needed(config.model, config.env)
+
+
+def downloads_first(cmd: LaunchCommand, config: ModelConfig, fetcher: Fetcher, needed: bool | None = None) -> bool:
+    """Whether a start of ``config`` on this machine downloads its hub model before the engine starts
+    (said in the notes). A model complete in the cache is loaded offline (HF_HUB_OFFLINE=1, unless the
+    config's env sets it), so the engine's start asks the Hub nothing and start_timeout_s is the start alone.
+    ``needed``: what ``needs_download`` answered for this start, when it was asked already."""
+    if is_local_path(config.model) or downloads_forbidden(config.env):
+        return False
+    if needs_download(config, fetcher) if needed is None else needed:
         timeout = config.download_timeout_s
         limit = f"within download_timeout_s ({timeout} s)" if timeout else "with no time limit"
         cmd.notes.append(

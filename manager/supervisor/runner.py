@@ -13,7 +13,7 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -96,6 +96,9 @@ class RunnerDeps:
     check_plan: Callable[[str, Path], tuple[str, dict] | None] | None = None
     # Downloads from the Hugging Face Hub (None: vLLM downloads during its start, as without the manager).
     fetcher: Fetcher | None = None
+    # Awaited before an engine starts once its model is downloaded (config name): room for it is made
+    # then. A ManagerError refuses the launch.
+    make_room: Callable[[str], Awaitable[None]] | None = None
 
 
 def policy_of(settings: Settings) -> lc.Policy:
@@ -440,6 +443,8 @@ class WorkerRunner:
 
     async def _launch(self, effect: lc.Launch) -> lc.Event:
         port = self._port()
+        if effect.downloaded and (refusal := await self._make_room(effect.model)) is not None:
+            return lc.LaunchRefused(refusal)
         try:
             launch = await asyncio.to_thread(self.deps.prepare, self.id, effect.model, port, self.gpus, effect.force)
         except ManagerError as exc:
@@ -483,6 +488,20 @@ class WorkerRunner:
             removed_stale=tuple(removed),
             port=launch.port,
         )
+
+    async def _make_room(self, model: str) -> ManagerError | None:
+        """Room for the engine about to start after its download (others stopped first), before the
+        pre-start check counts what is free; the reason when it cannot be made."""
+        if self.deps.make_room is None:
+            return None
+        try:
+            await self.deps.make_room(model)
+        except ManagerError as exc:
+            return exc
+        except Exception as exc:  # the worker must not stay downloading for good
+            log.exception("worker %s: making room for %s failed", self.id, model)
+            return Conflict(f"room for {model} could not be made: {exc}")
+        return None
 
     # ---- the download -----------------------------------------------------------------------------
     async def _fetch(self, since: float) -> None:

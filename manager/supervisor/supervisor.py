@@ -7,7 +7,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +22,7 @@ from manager.cluster.views import NodeView, node_view, this_box
 from manager.db import session
 from manager.errors import Conflict, Invalid, NotFound
 from manager.hub.fetching import Fetcher
-from manager.launch.command import build_command, downloads_first, served_name, sleep_pool_on
+from manager.launch.command import build_command, downloads_first, needs_download, served_name, sleep_pool_on
 from manager.launch.engine_key import ENV_NAME, engine_key, key_values
 from manager.launch.flags import flag_value
 from manager.launch.model_location import check_startable, download_note
@@ -48,8 +48,12 @@ from manager.supervisor.view import WorkerView
 if TYPE_CHECKING:
     from manager.cluster.ray_cluster import RayCluster
 
-# Refuses a start that cannot fit: (config, its profile, force, the host RAM other workers hold).
-Preflight = Callable[[ModelConfig, OffloadProfile | None, bool, HostClaims], None]
+# Refuses a start that cannot fit: (config, its profile, force, the host RAM other workers hold, whether
+# its model is still to be downloaded, so planned from the hub).
+Preflight = Callable[[ModelConfig, OffloadProfile | None, bool, HostClaims, bool], None]
+# Awaited before the engine of a start that downloaded its model first is launched (its config's name);
+# a ManagerError from it refuses the launch.
+MakeRoom = Callable[[str], Awaitable[None]]
 
 log = logging.getLogger("vllm_manager.supervisor")
 
@@ -80,6 +84,7 @@ class Supervisor:
         # Downloads a start's hub model before its engine starts. Not in a Ray cluster: there vLLM
         # downloads on the node that runs it, into that node's cache.
         self._fetcher = fetcher if cluster is None else None
+        self._make_room: MakeRoom | None = None  # the front door's eviction, for engines started after a download
         self._orphans: dict[str, list[lc.Engine]] = {}  # engines on lost nodes that no worker holds now
         self._background: set[asyncio.Task[Any]] = set()  # news of a node, on its way to each worker
         if cluster is not None:
@@ -91,6 +96,26 @@ class Supervisor:
     def fetcher(self) -> Fetcher | None:
         """The downloads a start of a hub model waits for (None: vLLM downloads during its start)."""
         return self._fetcher
+
+    def downloads_first(self, model_name: str) -> bool:
+        """Whether a start of this model config now downloads its model before its engine starts."""
+        if self._fetcher is None:
+            return False
+        with session(self.engine) as db:
+            try:
+                config = models.get_model(db, model_name)
+            except NotFound:
+                return False
+        return needs_download(config, self._fetcher)
+
+    def make_room_with(self, make_room: MakeRoom) -> None:
+        """``make_room(config)`` is awaited before the engine of a start that downloaded its model first is
+        launched: the front door stops other models then, not while the download runs and holds no GPU."""
+        self._make_room = make_room
+
+    async def _room_for(self, model_name: str) -> None:
+        if self._make_room is not None:
+            await self._make_room(model_name)
 
     # ---- life cycle ----------------------------------------------------------------------------
     async def start_up(self) -> None:
@@ -270,6 +295,7 @@ class Supervisor:
             abandon=self._abandon,
             check_plan=self._check_plan,
             fetcher=self._fetcher,
+            make_room=self._room_for,
         )
         runner = WorkerRunner(row, deps)
         if listed:
@@ -311,7 +337,8 @@ class Supervisor:
             check_gpus_known(config, *self._gpus_known())
             if self.cluster is None:
                 check_startable(config.model, config.env)  # a folder gone since, or a download HF_HUB_OFFLINE forbids
-            node = self._place(db, worker_id, config, profile, force)
+            fetching = self._fetcher is not None and needs_download(config, self._fetcher)
+            node = self._place(db, worker_id, config, profile, force, fetching)
         host = self._host_of(node)
         if isinstance(host, LocalHost) and config.port is None and not _bindable(port):
             port = self._free_port()  # another program took the worker's port while it was stopped
@@ -337,7 +364,7 @@ class Supervisor:
             cmd.notes.append("--distributed-executor-backend ray: the model needs more GPUs than any one node has")
         download = None
         if self._fetcher is not None and isinstance(host, LocalHost):
-            if downloads_first(cmd, config, self._fetcher):
+            if downloads_first(cmd, config, self._fetcher, fetching):
                 timeout = config.download_timeout_s
                 download = Download(config.model, dict(config.env), float(timeout) if timeout else None)
         elif isinstance(host, LocalHost) and (note := download_note(config.model, config.env)):
@@ -408,10 +435,17 @@ class Supervisor:
             self.cluster.resolve(wanted)
 
     def _place(
-        self, db: Session, worker_id: int, config: ModelConfig, profile: OffloadProfile | None, force: bool
+        self,
+        db: Session,
+        worker_id: int,
+        config: ModelConfig,
+        profile: OffloadProfile | None,
+        force: bool,
+        fetching: bool = False,
     ) -> str | None:
         """The node a start runs on, after the planner's check there: the config's node, else the
-        first live node that fits (the one it ran on before first). Invalid naming each node's refusal."""
+        first live node that fits (the one it ran on before first). Invalid naming each node's refusal.
+        ``fetching``: its model is downloaded first (on this machine), and planned from the hub until then."""
         if self.cluster is None:
             if config.node:
                 raise Invalid(
@@ -420,7 +454,7 @@ class Supervisor:
                     field="node",
                 )
             if self._preflight is not None:
-                self._preflight(config, profile, force, self._host_claims(db, worker_id))
+                self._preflight(config, profile, force, self._host_claims(db, worker_id), fetching)
             return None
         cluster = self.cluster
         if spans_nodes(config.tensor_parallel_size, config.extra_args, cluster.most_gpus()):
@@ -485,7 +519,7 @@ class Supervisor:
         if self.cluster.is_local(node):
             if self._preflight is not None:
                 try:
-                    self._preflight(config, profile, force, claims)
+                    self._preflight(config, profile, force, claims, False)
                 except Invalid as exc:
                     return exc.message
             return None

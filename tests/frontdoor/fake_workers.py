@@ -1,16 +1,17 @@
 """A stand-in for the supervisor's public side, for scheduler tests without processes.
 
 Workers move through the same states as real ones (downloading, starting, ready, stopped, failed) on a timer;
-every command is logged, so a test can check that five requests made one start.
+every command is logged, so a test can check that five requests made one start. As the supervisor does, a
+worker whose download is over awaits the scheduler's ``make_room`` before its engine starts.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from manager.errors import Conflict, Invalid, NotFound
+from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.hub.fetching import Progress
 from manager.supervisor.lifecycle import State
 from manager.supervisor.view import DownloadProgress, WorkerView
@@ -59,6 +60,7 @@ class FakeWorkers:
         self.engine_keys: dict[int, str] = {}  # worker id -> the API key its engine asks for
         self._timers: set[asyncio.Task[None]] = set()
         self.downloaded: set[str] = set()  # models whose download is complete
+        self._make_room: Callable[[str], Awaitable[None]] | None = None
 
     @property
     def events(self) -> FakeEvents:
@@ -120,6 +122,13 @@ class FakeWorkers:
             return self._set(worker_id, State.STOPPED)
         raise AssertionError(f"unexpected command {kind} for {view.model}")
 
+    def downloads_first(self, model_name: str) -> bool:
+        behaviour = self.behaviours.get(model_name, Behaviour())
+        return behaviour.download_s is not None and model_name not in self.downloaded
+
+    def make_room_with(self, make_room: Callable[[str], Awaitable[None]]) -> None:
+        self._make_room = make_room
+
     # ---- for tests ----------------------------------------------------------------------------------
     def add_ready(self, model: str, gpus: tuple[int, ...] = (0,)) -> int:
         """A worker that is already serving (started before the scheduler saw it)."""
@@ -169,7 +178,14 @@ class FakeWorkers:
         if behaviour.download_error:
             self._set(wid, State.FAILED, last_error=behaviour.download_error, download=None)
             return
-        self.downloaded.add(self._views[wid].model)
+        model = self._views[wid].model
+        self.downloaded.add(model)
+        if self._make_room is not None:
+            try:
+                await self._make_room(model)
+            except ManagerError as exc:
+                self._set(wid, State.FAILED, last_error=f"start refused: {exc.message}", download=None)
+                return
         self._set(wid, State.STARTING, download=None)
         await self._finish_start(wid, behaviour)
 

@@ -9,6 +9,7 @@ from typing import TypeVar
 import pytest
 from prometheus_client import generate_latest
 
+from manager.errors import Invalid
 from manager.frontdoor.errors import ModelDownloading, ModelUnavailable, QueueFull, StartTimeout
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.scheduler import Lease, Placement, Scheduler, SchedulerOptions
@@ -665,5 +666,74 @@ def test_a_downloading_model_holds_no_gpu_so_another_is_started_beside_it_withou
         lease = await scheduler.acquire("b")  # b shares GPU 0 with a
         assert workers.stops() == [] and workers.state(1) == State.DOWNLOADING
         assert workers.views()[lease.worker_id - 1].model == "b"
+
+    run(body)
+
+
+def test_a_model_that_must_be_downloaded_evicts_nobody_until_its_download_is_over():
+    async def body():
+        workers = FakeWorkers({"a": Behaviour(download_s=0.3)})
+        b = workers.add_ready("b")  # on GPU 0, which a needs
+        scheduler = make(workers)
+        with pytest.raises(ModelDownloading):
+            await scheduler.acquire("a")
+        # b goes on serving for as long as a downloads.
+        assert workers.stops() == [] and workers.state(b) == State.READY
+        (await scheduler.acquire("b")).release()
+        # Once it is downloaded, and before its engine starts, b makes room for it.
+        a = next(v.id for v in workers.views() if v.model == "a")
+        await eventually(lambda: workers.state(a) == State.READY)
+        assert workers.stops() == ["b"] and workers.state(b) == State.STOPPED
+        assert ("evicted", "stopped b to make room for a", b) in workers.events.recorded
+        assert (await scheduler.acquire("a")).worker_id == a
+
+    run(body)
+
+
+def test_a_busy_model_finishes_its_requests_before_a_downloaded_one_takes_its_gpu():
+    async def body():
+        workers = FakeWorkers({"a": Behaviour(download_s=0.1)})
+        b = workers.add_ready("b")
+        scheduler = make(workers, a={"wait_for_download": True})
+        busy = await scheduler.acquire("b")
+        waiting = asyncio.create_task(scheduler.acquire("a"))
+        await eventually(lambda: "a" in workers.downloaded)  # the download did not wait for b
+        await asyncio.sleep(0.2)
+        assert workers.state(b) == State.READY and not waiting.done()
+        busy.release()
+        lease = await waiting
+        assert lease.config == "a" and workers.state(b) == State.STOPPED
+
+    run(body)
+
+
+def test_a_downloaded_model_whose_gpu_a_persistent_model_took_meanwhile_fails_with_the_reason():
+    async def body():
+        workers = FakeWorkers({"a": Behaviour(download_s=0.2)})
+        scheduler = make(workers, b={"persistent": True})
+        with pytest.raises(ModelDownloading):
+            await scheduler.acquire("a")
+        (await scheduler.acquire("b")).release()  # started beside the download: it holds no GPU
+        a = next(v.id for v in workers.views() if v.model == "a")
+        await eventually(lambda: workers.state(a) == State.FAILED)
+        assert (workers.view(a).last_error or "").startswith("start refused: a cannot be started: ")
+        assert workers.stops() == [] and workers.ready_worker("b") is not None
+
+    run(body)
+
+
+def test_a_download_the_pre_start_check_refuses_while_others_run_evicts_them_first():
+    def short_of_ram_beside_b(model: str, views: list) -> None:
+        if model == "a" and any(v.model == "b" and v.state == State.READY for v in views):
+            raise Invalid("a needs the host RAM b holds")
+
+    async def body():
+        workers = FakeWorkers({"a": Behaviour(download_s=5)}, preflight=short_of_ram_beside_b)
+        b = workers.add_ready("b")
+        scheduler = make(workers)
+        with pytest.raises(ModelDownloading):
+            await scheduler.acquire("a")
+        # Refused with b there, then started (and downloading) once b made room, as a model on disk is.
+        assert workers.stops() == ["b"] and workers.state(b) == State.STOPPED
 
     run(body)

@@ -12,8 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from manager.app import create_app
-from manager.supervisor.supervisor import Supervisor
-from tests.frontdoor.conftest import two_models
+from tests.frontdoor.conftest import two_models, use_downloads
 from tests.support.downloads import Downloads
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -21,10 +20,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 @pytest.fixture
 def downloads(monkeypatch) -> Downloads:
-    downloads = Downloads()
-    # The runtime gives the supervisor the manager's own downloads; this one takes their place.
-    monkeypatch.setattr("manager.runtime.Supervisor", lambda *a, **k: Supervisor(*a, **{**k, "fetcher": downloads}))
-    return downloads
+    return use_downloads(monkeypatch, Downloads())
 
 
 def manager(settings, **extra: dict) -> Iterator[TestClient]:
@@ -94,6 +90,27 @@ def test_a_model_that_waits_for_its_download_answers_once_downloaded_and_started
     patient_door.portal.call(downloads.finish.set)
     asking.join(60)
     assert answer["resp"].status_code == 200, answer["resp"].text
+
+
+@pytest.fixture
+def beside_a_model_on_disk(door_settings, downloads, tmp_path) -> Iterator[TestClient]:
+    """a is a hub model that is not downloaded; b, on the same GPU, is a folder on this machine."""
+    yield from manager(door_settings, b={"model": str(tmp_path)})
+
+
+def test_a_model_being_downloaded_takes_the_gpu_of_another_only_once_downloaded(beside_a_model_on_disk, downloads):
+    door = beside_a_model_on_disk
+    assert door.post("/v1/chat/completions", json={"model": "b", **CHAT}).status_code == 200
+    assert door.post("/v1/chat/completions", json={"model": "a", **CHAT}).status_code == 503
+    # b goes on serving while a downloads.
+    assert worker_of(door, "b")["state"] == "ready" and worker_of(door, "a")["state"] == "downloading"
+    assert door.post("/v1/chat/completions", json={"model": "b", **CHAT}).status_code == 200
+
+    door.portal.call(downloads.finish.set)
+    wait_until(lambda: worker_of(door, "a")["state"] == "ready")
+    assert worker_of(door, "b")["state"] == "stopped"  # stopped before a's engine started
+    evicted = [e["message"] for e in door.get("/api/events").json() if e["kind"] == "evicted"]
+    assert evicted == ["stopped b to make room for a"]
 
 
 def test_the_command_preview_says_how_a_start_meets_its_hub_model(door, downloads):

