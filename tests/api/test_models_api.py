@@ -239,7 +239,5 @@ def test_a_model_path_that_is_not_there_is_refused_when_written(client, tmp_path
     assert client.put("/api/models/a", json={"model": str(missing)}).status_code == 422
     assert client.post("/api/models", json={"name": "hub", "model": "org/not-cached"}).status_code == 201
     notes = client.get("/api/models/hub/command", params={"validate": False}).json()["notes"]
-    assert any("org/not-cached is not in this machine's Hugging Face cache" in n for n in notes), notes
-    assert not any(
-        "Hugging Face cache" in n for n in client.get("/api/models/a/command?validate=false").json()["notes"]
-    )
+    assert any("org/not-cached is downloaded from the Hugging Face Hub before vLLM starts" in n for n in notes), notes
+    assert not any("Hugging Face" in n for n in client.get("/api/models/a/command?validate=false").json()["notes"])
