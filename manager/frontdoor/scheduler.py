@@ -2,10 +2,11 @@
 
 Per model config: a request is served at once when the config's worker is ready; when it is
 starting, the request joins that start (one start per config, however many requests wait for it);
-when it is stopped or asleep, eviction (``eviction.choose``) names the workers to put to sleep or
-stop, the supervisor does so and starts (or wakes) this one, and every waiting request goes on
-when it is ready. A start the pre-start check refuses because sleeping workers hold the host RAM
-it needs stops some of them (``eviction.free_host_ram``) and is tried again. It also counts the
+when it is stopped or asleep, placement (``manager.placement.decide``, with each worker's node) names
+the workers to put to sleep or stop, the supervisor does so and starts (or wakes) this one, and every
+waiting request goes on when it is ready. A start the pre-start check refuses because sleeping workers
+hold the host RAM it needs stops some of them on that node (``placement.free_host_ram``) and is tried
+again. It also counts the
 requests in flight per model, when each last answered and its last swap (``snapshot`` for the
 dashboard), and unloads models idle past their ``idle_timeout_s`` (to sleep when their config
 allows it and host RAM has room for what sleeping keeps there, else stopped).
@@ -25,10 +26,21 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from manager.errors import ManagerError
-from manager.frontdoor import eviction
 from manager.frontdoor.errors import ModelDownloading, ModelUnavailable, QueueFull, StartTimeout
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.launch.preflight import HostRamHeldBySleepers
+from manager.placement import (
+    CannotFit,
+    MakeRoom,
+    Need,
+    Node,
+    Place,
+    RunningWorker,
+    SleepingWorker,
+    Snapshot,
+    decide,
+    free_host_ram,
+)
 from manager.supervisor.lifecycle import State
 from manager.supervisor.view import WorkerView
 
@@ -85,6 +97,8 @@ class Placement:
     sleep_host_bytes: int | None = None  # host RAM its sleep keeps (level 1: the weights); None: unknown
     sleep_pooled: bool = False  # level 1 through the sleep pool, whose RAM its start already counted
     wait_for_download: bool = False  # a request waits while its model downloads (else 503 + Retry-After)
+    # The nodes its config allows (None: any node, or this box without a cluster).
+    nodes: tuple[str | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -173,7 +187,9 @@ class Scheduler:
         self,
         workers: Workers,
         placements: Callable[[], Mapping[str, Placement]],
-        gpu_capacity: Callable[[], Mapping[int, int] | None] = lambda: None,
+        # Each node's GPUs and their total bytes, by node (None: this box), in the order starts prefer
+        # them; a node's GPUs None where they are not known. None: this box, GPUs not known.
+        gpu_capacity: Callable[[], Mapping[str | None, Mapping[int, int] | None] | None] = lambda: None,
         options: SchedulerOptions | None = None,
         metrics: FrontDoorMetrics | None = None,
         host_available: Callable[[], int | None] = lambda: None,
@@ -316,11 +332,12 @@ class Scheduler:
                     if current is not None and current.state not in (State.CRASHED, State.SLEEPING):
                         target = current  # started meanwhile (by the API, or an earlier start)
                         break
-                    decision = eviction.choose(self._running(config), self._need(placement), self._gpu_capacity())
-                    if isinstance(decision, eviction.CannotFit):
+                    decision = decide(self._need(placement), self._snapshot(config))
+                    if isinstance(decision, CannotFit):
                         raise ModelUnavailable(f"{config} cannot be started: {decision.reason}")
-                    if isinstance(decision, eviction.MakeRoom):
-                        await self._evict(decision, f"to make room for {config}")
+                    if isinstance(decision, Place | MakeRoom):
+                        if isinstance(decision, MakeRoom):
+                            await self._evict(decision, f"to make room for {config}")
                         if current is not None and current.state == State.SLEEPING:
                             target = await self._wake(current, started)
                         else:
@@ -343,10 +360,18 @@ class Scheduler:
                 self._end_leaving(name, leaving)
         return await self._until_ready(target, placement, started)
 
-    def _need(self, placement: Placement) -> eviction.Need:
-        return eviction.Need(placement.config, placement.gpus, placement.gpu_bytes)
+    def _need(self, placement: Placement) -> Need:
+        return Need(placement.config, placement.gpus, placement.gpu_bytes, placement.nodes)
 
-    def _running(self, config: str) -> list[eviction.RunningWorker]:
+    def _snapshot(self, config: str) -> Snapshot:
+        running = self._running(config)
+        capacity = self._gpu_capacity()
+        nodes: dict[str | None, Mapping[int, int] | None] = dict(capacity) if capacity is not None else {None: None}
+        for worker in running:
+            nodes.setdefault(worker.node, None)
+        return Snapshot(tuple(Node(name, gpus) for name, gpus in nodes.items()), tuple(running))
+
+    def _running(self, config: str) -> list[RunningWorker]:
         placements = self._placements()
         running = []
         for view in self.workers.views():
@@ -355,7 +380,7 @@ class Scheduler:
             placement = placements.get(view.model)
             slot = self._slot(view.model)
             running.append(
-                eviction.RunningWorker(
+                RunningWorker(
                     id=view.id,
                     config=view.model,
                     gpus=tuple(view.gpus) or (placement.gpus if placement else (0,)),
@@ -365,6 +390,7 @@ class Scheduler:
                     in_flight=slot.in_flight + slot.joined,
                     persistent=placement.persistent if placement else False,
                     may_sleep=self._may_sleep(placement, view.id),
+                    node=view.node,
                 )
             )
         return running
@@ -401,7 +427,7 @@ class Scheduler:
         available = self._host_available()
         return available is not None and available >= need
 
-    async def _evict(self, decision: eviction.MakeRoom, why: str) -> None:
+    async def _evict(self, decision: MakeRoom, why: str) -> None:
         views = [self.workers.view(i) for i in decision.sleep + decision.stop]
         # All of them first: none may take a new request while another one is being stopped.
         marks = [(v.model, self._mark_leaving(v.model)) for v in views]
@@ -466,8 +492,8 @@ class Scheduler:
         try:
             return await self._start_once(config, crashed)
         except HostRamHeldBySleepers as held:
-            decision = eviction.free_host_ram(self._sleeping(held), held.short_bytes, config)
-            if isinstance(decision, eviction.CannotFit):
+            decision = free_host_ram(self._sleeping(held), held.short_bytes, config, held.node)
+            if isinstance(decision, CannotFit):
                 raise ModelUnavailable(f"{config} could not be started: {decision.reason}") from held
             for view in [self.workers.view(i) for i in decision.stop]:
                 await self._stop(view, f"stopped {view.model} (asleep) to free host RAM for {config}", kind="evicted")
@@ -493,7 +519,7 @@ class Scheduler:
             # The planner's refusal, a port that is taken, an engine interpreter that is missing ...
             raise ModelUnavailable(f"{config} could not be started: {exc.message}") from exc
 
-    def _sleeping(self, held: HostRamHeldBySleepers) -> list[eviction.SleepingWorker]:
+    def _sleeping(self, held: HostRamHeldBySleepers) -> list[SleepingWorker]:
         """The sleepers the pre-start check named, with what each holds, that are still asleep."""
         placements = self._placements()
         sleeping = {v.id: v for v in self.workers.views() if v.state == State.SLEEPING}
@@ -505,12 +531,13 @@ class Scheduler:
             placement = placements.get(view.model)
             slot = self._slot(view.model)
             out.append(
-                eviction.SleepingWorker(
+                SleepingWorker(
                     id=view.id,
                     config=view.model,
                     host_bytes=sleeper.host_bytes,
                     last_request_at=_latest(slot.last_done, slot.ready_seen),
                     persistent=placement.persistent if placement else False,
+                    node=view.node,
                 )
             )
         return out

@@ -71,10 +71,13 @@ class HostClaims:
 class HostRamHeldBySleepers(Invalid):
     """The start would fit in host RAM if some sleeping workers were stopped."""
 
-    def __init__(self, message: str, short_bytes: int, sleepers: tuple[Sleeper, ...]) -> None:
+    def __init__(
+        self, message: str, short_bytes: int, sleepers: tuple[Sleeper, ...], node: str | None = None
+    ) -> None:
         super().__init__(message, field="model")
         self.short_bytes = short_bytes
         self.sleepers = sleepers
+        self.node = node  # where the start was checked, and the sleepers sleep (None: this box)
 
 
 def sleep_host_bytes(

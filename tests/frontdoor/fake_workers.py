@@ -121,10 +121,10 @@ class FakeWorkers:
         raise AssertionError(f"unexpected command {kind} for {view.model}")
 
     # ---- for tests ----------------------------------------------------------------------------------
-    def add_ready(self, model: str, gpus: tuple[int, ...] = (0,)) -> int:
-        """A worker that is already serving (started before the scheduler saw it)."""
+    def add_ready(self, model: str, gpus: tuple[int, ...] = (0,), node: str | None = None) -> int:
+        """A worker that is already serving (started before the scheduler saw it), on ``node`` of a cluster."""
         wid = max(self._views, default=0) + 1
-        self._views[wid] = _view(wid, model, State.READY, port=18000 + wid, gpus=list(gpus))
+        self._views[wid] = _view(wid, model, State.READY, port=18000 + wid, gpus=list(gpus), node=node)
         return wid
 
     def state(self, worker_id: int) -> State:
@@ -187,9 +187,11 @@ class FakeWorkers:
         return self._views[wid]
 
 
-def _view(wid: int, model: str, state: State, port: int, gpus: list[int] | None = None) -> WorkerView:
+def _view(
+    wid: int, model: str, state: State, port: int, gpus: list[int] | None = None, node: str | None = None
+) -> WorkerView:
     return WorkerView(
-        id=wid, model=model, served_model_name=model, state=state, detail=None, pid=None, port=port,
+        id=wid, model=model, node=node, served_model_name=model, state=state, detail=None, pid=None, port=port,
         gpus=gpus if gpus is not None else [0], uptime_s=None, restart_count=0, next_restart_in_s=None,
         last_error=None, started_at=None, run_dir="/tmp/run", log_file=None,
     )  # fmt: skip

@@ -1,0 +1,61 @@
+"""The scheduler in a cluster: nodes whose GPUs have the same ids are different GPUs."""
+
+from __future__ import annotations
+
+import asyncio
+
+from manager.frontdoor.metrics import FrontDoorMetrics
+from manager.frontdoor.scheduler import Placement, Scheduler, SchedulerOptions
+from manager.supervisor.lifecycle import State
+from tests.frontdoor.fake_workers import FakeWorkers
+
+G = 1 << 30
+FAST = SchedulerOptions(max_queue=8, retry_after_s=3, drain_timeout_s=2.0, poll_s=0.005, idle_check_s=60)
+TWO_NODES = {"node-a": {0: 80 * G}, "node-b": {0: 80 * G}}
+
+
+def scheduler(workers: FakeWorkers, table: dict[str, Placement], capacity=None) -> Scheduler:
+    return Scheduler(workers, lambda: table, lambda: capacity, options=FAST, metrics=FrontDoorMetrics())
+
+
+def test_a_model_for_node_b_never_evicts_the_worker_on_node_as_gpu_0():
+    async def body():
+        workers = FakeWorkers()
+        on_a = workers.add_ready("a", gpus=(0,), node="node-a")
+        table = {
+            "a": Placement("a", (0,), None, start_timeout_s=5, nodes=("node-a",)),
+            "b": Placement("b", (0,), None, start_timeout_s=5, nodes=("node-b",)),
+        }
+        lease = await scheduler(workers, table).acquire("b")
+        assert lease.config == "b"
+        assert workers.state(on_a) == State.READY and workers.stops() == []
+
+    asyncio.run(asyncio.wait_for(body(), timeout=20))
+
+
+def test_a_model_free_to_run_anywhere_takes_the_node_with_room_rather_than_evicting():
+    async def body():
+        workers = FakeWorkers()
+        on_a = workers.add_ready("a", gpus=(0,), node="node-a")
+        table = {
+            "a": Placement("a", (0,), 60 * G, start_timeout_s=5, nodes=("node-a",)),
+            "b": Placement("b", (0,), 60 * G, start_timeout_s=5),
+        }
+        (await scheduler(workers, table, TWO_NODES).acquire("b")).release()
+        assert workers.state(on_a) == State.READY and workers.stops() == []
+
+    asyncio.run(asyncio.wait_for(body(), timeout=20))
+
+
+def test_on_the_same_node_the_worker_on_its_gpu_still_makes_room():
+    async def body():
+        workers = FakeWorkers()
+        on_b = workers.add_ready("a", gpus=(0,), node="node-b")
+        table = {
+            "a": Placement("a", (0,), 60 * G, start_timeout_s=5, nodes=("node-b",)),
+            "b": Placement("b", (0,), 60 * G, start_timeout_s=5, nodes=("node-b",)),
+        }
+        (await scheduler(workers, table, TWO_NODES).acquire("b")).release()
+        assert workers.state(on_b) == State.STOPPED and workers.stops() == ["a"]
+
+    asyncio.run(asyncio.wait_for(body(), timeout=20))
