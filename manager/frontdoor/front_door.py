@@ -37,7 +37,7 @@ from manager.frontdoor.scheduler import Lease, ModelStatus, Placement, Scheduler
 from manager.frontdoor.upstream import Upstream
 from manager.frontdoor.usage import UsageRecorder
 from manager.launch.command import sleep_pool_on
-from manager.launch.preflight import sleep_host_bytes
+from manager.launch.preflight import sleeper_host_bytes
 from manager.lora import workers as lora_workers
 from manager.metrics.gpu import GpuReport
 from manager.planner.gpus import GPU, NoGPU, detect_gpu
@@ -184,7 +184,8 @@ class FrontDoor:
     def _sleep_bytes_of(self, config: ModelConfig, profile: OffloadProfile | None, pooled: bool) -> int | None:
         key = (config.name, config.updated_at, profile.updated_at if profile else None, pooled)
         if key not in self._sleep_bytes:
-            self._sleep_bytes[key] = sleep_host_bytes(config, pooled=pooled, profile=profile)
+            on = config.sleep_level is not None
+            self._sleep_bytes[key] = sleeper_host_bytes(config, profile, pooled=pooled) if on else None
         return self._sleep_bytes[key]
 
     def name_table(self, caller: Caller = ANYONE) -> names.NameTable:

@@ -26,12 +26,13 @@ from manager.launch.command import build_command, downloads_first, served_name, 
 from manager.launch.engine_key import ENV_NAME, engine_key, key_values
 from manager.launch.flags import flag_value
 from manager.launch.model_location import check_startable, download_note
-from manager.launch.preflight import HostClaims, Sleeper, host_bytes_of, plan_mismatch, sleep_host_bytes
+from manager.launch.preflight import HostClaims, Sleeper, host_bytes_of, plan_mismatch, sleeper_host_bytes
 from manager.launch.refusals import check_gpus_known, check_launch
 from manager.launch.secrets import Redactor
 from manager.metrics.gpu import GpuReport
 from manager.metrics.host import HostSample
 from manager.metrics.pools import PoolsReader, launched_with_sleep_pool, sleep_pool_bytes
+from manager.placement import sleep_level_of
 from manager.planner.gpus import GPU, detect_gpu
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
@@ -286,7 +287,7 @@ class Supervisor:
             timeout, served, level = float(config.start_timeout_s), served_name(config), config.sleep_level
         # A worker stored as asleep (or waking) is asleep: the engine stays so until told otherwise.
         asleep = life.state in (State.SLEEPING, State.WAKING) or (life.state == State.LOST and life.sleep_level)
-        sleeping = (life.sleep_level or level or 1) if asleep else None
+        sleeping = sleep_level_of(life.sleep_level, level) if asleep else None
         elapsed = 0.0
         if life.started_at is not None:
             elapsed = (datetime.now(UTC) - life.started_at).total_seconds()
@@ -619,11 +620,11 @@ class Supervisor:
             pooled = sleep_pool_on(config, profile) if launched is None else launched
             # Waking, it holds the RAM until its weights are back on the GPU.
             if life.state in (State.SLEEPING, State.WAKING):
-                level = life.sleep_level or config.sleep_level or 1
-                held = sleep_host_bytes(config, 1 if pooled else level, pooled=pooled, profile=profile)
+                level = sleep_level_of(life.sleep_level, config.sleep_level)
+                held = sleeper_host_bytes(config, profile, pooled=pooled, level=level)
                 sleepers.append(Sleeper(runner.id, life.model, level, held))
             elif pooled:
-                pool_bytes += sleep_host_bytes(config, 1, pooled=True, profile=profile) or 0
+                pool_bytes += sleeper_host_bytes(config, profile, pooled=True) or 0
         own = self._runners.get(worker_id) if worker_id is not None else None
         engine = own.life.engine if own is not None and own.node == node else None
         replaced = (engine.pid, engine.create_time, engine.cmdline) if engine is not None else None
