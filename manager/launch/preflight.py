@@ -84,6 +84,22 @@ class HostRamHeldBySleepers(Invalid):
         self.node = node  # where the start was checked, and the sleepers sleep (None: this box)
 
 
+@dataclass(frozen=True)
+class Refused:
+    """The pre-start check's refusal on one node, as the node's agent hands it back: its message, and
+    when sleeping workers there hold the host RAM the start lacks, how much it lacks and who they are."""
+
+    message: str
+    short_bytes: int | None = None
+    sleepers: tuple[Sleeper, ...] = ()
+
+    @classmethod
+    def of(cls, exc: Invalid) -> Refused:
+        if isinstance(exc, HostRamHeldBySleepers):
+            return cls(exc.message, exc.short_bytes, exc.sleepers)
+        return cls(exc.message)
+
+
 def sleep_host_bytes(
     config: ModelConfig, level: int | None = None, *, pooled: bool = False, profile: OffloadProfile | None = None
 ) -> int | None:

@@ -26,7 +26,15 @@ from manager.launch.command import build_command, downloads_first, served_name, 
 from manager.launch.engine_key import ENV_NAME, engine_key, key_values
 from manager.launch.flags import flag_value
 from manager.launch.model_location import check_startable, download_note
-from manager.launch.preflight import HostClaims, Sleeper, host_bytes_of, plan_mismatch, sleeper_host_bytes
+from manager.launch.preflight import (
+    HostClaims,
+    HostRamHeldBySleepers,
+    Refused,
+    Sleeper,
+    host_bytes_of,
+    plan_mismatch,
+    sleeper_host_bytes,
+)
 from manager.launch.refusals import check_gpus_known, check_launch
 from manager.launch.secrets import Redactor
 from manager.metrics.gpu import GpuReport
@@ -412,7 +420,9 @@ class Supervisor:
         self, db: Session, worker_id: int, config: ModelConfig, profile: OffloadProfile | None, force: bool
     ) -> str | None:
         """The node a start runs on, after the planner's check there: the config's node, else the
-        first live node that fits (the one it ran on before first). Invalid naming each node's refusal."""
+        first live node that fits (the one it ran on before first). Invalid naming each node's refusal;
+        HostRamHeldBySleepers, for the first node where only sleeping workers' host RAM is in the way,
+        so that the caller may stop some of them there and try again."""
         if self.cluster is None:
             if config.node:
                 raise Invalid(
@@ -443,17 +453,25 @@ class Supervisor:
             candidates = cluster.alive_names()
         candidates.sort(key=lambda name: (name != previous, not cluster.is_local(name), self._load_on(name), name))
         refusals = []
+        held: tuple[str, Refused] | None = None  # the first node where sleepers hold the RAM it lacks
         for name in candidates:
             try:
-                refusal = self._refusal_on(name, self._host_claims(db, worker_id, node=name), config, profile, force)
+                refused = self._refusal_on(name, self._host_claims(db, worker_id, node=name), config, profile, force)
             except OSError as exc:
-                refusal = str(exc)
-            if not refusal:
+                refused = Refused(str(exc))
+            if refused is None:
                 return name
-            refusals.append(f"{name}: {refusal}")
+            if held is None and refused.short_bytes is not None:
+                held = (name, refused)
+            refusals.append(f"{name}: {refused.message}")
         if not candidates:
             raise Invalid("no node of the Ray cluster is alive", field="node")
-        raise Invalid(f"{config.name} fits on no node: " + "; ".join(refusals), field="node", nodes=refusals)
+        message = f"{config.name} fits on no node: " + "; ".join(refusals)
+        if held is not None:
+            name, refused = held
+            assert refused.short_bytes is not None
+            raise HostRamHeldBySleepers(message, refused.short_bytes, refused.sleepers, node=name)
+        raise Invalid(message, field="node", nodes=refusals)
 
     def _plan_per_gpu(
         self, db: Session, worker_id: int, config: ModelConfig, profile: OffloadProfile | None, force: bool
@@ -468,18 +486,18 @@ class Supervisor:
         )
         claims = self._host_claims(db, worker_id, node=biggest.name)
         try:
-            refusal = self._refusal_on(biggest.name, claims, config, profile, force)
+            refused = self._refusal_on(biggest.name, claims, config, profile, force)
         except OSError as exc:
             raise Invalid(f"{config.name} spans nodes, and node {biggest.name} could not plan it: {exc}") from exc
-        if refusal:
+        if refused is not None:
             raise Invalid(
-                f"{config.name} spans nodes; one GPU's share does not fit on {biggest.name}'s GPUs: {refusal}",
+                f"{config.name} spans nodes; one GPU's share does not fit on {biggest.name}'s GPUs: {refused.message}",
                 field="model",
             )
 
     def _refusal_on(
         self, node: str, claims: HostClaims, config: ModelConfig, profile: OffloadProfile | None, force: bool
-    ) -> str | None:
+    ) -> Refused | None:
         """The planner's pre-start check of ``config`` on ``node``, with that node's GPUs and RAM: its
         refusal, or None when it fits. OSError when the node does not answer."""
         assert self.cluster is not None
@@ -488,14 +506,14 @@ class Supervisor:
                 try:
                     self._preflight(config, profile, force, claims)
                 except Invalid as exc:
-                    return exc.message
+                    return Refused.of(exc)
             return None
         if force:
             return None
-        refusal: str | None = self.cluster.agent_call(
+        refused: Refused | None = self.cluster.agent_call(
             node, "check_fit", config.model_dump(), profile.model_dump() if profile is not None else None, claims
         )
-        return refusal
+        return refused
 
     def _load_on(self, node: str) -> int:
         return sum(1 for r in self._runners.values() if r.node == node and r.life.active)

@@ -6,6 +6,7 @@ import asyncio
 
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.scheduler import Placement, Scheduler, SchedulerOptions
+from manager.launch.preflight import HostRamHeldBySleepers, Sleeper
 from manager.supervisor.lifecycle import State
 from tests.frontdoor.fake_workers import FakeWorkers
 
@@ -57,5 +58,35 @@ def test_on_the_same_node_the_worker_on_its_gpu_still_makes_room():
         }
         (await scheduler(workers, table, TWO_NODES).acquire("b")).release()
         assert workers.state(on_b) == State.STOPPED and workers.stops() == ["a"]
+
+    asyncio.run(asyncio.wait_for(body(), timeout=20))
+
+
+def test_a_start_short_of_host_ram_on_node_b_stops_a_sleeper_on_node_b_only():
+    async def body():
+        def node_b_short(model: str, views: list) -> None:
+            asleep = tuple(
+                Sleeper(v.id, v.model, 1, 16 * G) for v in views if v.state == State.SLEEPING and v.node == "node-b"
+            )
+            if asleep:
+                raise HostRamHeldBySleepers("b: sleepers on node-b hold the RAM", 8 * G, asleep, node="node-b")
+
+        workers = FakeWorkers(preflight=node_b_short)
+        on_a = workers.add_ready("old", gpus=(1,), node="node-a")
+        on_b = workers.add_ready("newer", gpus=(2,), node="node-b")
+        table = {
+            "old": Placement("old", (1,), None, start_timeout_s=5, nodes=("node-a",)),
+            "newer": Placement("newer", (2,), None, start_timeout_s=5, nodes=("node-b",)),
+            "b": Placement("b", (0,), None, start_timeout_s=5, nodes=("node-b",)),
+        }
+        sched = scheduler(workers, table)
+        (await sched.acquire("old")).release()
+        (await sched.acquire("newer")).release()
+        await workers.command(on_a, "sleep", level=1)
+        await workers.command(on_b, "sleep", level=1)
+        lease = await sched.acquire("b")
+        # old (node-a) is the least recently used sleeper, but stopping it frees nothing on node-b.
+        assert workers.state(lease.worker_id) == State.READY
+        assert workers.state(on_b) == State.STOPPED and workers.state(on_a) == State.SLEEPING
 
     asyncio.run(asyncio.wait_for(body(), timeout=20))
