@@ -120,7 +120,7 @@ class FrontDoor:
                 idle_check_s=settings.idle_check_s,
             ),
             metrics,
-            host_available=lambda: psutil.virtual_memory().available,
+            host_available=self.host_available,
             sleep_pool_held=supervisor.sleep_pool_held,
         )
         # What each config's sleep keeps in host RAM, by (config, when it was last changed).
@@ -159,6 +159,14 @@ class FrontDoor:
             for s in cluster.statuses()
             if s.state == NodeState.ALIVE
         }
+
+    def host_available(self, node: str | None) -> int | None:
+        """Host RAM available on ``node``: this box's now, another node's from its latest reading."""
+        cluster = self.supervisor.cluster
+        if cluster is None or node is None or cluster.is_local(node):
+            return psutil.virtual_memory().available
+        status = next((s for s in cluster.statuses() if s.name == node and s.state == NodeState.ALIVE), None)
+        return status.sample.host.ram_available_bytes if status is not None and status.sample else None
 
     def placements(self) -> dict[str, Placement]:
         gpu = self.gpu()

@@ -192,7 +192,8 @@ class Scheduler:
         gpu_capacity: Callable[[], Mapping[str | None, Mapping[int, int] | None] | None] = lambda: None,
         options: SchedulerOptions | None = None,
         metrics: FrontDoorMetrics | None = None,
-        host_available: Callable[[], int | None] = lambda: None,
+        # Host RAM available on a node (None: this box, without a cluster); None: not known.
+        host_available: Callable[[str | None], int | None] = lambda node: None,
         clock: Callable[[], float] = time.monotonic,
         sleep_pool_held: Callable[[int], int] = lambda worker_id: 0,
     ) -> None:
@@ -389,7 +390,7 @@ class Scheduler:
                     # Requests waiting for its start count as in flight: evicting it would strand them.
                     in_flight=slot.in_flight + slot.joined,
                     persistent=placement.persistent if placement else False,
-                    may_sleep=self._may_sleep(placement, view.id),
+                    may_sleep=self._may_sleep(placement, view.id, view.node),
                     node=view.node,
                 )
             )
@@ -411,9 +412,9 @@ class Scheduler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._released.wait(), timeout=min(left, 1.0))
 
-    def _may_sleep(self, placement: Placement | None, worker_id: int) -> bool:
-        """Sleep mode is on, and host RAM has room for what the sleep keeps there (beyond what the
-        worker's sleep pool already holds)."""
+    def _may_sleep(self, placement: Placement | None, worker_id: int, node: str | None) -> bool:
+        """Sleep mode is on, and the host RAM of the worker's node has room for what the sleep keeps
+        there (beyond what the worker's sleep pool already holds)."""
         if placement is None or placement.sleep_level is None:
             return False
         if placement.sleep_level >= 2:
@@ -424,7 +425,7 @@ class Scheduler:
         need = max(0, placement.sleep_host_bytes - held)
         if need == 0:
             return True
-        available = self._host_available()
+        available = self._host_available(node)
         return available is not None and available >= need
 
     async def _evict(self, decision: MakeRoom, why: str) -> None:
@@ -641,7 +642,7 @@ class Scheduler:
                 idle = now - (_latest(slot.last_done, slot.ready_seen) or now)
                 if idle < placement.idle_timeout_s:
                     continue
-                level = placement.sleep_level if self._may_sleep(placement, view.id) else None
+                level = placement.sleep_level if self._may_sleep(placement, view.id, view.node) else None
                 kind = "idle_slept" if level is not None else "idle_stopped"
                 await self._unload(view, level, f": idle {idle:.0f} s", kind=kind, idle_s=round(idle, 1))
                 stopped.append(view.model)

@@ -1,4 +1,5 @@
-"""What a placement decision reads: the nodes with their GPUs, the workers on them and the sleepers.
+"""What a placement decision reads: the nodes with their GPUs and the workers on them; and the
+sleepers, for a start short of host RAM.
 
 Frozen records, built by the caller from what it knows (the supervisor's workers, the cluster's node
 readings, or this box's GPU); ``decide`` reads nothing else. A node is named as the supervisor names
@@ -9,7 +10,7 @@ is placed by its node and its GPU ids together.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,6 @@ class Snapshot:
 
     nodes: tuple[Node, ...] = (Node(None),)
     workers: tuple[RunningWorker, ...] = ()
-    sleepers: tuple[SleepingWorker, ...] = field(default=())
 
     def node(self, name: str | None) -> Node:
         for node in self.nodes:

@@ -90,3 +90,26 @@ def test_a_start_short_of_host_ram_on_node_b_stops_a_sleeper_on_node_b_only():
         assert workers.state(on_b) == State.STOPPED and workers.state(on_a) == State.SLEEPING
 
     asyncio.run(asyncio.wait_for(body(), timeout=20))
+
+
+def test_whether_an_evicted_worker_may_sleep_counts_the_host_ram_of_its_own_node():
+    async def body():
+        workers = FakeWorkers()
+        on_b = workers.add_ready("a", gpus=(0,), node="node-b")
+        table = {
+            "a": Placement("a", (0,), None, 5, sleep_level=1, sleep_host_bytes=16 * G, nodes=("node-b",)),
+            "b": Placement("b", (0,), None, start_timeout_s=5, nodes=("node-b",)),
+        }
+        # This box has room for a's weights; node-b, where a runs, has 4 GiB.
+        room = {None: 64 * G, "node-a": 64 * G, "node-b": 4 * G}
+        sched = Scheduler(
+            workers,
+            lambda: table,
+            options=FAST,
+            metrics=FrontDoorMetrics(),
+            host_available=lambda node: room[node],
+        )
+        (await sched.acquire("b")).release()
+        assert workers.state(on_b) == State.STOPPED and workers.sleep_levels == []
+
+    asyncio.run(asyncio.wait_for(body(), timeout=20))
