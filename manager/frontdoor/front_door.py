@@ -63,6 +63,7 @@ def placement_of(
         config=config.name,
         gpus=gpus,
         gpu_bytes=gpu_bytes,
+        gpu_share=config.gpu_memory_utilization,
         start_timeout_s=float(config.start_timeout_s),
         idle_timeout_s=float(config.idle_timeout_s) if config.idle_timeout_s else None,
         persistent=config.persistent,
@@ -176,7 +177,10 @@ class FrontDoor:
         for c, profile in configs:
             pooled = sleep_pool_on(c, profile)
             placement = placement_of(c, gpu, self._sleep_bytes_of(c, profile, pooled), pooled=pooled)
-            out[c.name] = replace(placement, nodes=self._nodes_of(c))
+            if self.supervisor.cluster is not None:
+                # Each node's GPUs size the share there: this box's GPU (if any) says nothing of theirs.
+                placement = replace(placement, gpu_bytes=None, nodes=self._nodes_of(c))
+            out[c.name] = placement
         return out
 
     def _nodes_of(self, config: ModelConfig) -> tuple[str | None, ...] | None:

@@ -99,6 +99,9 @@ class Placement:
     wait_for_download: bool = False  # a request waits while its model downloads (else 503 + Retry-After)
     # The nodes its config allows (None: any node, or this box without a cluster).
     nodes: tuple[str | None, ...] | None = None
+    # Its gpu_memory_utilization: the bytes it takes on a node's GPUs where gpu_bytes is None (a cluster,
+    # whose nodes' GPUs may differ from this box's).
+    gpu_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -362,7 +365,7 @@ class Scheduler:
         return await self._until_ready(target, placement, started)
 
     def _need(self, placement: Placement) -> Need:
-        return Need(placement.config, placement.gpus, placement.gpu_bytes, placement.nodes)
+        return Need(placement.config, placement.gpus, placement.gpu_bytes, placement.nodes, placement.gpu_share)
 
     def _snapshot(self, config: str) -> Snapshot:
         running = self._running(config)
@@ -386,6 +389,7 @@ class Scheduler:
                     config=view.model,
                     gpus=tuple(view.gpus) or (placement.gpus if placement else (0,)),
                     gpu_bytes=placement.gpu_bytes if placement else None,
+                    gpu_share=placement.gpu_share if placement else None,
                     last_request_at=_latest(slot.last_done, slot.ready_seen),
                     # Requests waiting for its start count as in flight: evicting it would strand them.
                     in_flight=slot.in_flight + slot.joined,

@@ -12,7 +12,7 @@ of them may run.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from manager.placement.decisions import CannotFit, WaitForDrain
 from manager.placement.snapshot import Need, Node, RunningWorker
@@ -39,9 +39,14 @@ OnNode = Evict | WaitForDrain | CannotFit
 
 def on_node(node: Node, workers: Sequence[RunningWorker], need: Need) -> OnNode:
     """Decide what to evict on ``node`` (``workers``: those on it) so that ``need`` starts there."""
-    wanted = set(need.gpus)
-    sharing = [w for w in workers if w.config != need.config and wanted & set(w.gpus)]
     capacity = dict(node.gpu_bytes or {})
+    need = replace(need, gpu_bytes=_bytes_on(need.gpu_bytes, need.gpu_share, need.gpus, capacity))
+    wanted = set(need.gpus)
+    sharing = [
+        replace(w, gpu_bytes=_bytes_on(w.gpu_bytes, w.gpu_share, w.gpus, capacity))
+        for w in workers
+        if w.config != need.config and wanted & set(w.gpus)
+    ]
     if need.gpu_bytes is not None:
         for g in sorted(wanted):
             if g in capacity and need.gpu_bytes > capacity[g]:
@@ -60,6 +65,13 @@ def on_node(node: Node, workers: Sequence[RunningWorker], need: Need) -> OnNode:
     assert need.gpu_bytes is not None
     free = {g: capacity[g] - sum(w.gpu_bytes or 0 for w in sharing if g in w.gpus) for g in wanted}
     return _by_bytes(sharing, need, need.gpu_bytes, free)
+
+
+def _bytes_on(held: int | None, share: float | None, gpus: Sequence[int], capacity: dict[int, int]) -> int | None:
+    """The bytes taken on each GPU: as given, else the share of the smallest of these GPUs on this node."""
+    if held is not None or share is None or not gpus or not all(g in capacity for g in gpus):
+        return held
+    return int(share * min(capacity[g] for g in gpus))
 
 
 def _exclusive(sharing: list[RunningWorker], need: Need) -> OnNode:

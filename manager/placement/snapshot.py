@@ -32,6 +32,9 @@ class RunningWorker:
     persistent: bool = False
     may_sleep: bool = False  # sleep mode on, and host RAM has room for what sleeping keeps there
     node: str | None = None
+    # The share of each of its GPUs it takes (vLLM's gpu_memory_utilization): its bytes on a node whose
+    # GPU sizes are known, where ``gpu_bytes`` is not given.
+    gpu_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -49,12 +52,14 @@ class SleepingWorker:
 @dataclass(frozen=True)
 class Need:
     """What the model to start takes: its GPUs and the bytes on each (None: not known), and the nodes
-    it may run on (None: any node of the snapshot, in the snapshot's order)."""
+    it may run on (None: any node of the snapshot, in the snapshot's order). Without ``gpu_bytes``, its
+    ``gpu_share`` of each GPU gives the bytes on a node whose GPU sizes are known (nodes differ)."""
 
     config: str
     gpus: tuple[int, ...]
     gpu_bytes: int | None
     nodes: tuple[str | None, ...] | None = None
+    gpu_share: float | None = None
 
 
 @dataclass(frozen=True)

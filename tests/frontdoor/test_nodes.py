@@ -113,3 +113,20 @@ def test_whether_an_evicted_worker_may_sleep_counts_the_host_ram_of_its_own_node
         assert workers.state(on_b) == State.STOPPED and workers.sleep_levels == []
 
     asyncio.run(asyncio.wait_for(body(), timeout=20))
+
+
+def test_in_a_cluster_models_that_fit_side_by_side_on_a_nodes_gpu_stay_side_by_side():
+    async def body():
+        workers = FakeWorkers()
+        on_a = workers.add_ready("a", gpus=(0,), node="node-a")
+        on_b = workers.add_ready("c", gpus=(0,), node="node-b")
+        # The manager's own box has no GPU: each node's GPU size, from its readings, sizes the shares.
+        table = {
+            "a": Placement("a", (0,), None, 5, nodes=("node-a",), gpu_share=0.7),
+            "c": Placement("c", (0,), None, 5, nodes=("node-b",), gpu_share=0.4),
+            "b": Placement("b", (0,), None, 5, gpu_share=0.5),
+        }
+        (await scheduler(workers, table, TWO_NODES).acquire("b")).release()
+        assert workers.state(on_a) == State.READY and workers.state(on_b) == State.READY and workers.stops() == []
+
+    asyncio.run(asyncio.wait_for(body(), timeout=20))

@@ -120,3 +120,18 @@ def test_only_the_sleepers_on_the_starts_node_are_stopped_for_its_host_ram():
         decision.reason
         == "new needs 40.0 GiB more host RAM on node b: stopping every sleeping model frees only 32.0 GiB"
     )
+
+
+def test_a_share_of_each_gpu_is_counted_in_each_nodes_own_gpu_size():
+    shared = {"gpu_bytes": None}
+    snapshot = Snapshot(
+        (Node("small", {0: 24 * G}), Node("big", {0: 80 * G})),
+        (
+            RunningWorker(1, "x", (0,), last_request_at=0.0, node="small", gpu_share=0.5, **shared),
+            RunningWorker(2, "y", (0,), last_request_at=0.0, node="big", gpu_share=0.5, **shared),
+        ),
+    )
+    # 0.6 of a GPU: 14.4 GiB on small (12 free: x, 12 GiB, goes), 48 GiB on big (40 free: y, 40 GiB, goes).
+    assert decide(Need("new", (0,), None, gpu_share=0.6), snapshot) == MakeRoom((), (1,), Place("small", (0,)))
+    # 0.4 fits beside either; the first node in order takes it.
+    assert decide(Need("new", (0,), None, gpu_share=0.4), snapshot) == Place("small", (0,))
