@@ -110,3 +110,41 @@ def test_evicts_no_worker_it_could_spare_and_no_more_bytes_than_another_node_wou
     allowed = need.nodes if need.nodes is not None else tuple(n.name for n in snapshot.nodes)
     for name in allowed:
         assert short_gpus(snapshot, need, Place(name, need.gpus), set()) != []
+
+
+@st.composite
+def shared_snapshots(draw: st.DrawFn) -> tuple[Snapshot, Need]:
+    """Nodes with GPUs of different sizes, and workers and a need given as shares of each GPU."""
+    names = draw(st.lists(st.sampled_from(NODES), min_size=1, max_size=3, unique=True))
+    nodes = tuple(Node(name, dict.fromkeys(GPUS, draw(st.sampled_from((24, 40, 80, 141))) * G)) for name in names)
+    workers = tuple(
+        RunningWorker(
+            id=wid,
+            config=f"model-{wid}",
+            gpus=tuple(sorted(draw(st.lists(st.sampled_from(GPUS), min_size=1, max_size=2, unique=True)))),
+            gpu_bytes=None,
+            last_request_at=draw(st.floats(0, 100)),
+            in_flight=draw(st.sampled_from((0, 0, 1))),
+            persistent=draw(st.booleans()),
+            node=draw(st.sampled_from(names)),
+            gpu_share=draw(st.sampled_from((0.2, 0.3, 0.45, 0.6, 0.9))),
+        )
+        for wid in range(1, draw(st.integers(0, 10)) + 1)
+    )
+    gpus = tuple(sorted(draw(st.lists(st.sampled_from(GPUS), min_size=1, max_size=4, unique=True))))
+    need = Need("new", gpus, None, gpu_share=draw(st.sampled_from((0.2, 0.5, 0.9))))
+    return Snapshot(nodes, workers), need
+
+
+@settings(max_examples=300, deadline=None)
+@given(shared_snapshots())
+def test_shares_are_counted_in_each_nodes_gpu_size_and_never_overfill_it(case: tuple[Snapshot, Need]) -> None:
+    snapshot, need = case
+    decision = decide(need, snapshot)
+    if isinstance(decision, MakeRoom | Place):
+        place = decision.then if isinstance(decision, MakeRoom) else decision
+        gone = evicted(decision) if isinstance(decision, MakeRoom) else set()
+        size = next(iter((snapshot.node(place.node).gpu_bytes or {}).values()))
+        for g in place.gpus:
+            here = [w for w in snapshot.workers if w.node == place.node and g in w.gpus and w.id not in gone]
+            assert sum(int((w.gpu_share or 0) * size) for w in here) + int((need.gpu_share or 0) * size) <= size
