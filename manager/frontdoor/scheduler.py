@@ -74,6 +74,8 @@ class Workers(Protocol):
 
     def engine_key(self, worker_id: int) -> str | None: ...
 
+    def prefer_node(self, model: str, node: str | None) -> None: ...
+
     async def create_worker(
         self, model: str, gpus: list[int] | None = None, port: int | None = None, force: bool = False
     ) -> tuple[WorkerView, bool]: ...
@@ -340,6 +342,8 @@ class Scheduler:
                     if isinstance(decision, CannotFit):
                         raise ModelUnavailable(f"{config} cannot be started: {decision.reason}")
                     if isinstance(decision, Place | MakeRoom):
+                        place = decision.then if isinstance(decision, MakeRoom) else decision
+                        self.workers.prefer_node(config, place.node)  # where the room is
                         if isinstance(decision, MakeRoom):
                             await self._evict(decision, f"to make room for {config}")
                         if current is not None and current.state == State.SLEEPING:

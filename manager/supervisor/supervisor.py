@@ -90,6 +90,7 @@ class Supervisor:
         # downloads on the node that runs it, into that node's cache.
         self._fetcher = fetcher if cluster is None else None
         self._orphans: dict[str, list[lc.Engine]] = {}  # engines on lost nodes that no worker holds now
+        self._preferred: dict[str, str] = {}  # model config -> the node its next start tries first
         self._background: set[asyncio.Task[Any]] = set()  # news of a node, on its way to each worker
         if cluster is not None:
             self._local = cluster.local
@@ -410,6 +411,12 @@ class Supervisor:
             )
         return views
 
+    def prefer_node(self, model: str, node: str | None) -> None:
+        """The node the front door made room on (or found room on) for ``model``: its next start tries
+        that node first, if the planner's check there agrees."""
+        if self.cluster is not None and node is not None:
+            self._preferred[model] = node
+
     def check_node(self, wanted: str) -> None:
         """Invalid, naming the nodes there are, when the Ray cluster has no node called ``wanted``
         (without a cluster a config may name one; its start says what is missing)."""
@@ -451,7 +458,16 @@ class Supervisor:
                 raise Invalid(f"node {wanted!r} is lost: wait until it is back", field="node")
         else:
             candidates = cluster.alive_names()
-        candidates.sort(key=lambda name: (name != previous, not cluster.is_local(name), self._load_on(name), name))
+        preferred = self._preferred.pop(config.name, None)
+        candidates.sort(
+            key=lambda name: (
+                name != preferred,
+                name != previous,
+                not cluster.is_local(name),
+                self._load_on(name),
+                name,
+            )
+        )
         refusals = []
         held: tuple[str, Refused] | None = None  # the first node where sleepers hold the RAM it lacks
         for name in candidates:

@@ -142,6 +142,18 @@ def test_sleepers_holding_the_heads_host_ram_are_named_with_the_head(tmp_path):
     assert (refused.value.node, refused.value.sleepers, refused.value.short_bytes) == ("head", (sleeper,), 2 << 30)
 
 
+def test_the_node_the_front_door_made_room_on_is_tried_first_once(tmp_path):
+    nodes = Nodes({"box2": None, "box3": None})
+    sup = _supervisor(tmp_path, nodes, head_refusal=None)
+    sup.prefer_node("m", "box3")
+    assert _place(sup, ModelConfig(name="m", model="/m")) == "box3"
+    assert _place(sup, ModelConfig(name="m", model="/m")) == "head"  # the next start: the usual order
+    # Where the planner refuses it, the usual order goes on.
+    nodes.answers["box3"] = "needs 70 GiB of GPU memory, 40 GiB free"
+    sup.prefer_node("m", "box3")
+    assert _place(sup, ModelConfig(name="m", model="/m")) == "head"
+
+
 def test_a_config_pinned_to_a_node_is_only_checked_there(tmp_path):
     nodes = Nodes({"box2": "1 GiB short", "box3": None})
     sup = _supervisor(tmp_path, nodes, head_refusal=None)

@@ -57,6 +57,7 @@ class FakeWorkers:
         self.commands: list[tuple[str, int | str]] = []
         self.sleep_levels: list[int] = []
         self.engine_keys: dict[int, str] = {}  # worker id -> the API key its engine asks for
+        self.preferred: list[tuple[str, str | None]] = []  # (model, the node its start should try first)
         self._timers: set[asyncio.Task[None]] = set()
         self.downloaded: set[str] = set()  # models whose download is complete
 
@@ -80,6 +81,9 @@ class FakeWorkers:
 
     def engine_key(self, worker_id: int) -> str | None:
         return self.engine_keys.get(worker_id)
+
+    def prefer_node(self, model: str, node: str | None) -> None:
+        self.preferred.append((model, node))
 
     async def create_worker(
         self, model: str, gpus: list[int] | None = None, port: int | None = None, force: bool = False

@@ -130,3 +130,17 @@ def test_in_a_cluster_models_that_fit_side_by_side_on_a_nodes_gpu_stay_side_by_s
         assert workers.state(on_a) == State.READY and workers.state(on_b) == State.READY and workers.stops() == []
 
     asyncio.run(asyncio.wait_for(body(), timeout=20))
+
+
+def test_the_start_is_pointed_at_the_node_placement_found_room_on():
+    async def body():
+        workers = FakeWorkers()
+        workers.add_ready("a", gpus=(0,), node="node-a")
+        table = {
+            "a": Placement("a", (0,), 60 * G, start_timeout_s=5, nodes=("node-a",)),
+            "b": Placement("b", (0,), 60 * G, start_timeout_s=5),
+        }
+        (await scheduler(workers, table, TWO_NODES).acquire("b")).release()
+        assert workers.preferred == [("b", "node-b")]
+
+    asyncio.run(asyncio.wait_for(body(), timeout=20))
