@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from manager.placement.decisions import CannotFit, Decision, MakeRoom, Place, WaitForDrain
 from manager.placement.one_node import Evict, on_node
-from manager.placement.snapshot import Need, Snapshot
+from manager.placement.snapshot import Need, RunningWorker, Snapshot
 
 
 def decide(need: Need, snapshot: Snapshot) -> Decision:
@@ -20,7 +20,7 @@ def decide(need: Need, snapshot: Snapshot) -> Decision:
         return CannotFit(
             f"{need.config} has no node to run on: the node its config names is lost or not in the cluster"
         )
-    by_node: dict[str | None, list] = {name: [] for name in names}
+    by_node: dict[str | None, list[RunningWorker]] = {name: [] for name in names}
     for worker in snapshot.workers:
         if worker.node in by_node:
             by_node[worker.node].append(worker)
