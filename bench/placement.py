@@ -4,11 +4,13 @@
 
 Snapshots are generated with a fixed seed: every node has 8 GPUs of 80 GiB; 200 workers are spread
 over the nodes so that every GPU 0 and 1 holds one, each on 1, 2 or 4 GPUs of its node, holding 25
-to 70 GiB on each (so a 60 GiB share never fits beside one), some persistent, some with requests in flight, some may sleep. Three needs are timed: a model free to run
-on any node when every node is full (the worst case: every node is checked and the cheapest eviction
-is picked), the same with one node left with room, and a model bound to one node (the first where room can be made). Each case runs
-``--runs`` times; the figures are wall time per ``decide``
-call, and its CPU time (the thread's), which a busy box does not stretch.
+to 70 GiB on each (so a 60 GiB share never fits beside one), some persistent, some with requests in
+flight, some may sleep. Four cases are timed: a model free to run on any node when every node is
+full (the worst case: every node is checked and the cheapest eviction is picked), the same with one
+node left with room, a model bound to one node (the first where room can be made), and the first
+case with every worker and the need given as shares of a GPU, as the front door gives them in a
+cluster. Each case runs ``--runs`` times; the figures are wall time per ``decide`` call, and its CPU
+time (the thread's), which a busy box does not stretch.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -54,6 +57,11 @@ def snapshot(nodes: int, gpus: int, workers: int, seed: int, leave_room_on: str 
             )
         )
     return Snapshot(tuple(Node(name, {g: 80 * G for g in range(gpus)}) for name in names), tuple(running))
+
+
+def as_shares(snap: Snapshot) -> Snapshot:
+    workers = tuple(replace(w, gpu_bytes=None, gpu_share=(w.gpu_bytes or 0) / (80 * G)) for w in snap.workers)
+    return replace(snap, workers=workers)
 
 
 def timed(need: Need, snap: Snapshot, runs: int) -> dict[str, object]:
@@ -97,6 +105,10 @@ def main() -> None:
         "any node, every node full": timed(need, full, args.runs),
         "any node, the last one has room": timed(need, with_room, args.runs),
         "one named node (where room can be made)": timed(named, full, args.runs),
+        # In a cluster the front door gives shares of each GPU, sized on each node's own GPUs.
+        "any node, every node full, as shares of a GPU": timed(
+            replace(need, gpu_bytes=None, gpu_share=0.75), as_shares(full), args.runs
+        ),
     }
     result = {
         "nodes": args.nodes,

@@ -40,12 +40,13 @@ OnNode = Evict | WaitForDrain | CannotFit
 def on_node(node: Node, workers: Sequence[RunningWorker], need: Need) -> OnNode:
     """Decide what to evict on ``node`` (``workers``: those on it) so that ``need`` starts there."""
     capacity = dict(node.gpu_bytes or {})
-    need = replace(need, gpu_bytes=_bytes_on(need.gpu_bytes, need.gpu_share, need.gpus, capacity))
+    if need.gpu_bytes is None and need.gpu_share is not None:
+        need = replace(need, gpu_bytes=_bytes_on(need.gpu_share, need.gpus, capacity))
     wanted = set(need.gpus)
     sharing = [
-        replace(w, gpu_bytes=_bytes_on(w.gpu_bytes, w.gpu_share, w.gpus, capacity))
+        w if w.gpu_bytes is not None or w.gpu_share is None else _sized(w, capacity)
         for w in workers
-        if w.config != need.config and wanted & set(w.gpus)
+        if w.config != need.config and not wanted.isdisjoint(w.gpus)
     ]
     if need.gpu_bytes is not None:
         for g in sorted(wanted):
@@ -67,11 +68,16 @@ def on_node(node: Node, workers: Sequence[RunningWorker], need: Need) -> OnNode:
     return _by_bytes(sharing, need, need.gpu_bytes, free)
 
 
-def _bytes_on(held: int | None, share: float | None, gpus: Sequence[int], capacity: dict[int, int]) -> int | None:
-    """The bytes taken on each GPU: as given, else the share of the smallest of these GPUs on this node."""
-    if held is not None or share is None or not gpus or not all(g in capacity for g in gpus):
-        return held
+def _bytes_on(share: float, gpus: Sequence[int], capacity: dict[int, int]) -> int | None:
+    """The bytes a share takes on each of these GPUs: the share of the smallest; None: a size not known."""
+    if not gpus or not all(g in capacity for g in gpus):
+        return None
     return int(share * min(capacity[g] for g in gpus))
+
+
+def _sized(worker: RunningWorker, capacity: dict[int, int]) -> RunningWorker:
+    assert worker.gpu_share is not None
+    return replace(worker, gpu_bytes=_bytes_on(worker.gpu_share, worker.gpus, capacity))
 
 
 def _exclusive(sharing: list[RunningWorker], need: Need) -> OnNode:
