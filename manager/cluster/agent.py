@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from manager.cluster.hosts import Spawned, read_chunk
-from manager.errors import ManagerError
+from manager.errors import Invalid, ManagerError
 from manager.launch.engine_key import ENV_NAME
-from manager.launch.preflight import HostClaims, refuse_if_it_cannot_fit
+from manager.launch.preflight import HostClaims, Refused, refuse_if_it_cannot_fit
 from manager.metrics.gpu import GpuCollector, GpuReport
 from manager.metrics.host import HostCollector, HostSample, ProcessTreeSample
 from manager.metrics.pools import PoolReport, PoolsReader
@@ -103,9 +103,9 @@ class NodeAgent:
     def remove_stale_offload_files(self) -> list[str]:
         return process.remove_stale_offload_files()
 
-    def check_fit(self, config: dict, profile: dict | None, claims: HostClaims) -> str | None:
-        """The planner's pre-start check with this node's GPUs and RAM: None when the config fits,
-        else the refusal's message."""
+    def check_fit(self, config: dict, profile: dict | None, claims: HostClaims) -> Refused | None:
+        """The planner's pre-start check with this node's GPUs and RAM: None when the config fits, else
+        the refusal (with the sleepers to stop when only sleeping workers' host RAM is in the way)."""
         try:
             refuse_if_it_cannot_fit(
                 ModelConfig.model_validate(config),
@@ -113,8 +113,10 @@ class NodeAgent:
                 False,
                 claims,
             )
+        except Invalid as exc:
+            return Refused.of(exc)
         except ManagerError as exc:
-            return exc.message
+            return Refused(exc.message)
         return None
 
     def read_log(self, path: str, offset: int) -> bytes:

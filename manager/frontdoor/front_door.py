@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -23,8 +24,9 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 from starlette.requests import Request
 
+from manager.cluster.nodes import NodeState
 from manager.db import session
-from manager.errors import Conflict, ManagerError
+from manager.errors import Conflict, Invalid, ManagerError
 from manager.frontdoor import names, proxy
 from manager.frontdoor.access import ANYONE, Caller
 from manager.frontdoor.catalog import Catalog
@@ -35,8 +37,9 @@ from manager.frontdoor.scheduler import Lease, ModelStatus, Placement, Scheduler
 from manager.frontdoor.upstream import Upstream
 from manager.frontdoor.usage import UsageRecorder
 from manager.launch.command import sleep_pool_on
-from manager.launch.preflight import sleep_host_bytes
+from manager.launch.preflight import sleeper_host_bytes
 from manager.lora import workers as lora_workers
+from manager.metrics.gpu import GpuReport
 from manager.planner.gpus import GPU, NoGPU, detect_gpu
 from manager.schemas.common import MAX_GPU_ID
 from manager.schemas.engine_values import engine_gpus
@@ -60,6 +63,7 @@ def placement_of(
         config=config.name,
         gpus=gpus,
         gpu_bytes=gpu_bytes,
+        gpu_share=config.gpu_memory_utilization,
         start_timeout_s=float(config.start_timeout_s),
         idle_timeout_s=float(config.idle_timeout_s) if config.idle_timeout_s else None,
         persistent=config.persistent,
@@ -68,6 +72,16 @@ def placement_of(
         sleep_pooled=pooled,
         wait_for_download=config.wait_for_download,
     )
+
+
+def _node_gpus(report: GpuReport | None) -> dict[int, int] | None:
+    """A node's GPUs by id with their total bytes, from its latest reading; None where not all are known."""
+    if report is None or not report.available or not report.gpus:
+        return None
+    sizes = {g.index: g.memory_total_bytes for g in report.gpus}
+    if any(size is None for size in sizes.values()):
+        return None
+    return {index: size for index, size in sizes.items() if size is not None}
 
 
 def _default_devices(config: ModelConfig, gpu: GPU | NoGPU) -> tuple[int, ...]:
@@ -107,7 +121,7 @@ class FrontDoor:
                 idle_check_s=settings.idle_check_s,
             ),
             metrics,
-            host_available=lambda: psutil.virtual_memory().available,
+            host_available=self.host_available,
             sleep_pool_held=supervisor.sleep_pool_held,
         )
         # What each config's sleep keeps in host RAM, by (config, when it was last changed).
@@ -134,11 +148,26 @@ class FrontDoor:
             self._gpu = self._detect_gpu()
         return self._gpu
 
-    def gpu_capacity(self) -> dict[int, int] | None:
-        gpu = self.gpu()
-        if not isinstance(gpu, GPU):
-            return None
-        return {index: gpu.memory_bytes for index in range(gpu.count)}
+    def gpu_capacity(self) -> dict[str | None, dict[int, int] | None] | None:
+        """Each node's GPUs and their total bytes: the live nodes of the cluster from their latest
+        readings (this node first), else this box's GPU; None where they are not known."""
+        cluster = self.supervisor.cluster
+        if cluster is None:
+            gpu = self.gpu()
+            return {None: {index: gpu.memory_bytes for index in range(gpu.count)}} if isinstance(gpu, GPU) else None
+        return {
+            s.name: _node_gpus(s.sample.gpu if s.sample else None)
+            for s in cluster.statuses()
+            if s.state == NodeState.ALIVE
+        }
+
+    def host_available(self, node: str | None) -> int | None:
+        """Host RAM available on ``node``: this box's now, another node's from its latest reading."""
+        cluster = self.supervisor.cluster
+        if cluster is None or node is None or cluster.is_local(node):
+            return psutil.virtual_memory().available
+        status = next((s for s in cluster.statuses() if s.name == node and s.state == NodeState.ALIVE), None)
+        return status.sample.host.ram_available_bytes if status is not None and status.sample else None
 
     def placements(self) -> dict[str, Placement]:
         gpu = self.gpu()
@@ -147,13 +176,28 @@ class FrontDoor:
         out = {}
         for c, profile in configs:
             pooled = sleep_pool_on(c, profile)
-            out[c.name] = placement_of(c, gpu, self._sleep_bytes_of(c, profile, pooled), pooled=pooled)
+            placement = placement_of(c, gpu, self._sleep_bytes_of(c, profile, pooled), pooled=pooled)
+            if self.supervisor.cluster is not None:
+                # Each node's GPUs size the share there: this box's GPU (if any) says nothing of theirs.
+                placement = replace(placement, gpu_bytes=None, nodes=self._nodes_of(c))
+            out[c.name] = placement
         return out
+
+    def _nodes_of(self, config: ModelConfig) -> tuple[str | None, ...] | None:
+        """The live nodes a config's ``node`` picks (none: it names a lost or unknown node); None: any."""
+        cluster = self.supervisor.cluster
+        if cluster is None or not config.node:
+            return None
+        try:
+            return tuple(cluster.resolve(config.node))
+        except Invalid:
+            return ()
 
     def _sleep_bytes_of(self, config: ModelConfig, profile: OffloadProfile | None, pooled: bool) -> int | None:
         key = (config.name, config.updated_at, profile.updated_at if profile else None, pooled)
         if key not in self._sleep_bytes:
-            self._sleep_bytes[key] = sleep_host_bytes(config, pooled=pooled, profile=profile)
+            on = config.sleep_level is not None
+            self._sleep_bytes[key] = sleeper_host_bytes(config, profile, pooled=pooled) if on else None
         return self._sleep_bytes[key]
 
     def name_table(self, caller: Caller = ANYONE) -> names.NameTable:

@@ -2,13 +2,13 @@
 
 Per model config: a request is served at once when the config's worker is ready; when it is
 starting, the request joins that start (one start per config, however many requests wait for it);
-when it is stopped or asleep, eviction (``eviction.choose``) names the workers to put to sleep or
-stop, the supervisor does so and starts (or wakes) this one, and every waiting request goes on
-when it is ready. A model that must be downloaded first is started without evicting anyone (its
-download holds no GPU, and may take minutes): the same eviction is done when the download is over
-and its engine is about to start (the supervisor asks, ``make_room_with``). A start the pre-start
-check refuses because sleeping workers hold the host RAM it needs stops some of them
-(``eviction.free_host_ram``) and is tried again. It also counts the
+when it is stopped or asleep, placement (``manager.placement.decide``, with each worker's node) names
+the workers to put to sleep or stop, the supervisor does so and starts (or wakes) this one, and every
+waiting request goes on when it is ready. A model that must be downloaded first is started without
+evicting anyone (its download holds no GPU, and may take minutes): the same decision is made when the
+download is over and its engine is about to start (the supervisor asks, ``make_room_with``). A start
+the pre-start check refuses because sleeping workers hold the host RAM it needs stops some of them on
+that node (``placement.free_host_ram``) and is tried again. It also counts the
 requests in flight per model, when each last answered and its last swap (``snapshot`` for the
 dashboard), and unloads models idle past their ``idle_timeout_s`` (to sleep when their config
 allows it and host RAM has room for what sleeping keeps there, else stopped).
@@ -28,10 +28,22 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from manager.errors import Conflict, ManagerError
-from manager.frontdoor import eviction
 from manager.frontdoor.errors import FrontDoorError, ModelDownloading, ModelUnavailable, QueueFull, StartTimeout
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.launch.preflight import HostRamHeldBySleepers
+from manager.placement import (
+    CannotFit,
+    MakeRoom,
+    Need,
+    Node,
+    Place,
+    RunningWorker,
+    SleepingWorker,
+    Snapshot,
+    WaitForDrain,
+    decide,
+    free_host_ram,
+)
 from manager.supervisor.lifecycle import State
 from manager.supervisor.view import WorkerView
 
@@ -65,6 +77,8 @@ class Workers(Protocol):
 
     def engine_key(self, worker_id: int) -> str | None: ...
 
+    def prefer_node(self, model: str, node: str | None) -> None: ...
+
     async def create_worker(
         self, model: str, gpus: list[int] | None = None, port: int | None = None, force: bool = False
     ) -> tuple[WorkerView, bool]: ...
@@ -97,6 +111,11 @@ class Placement:
     sleep_host_bytes: int | None = None  # host RAM its sleep keeps (level 1: the weights); None: unknown
     sleep_pooled: bool = False  # level 1 through the sleep pool, whose RAM its start already counted
     wait_for_download: bool = False  # a request waits while its model downloads (else 503 + Retry-After)
+    # The nodes its config allows (None: any node, or this box without a cluster).
+    nodes: tuple[str | None, ...] | None = None
+    # Its gpu_memory_utilization: the bytes it takes on a node's GPUs where gpu_bytes is None (a cluster,
+    # whose nodes' GPUs may differ from this box's).
+    gpu_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -188,10 +207,13 @@ class Scheduler:
         self,
         workers: Workers,
         placements: Callable[[], Mapping[str, Placement]],
-        gpu_capacity: Callable[[], Mapping[int, int] | None] = lambda: None,
+        # Each node's GPUs and their total bytes, by node (None: this box), in the order starts prefer
+        # them; a node's GPUs None where they are not known. None: this box, GPUs not known.
+        gpu_capacity: Callable[[], Mapping[str | None, Mapping[int, int] | None] | None] = lambda: None,
         options: SchedulerOptions | None = None,
         metrics: FrontDoorMetrics | None = None,
-        host_available: Callable[[], int | None] = lambda: None,
+        # Host RAM available on a node (None: this box, without a cluster); None: not known.
+        host_available: Callable[[str | None], int | None] = lambda node: None,
         clock: Callable[[], float] = time.monotonic,
         sleep_pool_held: Callable[[int], int] = lambda worker_id: 0,
     ) -> None:
@@ -335,8 +357,9 @@ class Scheduler:
                         target = current  # started meanwhile (by the API, or an earlier start)
                         break
                     decision = self._decide(placement)
-                    if isinstance(decision, eviction.MakeRoom):
-                        await self._evict(decision, f"to make room for {config}")
+                    if isinstance(decision, Place | MakeRoom):
+                        if isinstance(decision, MakeRoom):
+                            await self._evict(decision, f"to make room for {config}")
                         if current is not None and current.state == State.SLEEPING:
                             target = await self._wake(current, started)
                         else:
@@ -369,7 +392,7 @@ class Scheduler:
             view = await self._start(config, None)
         except ModelUnavailable:
             slot.room_at_launch = False
-            if decision == eviction.MakeRoom():
+            if isinstance(decision, Place):
                 raise  # nobody is in its way: the refusal is the model's own
             return None
         if view.state != State.DOWNLOADING:  # downloaded by someone else just now: its engine starts as it is
@@ -391,8 +414,9 @@ class Scheduler:
             while True:
                 async with self._placing:
                     decision = self._decide(placement)
-                    if isinstance(decision, eviction.MakeRoom):
-                        await self._evict(decision, f"to make room for {config}")
+                    if isinstance(decision, Place | MakeRoom):
+                        if isinstance(decision, MakeRoom):
+                            await self._evict(decision, f"to make room for {config}")
                         return
                     self._drain(decision, draining)
                 await self._until_drained(decision, deadline)
@@ -402,31 +426,43 @@ class Scheduler:
             for name, leaving in draining.items():
                 self._end_leaving(name, leaving)
 
-    def _decide(self, placement: Placement) -> eviction.MakeRoom | eviction.WaitForDrain:
-        """What must go for ``placement`` to start; ModelUnavailable when it cannot start at all."""
-        decision = eviction.choose(self._running(placement.config), self._need(placement), self._gpu_capacity())
-        if isinstance(decision, eviction.CannotFit):
+    def _decide(self, placement: Placement) -> Place | MakeRoom | WaitForDrain:
+        """Where ``placement`` starts and what must go first (the node it is tried on first is the one with
+        the room); ModelUnavailable when it cannot start at all."""
+        decision = decide(self._need(placement), self._snapshot(placement.config))
+        if isinstance(decision, CannotFit):
             raise ModelUnavailable(f"{placement.config} cannot be started: {decision.reason}")
+        if isinstance(decision, Place | MakeRoom):
+            place = decision.then if isinstance(decision, MakeRoom) else decision
+            self.workers.prefer_node(placement.config, place.node)  # where the room is
         return decision
 
-    def _drain(self, decision: eviction.WaitForDrain, draining: dict[str, _Leaving]) -> None:
+    def _drain(self, decision: WaitForDrain, draining: dict[str, _Leaving]) -> None:
         """New requests for the models that must drain wait (until ``draining`` is ended)."""
         for name in self._configs_of(decision.workers):
             leaving = self._mark_leaving(name)
             if leaving is not None:
                 draining[name] = leaving
 
-    async def _until_drained(self, decision: eviction.WaitForDrain, deadline: float) -> None:
+    async def _until_drained(self, decision: WaitForDrain, deadline: float) -> None:
         if not await self._drained(decision.workers, deadline):
             raise ModelUnavailable(
                 f"{decision.reason}; they did not finish within {self.options.drain_timeout_s:g} s. "
                 "Retry later, or give the models different GPUs"
             )
 
-    def _need(self, placement: Placement) -> eviction.Need:
-        return eviction.Need(placement.config, placement.gpus, placement.gpu_bytes)
+    def _need(self, placement: Placement) -> Need:
+        return Need(placement.config, placement.gpus, placement.gpu_bytes, placement.nodes, placement.gpu_share)
 
-    def _running(self, config: str) -> list[eviction.RunningWorker]:
+    def _snapshot(self, config: str) -> Snapshot:
+        running = self._running(config)
+        capacity = self._gpu_capacity()
+        nodes: dict[str | None, Mapping[int, int] | None] = dict(capacity) if capacity is not None else {None: None}
+        for worker in running:
+            nodes.setdefault(worker.node, None)
+        return Snapshot(tuple(Node(name, gpus) for name, gpus in nodes.items()), tuple(running))
+
+    def _running(self, config: str) -> list[RunningWorker]:
         placements = self._placements()
         running = []
         for view in self.workers.views():
@@ -435,16 +471,18 @@ class Scheduler:
             placement = placements.get(view.model)
             slot = self._slot(view.model)
             running.append(
-                eviction.RunningWorker(
+                RunningWorker(
                     id=view.id,
                     config=view.model,
                     gpus=tuple(view.gpus) or (placement.gpus if placement else (0,)),
                     gpu_bytes=placement.gpu_bytes if placement else None,
+                    gpu_share=placement.gpu_share if placement else None,
                     last_request_at=_latest(slot.last_done, slot.ready_seen),
                     # Requests waiting for its start count as in flight: evicting it would strand them.
                     in_flight=slot.in_flight + slot.joined,
                     persistent=placement.persistent if placement else False,
-                    may_sleep=self._may_sleep(placement, view.id),
+                    may_sleep=self._may_sleep(placement, view.id, view.node),
+                    node=view.node,
                 )
             )
         return running
@@ -465,9 +503,9 @@ class Scheduler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._released.wait(), timeout=min(left, 1.0))
 
-    def _may_sleep(self, placement: Placement | None, worker_id: int) -> bool:
-        """Sleep mode is on, and host RAM has room for what the sleep keeps there (beyond what the
-        worker's sleep pool already holds)."""
+    def _may_sleep(self, placement: Placement | None, worker_id: int, node: str | None) -> bool:
+        """Sleep mode is on, and the host RAM of the worker's node has room for what the sleep keeps
+        there (beyond what the worker's sleep pool already holds)."""
         if placement is None or placement.sleep_level is None:
             return False
         if placement.sleep_level >= 2:
@@ -478,10 +516,10 @@ class Scheduler:
         need = max(0, placement.sleep_host_bytes - held)
         if need == 0:
             return True
-        available = self._host_available()
+        available = self._host_available(node)
         return available is not None and available >= need
 
-    async def _evict(self, decision: eviction.MakeRoom, why: str) -> None:
+    async def _evict(self, decision: MakeRoom, why: str) -> None:
         views = [self.workers.view(i) for i in decision.sleep + decision.stop]
         # All of them first: none may take a new request while another one is being stopped.
         marks = [(v.model, self._mark_leaving(v.model)) for v in views]
@@ -546,8 +584,8 @@ class Scheduler:
         try:
             return await self._start_once(config, crashed)
         except HostRamHeldBySleepers as held:
-            decision = eviction.free_host_ram(self._sleeping(held), held.short_bytes, config)
-            if isinstance(decision, eviction.CannotFit):
+            decision = free_host_ram(self._sleeping(held), held.short_bytes, config, held.node)
+            if isinstance(decision, CannotFit):
                 raise ModelUnavailable(f"{config} could not be started: {decision.reason}") from held
             for view in [self.workers.view(i) for i in decision.stop]:
                 await self._stop(view, f"stopped {view.model} (asleep) to free host RAM for {config}", kind="evicted")
@@ -573,7 +611,7 @@ class Scheduler:
             # The planner's refusal, a port that is taken, an engine interpreter that is missing ...
             raise ModelUnavailable(f"{config} could not be started: {exc.message}") from exc
 
-    def _sleeping(self, held: HostRamHeldBySleepers) -> list[eviction.SleepingWorker]:
+    def _sleeping(self, held: HostRamHeldBySleepers) -> list[SleepingWorker]:
         """The sleepers the pre-start check named, with what each holds, that are still asleep."""
         placements = self._placements()
         sleeping = {v.id: v for v in self.workers.views() if v.state == State.SLEEPING}
@@ -585,12 +623,13 @@ class Scheduler:
             placement = placements.get(view.model)
             slot = self._slot(view.model)
             out.append(
-                eviction.SleepingWorker(
+                SleepingWorker(
                     id=view.id,
                     config=view.model,
                     host_bytes=sleeper.host_bytes,
                     last_request_at=_latest(slot.last_done, slot.ready_seen),
                     persistent=placement.persistent if placement else False,
+                    node=view.node,
                 )
             )
         return out
@@ -694,7 +733,7 @@ class Scheduler:
                 idle = now - (_latest(slot.last_done, slot.ready_seen) or now)
                 if idle < placement.idle_timeout_s:
                     continue
-                level = placement.sleep_level if self._may_sleep(placement, view.id) else None
+                level = placement.sleep_level if self._may_sleep(placement, view.id, view.node) else None
                 kind = "idle_slept" if level is not None else "idle_stopped"
                 await self._unload(view, level, f": idle {idle:.0f} s", kind=kind, idle_s=round(idle, 1))
                 stopped.append(view.model)

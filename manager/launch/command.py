@@ -74,6 +74,18 @@ def kv_offload_bytes(config: ModelConfig, profile: OffloadProfile) -> tuple[int 
     return total, note
 
 
+def eager_by_choice(config: ModelConfig) -> bool:
+    """The user runs the engine eager: the config's enforce_eager, or --enforce-eager in its extra_args."""
+    return config.enforce_eager or "--enforce-eager" in config.extra_args
+
+
+def adds_enforce_eager(config: ModelConfig, profile: OffloadProfile | None) -> bool:
+    """The manager adds --enforce-eager: MoE expert offload sizes its CUDA graphs from the model's
+    config.json, which could not be read (and the user did not ask for eager already)."""
+    moe_offload = profile is not None and profile.moe_expert_offload
+    return moe_offload and not eager_by_choice(config) and moe_graph_tokens(config, profile) is None
+
+
 def moe_graph_tokens(config: ModelConfig, profile: OffloadProfile | None) -> int | None:
     """With MoE expert offload on: the largest batch (tokens) that may run inside a CUDA graph.
 
@@ -137,10 +149,11 @@ def build_command(
     Invalid when that argv loads code (unless ``allow_code_flags``), whatever part of it says so."""
     notes: list[str] = []
     moe_offload = profile is not None and profile.moe_expert_offload
-    eager = config.enforce_eager or "--enforce-eager" in config.extra_args
+    added_eager = adds_enforce_eager(config, profile)
+    eager = eager_by_choice(config) or added_eager
     graph_tokens = moe_graph_tokens(config, profile) if moe_offload and not eager else None
     capture_flag: list[str] = []
-    if moe_offload and not eager and graph_tokens is None:
+    if added_eager:
         notes.append(
             "--enforce-eager added: MoE expert offload sizes its CUDA graphs from the model's config.json, "
             "which could not be read"
@@ -175,7 +188,7 @@ def build_command(
         "served_model_name": served_name(config),
         "host": host,
         "port": port,
-        "enforce_eager": config.enforce_eager or (moe_offload and not eager and graph_tokens is None),
+        "enforce_eager": config.enforce_eager or added_eager,
         "kv_offloading_size": kv_size,
         "kv_offloading_backend": "native" if kv_size is not None else None,
         "enable_sleep_mode": config.sleep_level is not None,

@@ -19,8 +19,14 @@ from typing import Any
 from sqlmodel import Session
 
 from manager.errors import Invalid, ManagerError
-from manager.launch.command import kv_offload_bytes, moe_graph_tokens, sleep_pool_on
+from manager.launch.command import (
+    adds_enforce_eager,
+    eager_by_choice,
+    kv_offload_bytes,
+    sleep_pool_on,
+)
 from manager.launch.flags import flag_value
+from manager.placement import sleep_level_of
 from manager.planner import Comparison, EngineKVReport, Plan, PlanError, PlanRequest, make_plan, model_files
 from manager.planner.engine_report import compare, mismatch, parse_engine_kv_report
 from manager.planner.gpu_side import weights_on_gpu
@@ -71,10 +77,27 @@ class HostClaims:
 class HostRamHeldBySleepers(Invalid):
     """The start would fit in host RAM if some sleeping workers were stopped."""
 
-    def __init__(self, message: str, short_bytes: int, sleepers: tuple[Sleeper, ...]) -> None:
+    def __init__(self, message: str, short_bytes: int, sleepers: tuple[Sleeper, ...], node: str | None = None) -> None:
         super().__init__(message, field="model")
         self.short_bytes = short_bytes
         self.sleepers = sleepers
+        self.node = node  # where the start was checked, and the sleepers sleep (None: this box)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The pre-start check's refusal on one node, as the node's agent hands it back: its message, and
+    when sleeping workers there hold the host RAM the start lacks, how much it lacks and who they are."""
+
+    message: str
+    short_bytes: int | None = None
+    sleepers: tuple[Sleeper, ...] = ()
+
+    @classmethod
+    def of(cls, exc: Invalid) -> Refused:
+        if isinstance(exc, HostRamHeldBySleepers):
+            return cls(exc.message, exc.short_bytes, exc.sleepers)
+        return cls(exc.message)
 
 
 def sleep_host_bytes(
@@ -97,6 +120,16 @@ def sleep_host_bytes(
     # A sleep backs up what is on the GPU, not what offload keeps in host RAM.
     per_gpu, _ = weights_on_gpu(request, text_config(found.config), weights)
     return int(per_gpu * config.tensor_parallel_size * (1.0 if pooled else PINNED_ROUNDING))
+
+
+def sleeper_host_bytes(
+    config: ModelConfig, profile: OffloadProfile | None, *, pooled: bool, level: int | None = None
+) -> int | None:
+    """Host RAM a worker of ``config`` holds while asleep at ``level`` (the level it was put to sleep
+    with; None: its config's, else 1). Through its sleep pool it is the weights' exact size at level 1,
+    which the pool also holds while the worker is awake."""
+    level = 1 if pooled else sleep_level_of(level, config.sleep_level)
+    return sleep_host_bytes(config, level, pooled=pooled, profile=profile)
 
 
 def host_now(claims: HostClaims, host: HostMemory | None = None) -> HostMemory:
@@ -150,11 +183,7 @@ def plan_request(config: ModelConfig, profile: OffloadProfile | None, gpu: str) 
         max_num_seqs=config.max_num_seqs,
         kv_cache_dtype=config.kv_cache_dtype,
         gpu_memory_utilization=config.gpu_memory_utilization,
-        # MoE expert offload keeps CUDA graphs, unless the model's config cannot size them (then
-        # the manager adds --enforce-eager, as build_command does)
-        enforce_eager=config.enforce_eager
-        or "--enforce-eager" in config.extra_args
-        or bool(profile and profile.moe_expert_offload and moe_graph_tokens(config, profile) is None),
+        enforce_eager=eager_by_choice(config) or adds_enforce_eager(config, profile),
         kv_offload_gib=(profile.kv_offload_gib or 0) if profile else 0,
         moe_expert_offload=bool(profile and profile.moe_expert_offload),
         moe_gpu_cache_gib=(profile.moe_gpu_cache_gib or 0) if profile else 0,

@@ -13,6 +13,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from manager.errors import Conflict, ManagerError
+from manager.placement import sleep_level_of
 
 
 class State(StrEnum):
@@ -795,7 +796,7 @@ def _wake(life: Life) -> Step:
         return life, []
     if life.state != State.SLEEPING:
         return life, [Reject(Conflict(f"the worker is {life.state.value}, not asleep: nothing to wake"))]
-    return replace(life, state=State.WAKING), [WakeUp(life.sleep_level or 1)]
+    return replace(life, state=State.WAKING), [WakeUp(sleep_level_of(life.sleep_level, None))]
 
 
 def _woke(life: Life, event: Woke) -> Step:

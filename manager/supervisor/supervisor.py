@@ -26,12 +26,21 @@ from manager.launch.command import build_command, downloads_first, needs_downloa
 from manager.launch.engine_key import ENV_NAME, engine_key, key_values
 from manager.launch.flags import flag_value
 from manager.launch.model_location import check_startable, download_note
-from manager.launch.preflight import HostClaims, Sleeper, host_bytes_of, plan_mismatch, sleep_host_bytes
+from manager.launch.preflight import (
+    HostClaims,
+    HostRamHeldBySleepers,
+    Refused,
+    Sleeper,
+    host_bytes_of,
+    plan_mismatch,
+    sleeper_host_bytes,
+)
 from manager.launch.refusals import check_gpus_known, check_launch
 from manager.launch.secrets import Redactor
 from manager.metrics.gpu import GpuReport
 from manager.metrics.host import HostSample
 from manager.metrics.pools import PoolsReader, launched_with_sleep_pool, sleep_pool_bytes
+from manager.placement import sleep_level_of
 from manager.planner.gpus import GPU, detect_gpu
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
@@ -86,6 +95,7 @@ class Supervisor:
         self._fetcher = fetcher if cluster is None else None
         self._make_room: MakeRoom | None = None  # the front door's eviction, for engines started after a download
         self._orphans: dict[str, list[lc.Engine]] = {}  # engines on lost nodes that no worker holds now
+        self._preferred: dict[str, str] = {}  # model config -> the node its next start tries first
         self._background: set[asyncio.Task[Any]] = set()  # news of a node, on its way to each worker
         if cluster is not None:
             self._local = cluster.local
@@ -312,7 +322,7 @@ class Supervisor:
             timeout, served, level = float(config.start_timeout_s), served_name(config), config.sleep_level
         # A worker stored as asleep (or waking) is asleep: the engine stays so until told otherwise.
         asleep = life.state in (State.SLEEPING, State.WAKING) or (life.state == State.LOST and life.sleep_level)
-        sleeping = (life.sleep_level or level or 1) if asleep else None
+        sleeping = sleep_level_of(life.sleep_level, level) if asleep else None
         elapsed = 0.0
         if life.started_at is not None:
             elapsed = (datetime.now(UTC) - life.started_at).total_seconds()
@@ -428,6 +438,12 @@ class Supervisor:
             )
         return views
 
+    def prefer_node(self, model: str, node: str | None) -> None:
+        """The node the front door made room on (or found room on) for ``model``: its next start tries
+        that node first, if the planner's check there agrees."""
+        if self.cluster is not None and node is not None:
+            self._preferred[model] = node
+
     def check_node(self, wanted: str) -> None:
         """Invalid, naming the nodes there are, when the Ray cluster has no node called ``wanted``
         (without a cluster a config may name one; its start says what is missing)."""
@@ -444,8 +460,10 @@ class Supervisor:
         fetching: bool = False,
     ) -> str | None:
         """The node a start runs on, after the planner's check there: the config's node, else the
-        first live node that fits (the one it ran on before first). Invalid naming each node's refusal.
-        ``fetching``: its model is downloaded first (on this machine), and planned from the hub until then."""
+        first live node that fits (the one it ran on before first). Invalid naming each node's refusal;
+        HostRamHeldBySleepers, for the first node where only sleeping workers' host RAM is in the way,
+        so that the caller may stop some of them there and try again. ``fetching``: its model is
+        downloaded first (on this machine), and planned from the hub until then."""
         if self.cluster is None:
             if config.node:
                 raise Invalid(
@@ -474,19 +492,36 @@ class Supervisor:
                 raise Invalid(f"node {wanted!r} is lost: wait until it is back", field="node")
         else:
             candidates = cluster.alive_names()
-        candidates.sort(key=lambda name: (name != previous, not cluster.is_local(name), self._load_on(name), name))
+        preferred = self._preferred.pop(config.name, None)
+        candidates.sort(
+            key=lambda name: (
+                name != preferred,
+                name != previous,
+                not cluster.is_local(name),
+                self._load_on(name),
+                name,
+            )
+        )
         refusals = []
+        held: tuple[str, Refused] | None = None  # the first node where sleepers hold the RAM it lacks
         for name in candidates:
             try:
-                refusal = self._refusal_on(name, self._host_claims(db, worker_id, node=name), config, profile, force)
+                refused = self._refusal_on(name, self._host_claims(db, worker_id, node=name), config, profile, force)
             except OSError as exc:
-                refusal = str(exc)
-            if not refusal:
+                refused = Refused(str(exc))
+            if refused is None:
                 return name
-            refusals.append(f"{name}: {refusal}")
+            if held is None and refused.short_bytes is not None:
+                held = (name, refused)
+            refusals.append(f"{name}: {refused.message}")
         if not candidates:
             raise Invalid("no node of the Ray cluster is alive", field="node")
-        raise Invalid(f"{config.name} fits on no node: " + "; ".join(refusals), field="node", nodes=refusals)
+        message = f"{config.name} fits on no node: " + "; ".join(refusals)
+        if held is not None:
+            name, refused = held
+            assert refused.short_bytes is not None
+            raise HostRamHeldBySleepers(message, refused.short_bytes, refused.sleepers, node=name)
+        raise Invalid(message, field="node", nodes=refusals)
 
     def _plan_per_gpu(
         self, db: Session, worker_id: int, config: ModelConfig, profile: OffloadProfile | None, force: bool
@@ -501,18 +536,18 @@ class Supervisor:
         )
         claims = self._host_claims(db, worker_id, node=biggest.name)
         try:
-            refusal = self._refusal_on(biggest.name, claims, config, profile, force)
+            refused = self._refusal_on(biggest.name, claims, config, profile, force)
         except OSError as exc:
             raise Invalid(f"{config.name} spans nodes, and node {biggest.name} could not plan it: {exc}") from exc
-        if refusal:
+        if refused is not None:
             raise Invalid(
-                f"{config.name} spans nodes; one GPU's share does not fit on {biggest.name}'s GPUs: {refusal}",
+                f"{config.name} spans nodes; one GPU's share does not fit on {biggest.name}'s GPUs: {refused.message}",
                 field="model",
             )
 
     def _refusal_on(
         self, node: str, claims: HostClaims, config: ModelConfig, profile: OffloadProfile | None, force: bool
-    ) -> str | None:
+    ) -> Refused | None:
         """The planner's pre-start check of ``config`` on ``node``, with that node's GPUs and RAM: its
         refusal, or None when it fits. OSError when the node does not answer."""
         assert self.cluster is not None
@@ -521,14 +556,14 @@ class Supervisor:
                 try:
                     self._preflight(config, profile, force, claims, False)
                 except Invalid as exc:
-                    return exc.message
+                    return Refused.of(exc)
             return None
         if force:
             return None
-        refusal: str | None = self.cluster.agent_call(
+        refused: Refused | None = self.cluster.agent_call(
             node, "check_fit", config.model_dump(), profile.model_dump() if profile is not None else None, claims
         )
-        return refusal
+        return refused
 
     def _load_on(self, node: str) -> int:
         return sum(1 for r in self._runners.values() if r.node == node and r.life.active)
@@ -653,11 +688,11 @@ class Supervisor:
             pooled = sleep_pool_on(config, profile) if launched is None else launched
             # Waking, it holds the RAM until its weights are back on the GPU.
             if life.state in (State.SLEEPING, State.WAKING):
-                level = life.sleep_level or config.sleep_level or 1
-                held = sleep_host_bytes(config, 1 if pooled else level, pooled=pooled, profile=profile)
+                level = sleep_level_of(life.sleep_level, config.sleep_level)
+                held = sleeper_host_bytes(config, profile, pooled=pooled, level=level)
                 sleepers.append(Sleeper(runner.id, life.model, level, held))
             elif pooled:
-                pool_bytes += sleep_host_bytes(config, 1, pooled=True, profile=profile) or 0
+                pool_bytes += sleeper_host_bytes(config, profile, pooled=True) or 0
         own = self._runners.get(worker_id) if worker_id is not None else None
         engine = own.life.engine if own is not None and own.node == node else None
         replaced = (engine.pid, engine.create_time, engine.cmdline) if engine is not None else None

@@ -12,6 +12,7 @@ import pytest
 from manager.cluster.hosts import LocalHost
 from manager.db import make_engine, migrate, session
 from manager.errors import Invalid
+from manager.launch.preflight import HostRamHeldBySleepers, Refused, Sleeper
 from manager.schemas.model_config import ModelConfig
 from manager.supervisor.supervisor import Supervisor
 
@@ -19,7 +20,7 @@ from manager.supervisor.supervisor import Supervisor
 class Nodes:
     """A cluster of GPU boxes as the supervisor sees it: each remote node's planner answer is set."""
 
-    def __init__(self, answers: dict[str, str | None], gpus: int = 8) -> None:
+    def __init__(self, answers: dict[str, str | Refused | None], gpus: int = 8) -> None:
         self.answers = answers  # node -> the planner's refusal there (None: it fits)
         self.gpus = gpus
         self.local = LocalHost("head")
@@ -70,13 +71,14 @@ class Nodes:
     def agent_call(self, name: str, method: str, *args):
         assert method == "check_fit"
         self.asked.append(name)
-        return self.answers[name]
+        answer = self.answers[name]
+        return Refused(answer) if isinstance(answer, str) else answer
 
 
 def _supervisor(tmp_path, nodes: Nodes, head_refusal: str | None) -> Supervisor:
     from manager.settings import Settings
 
-    def preflight(config, profile, force, claims) -> None:
+    def preflight(config, profile, force, claims, fetching=False) -> None:
         if head_refusal and not force:
             raise Invalid(head_refusal)
 
@@ -111,6 +113,45 @@ def test_when_no_node_fits_the_refusal_names_each_node_and_why(tmp_path):
     message = refused.value.message
     assert message.startswith("big fits on no node")
     assert "head: host RAM 12 GiB short" in message and "box2: KV cache for max_model_len 32768" in message
+
+
+def test_sleepers_holding_a_remote_nodes_host_ram_are_named_with_that_node_for_the_front_door_to_stop(tmp_path):
+    sleeper = Sleeper(7, "old", 1, 16 << 30)
+    held = Refused("host RAM 4 GiB short, held by sleeping workers (old)", short_bytes=4 << 30, sleepers=(sleeper,))
+    nodes = Nodes({"box2": "needs 70 GiB of GPU memory, 40 GiB free", "box3": held})
+    sup = _supervisor(tmp_path, nodes, head_refusal="needs 70 GiB of GPU memory, 20 GiB free")
+    with pytest.raises(HostRamHeldBySleepers) as refused:
+        _place(sup, ModelConfig(name="m", model="/m"))
+    # Not the head's sleepers, nor a message alone: box3's, with what box3 lacks.
+    assert refused.value.node == "box3"
+    assert refused.value.sleepers == (sleeper,) and refused.value.short_bytes == 4 << 30
+    assert "box3: host RAM 4 GiB short" in refused.value.message and "head: needs 70 GiB" in refused.value.message
+
+
+def test_sleepers_holding_the_heads_host_ram_are_named_with_the_head(tmp_path):
+    sleeper = Sleeper(3, "old", 1, 16 << 30)
+    nodes = Nodes({"box2": "needs 70 GiB of GPU memory, 40 GiB free"})
+    sup = _supervisor(tmp_path, nodes, head_refusal=None)
+
+    def preflight(config, profile, force, claims, fetching=False) -> None:
+        raise HostRamHeldBySleepers("host RAM 2 GiB short, held by sleeping workers (old)", 2 << 30, (sleeper,))
+
+    sup._preflight = preflight
+    with pytest.raises(HostRamHeldBySleepers) as refused:
+        _place(sup, ModelConfig(name="m", model="/m"))
+    assert (refused.value.node, refused.value.sleepers, refused.value.short_bytes) == ("head", (sleeper,), 2 << 30)
+
+
+def test_the_node_the_front_door_made_room_on_is_tried_first_once(tmp_path):
+    nodes = Nodes({"box2": None, "box3": None})
+    sup = _supervisor(tmp_path, nodes, head_refusal=None)
+    sup.prefer_node("m", "box3")
+    assert _place(sup, ModelConfig(name="m", model="/m")) == "box3"
+    assert _place(sup, ModelConfig(name="m", model="/m")) == "head"  # the next start: the usual order
+    # Where the planner refuses it, the usual order goes on.
+    nodes.answers["box3"] = "needs 70 GiB of GPU memory, 40 GiB free"
+    sup.prefer_node("m", "box3")
+    assert _place(sup, ModelConfig(name="m", model="/m")) == "head"
 
 
 def test_a_config_pinned_to_a_node_is_only_checked_there(tmp_path):

@@ -58,6 +58,7 @@ class FakeWorkers:
         self.commands: list[tuple[str, int | str]] = []
         self.sleep_levels: list[int] = []
         self.engine_keys: dict[int, str] = {}  # worker id -> the API key its engine asks for
+        self.preferred: list[tuple[str, str | None]] = []  # (model, the node its start should try first)
         self._timers: set[asyncio.Task[None]] = set()
         self.downloaded: set[str] = set()  # models whose download is complete
         self._make_room: Callable[[str], Awaitable[None]] | None = None
@@ -82,6 +83,9 @@ class FakeWorkers:
 
     def engine_key(self, worker_id: int) -> str | None:
         return self.engine_keys.get(worker_id)
+
+    def prefer_node(self, model: str, node: str | None) -> None:
+        self.preferred.append((model, node))
 
     async def create_worker(
         self, model: str, gpus: list[int] | None = None, port: int | None = None, force: bool = False
@@ -130,10 +134,10 @@ class FakeWorkers:
         self._make_room = make_room
 
     # ---- for tests ----------------------------------------------------------------------------------
-    def add_ready(self, model: str, gpus: tuple[int, ...] = (0,)) -> int:
-        """A worker that is already serving (started before the scheduler saw it)."""
+    def add_ready(self, model: str, gpus: tuple[int, ...] = (0,), node: str | None = None) -> int:
+        """A worker that is already serving (started before the scheduler saw it), on ``node`` of a cluster."""
         wid = max(self._views, default=0) + 1
-        self._views[wid] = _view(wid, model, State.READY, port=18000 + wid, gpus=list(gpus))
+        self._views[wid] = _view(wid, model, State.READY, port=18000 + wid, gpus=list(gpus), node=node)
         return wid
 
     def state(self, worker_id: int) -> State:
@@ -203,9 +207,11 @@ class FakeWorkers:
         return self._views[wid]
 
 
-def _view(wid: int, model: str, state: State, port: int, gpus: list[int] | None = None) -> WorkerView:
+def _view(
+    wid: int, model: str, state: State, port: int, gpus: list[int] | None = None, node: str | None = None
+) -> WorkerView:
     return WorkerView(
-        id=wid, model=model, served_model_name=model, state=state, detail=None, pid=None, port=port,
+        id=wid, model=model, node=node, served_model_name=model, state=state, detail=None, pid=None, port=port,
         gpus=gpus if gpus is not None else [0], uptime_s=None, restart_count=0, next_restart_in_s=None,
         last_error=None, started_at=None, run_dir="/tmp/run", log_file=None,
     )  # fmt: skip

@@ -360,7 +360,7 @@ G = 1 << 30
 def with_sleep(workers: FakeWorkers, host_gib: float | None = 64, **extra: dict) -> Scheduler:
     table = placements(**extra)
     host = None if host_gib is None else int(host_gib * G)
-    return Scheduler(workers, lambda: table, options=FAST, metrics=FrontDoorMetrics(), host_available=lambda: host)
+    return Scheduler(workers, lambda: table, options=FAST, metrics=FrontDoorMetrics(), host_available=lambda node: host)
 
 
 def test_a_model_with_sleep_mode_is_put_to_sleep_to_make_room_and_woken_for_its_next_request():
@@ -448,7 +448,7 @@ def test_an_idle_model_with_sleep_mode_is_put_to_sleep():
             workers,
             lambda: placements(a={"sleep_level": 1, "sleep_host_bytes": G, "idle_timeout_s": 60}),
             options=FAST,
-            host_available=lambda: 4 * G,
+            host_available=lambda node: 4 * G,
             clock=clock,
         )
         await scheduler.unload_idle()
@@ -571,7 +571,7 @@ def test_a_pooled_worker_sleeps_on_the_ram_its_pool_already_holds_and_otherwise_
             lambda: table,
             options=FAST,
             metrics=FrontDoorMetrics(),
-            host_available=lambda: int(host_gib * G),
+            host_available=lambda node: int(host_gib * G),
             sleep_pool_held=lambda worker_id: int(held_gib * G) if worker_id == a else 0,
         )
         (await scheduler.acquire("b")).release()
