@@ -8,7 +8,7 @@ import pytest
 from fastapi.routing import APIRoute
 
 STREAMS = ("/api/events/stream", "/api/metrics/stream")
-SAMPLE = {"worker_id": "1", "name": "nothing-here", "pid": "1"}
+SAMPLE = {"worker_id": "1", "name": "nothing-here", "pid": "1", "download_id": "1"}
 
 
 def _get_paths(app) -> list[str]:
