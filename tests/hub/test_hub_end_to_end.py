@@ -161,7 +161,10 @@ def test_ctrl_c_cancels_the_pull_says_how_to_go_on_and_pulling_again_completes(
     )
     try:
         assert hub.wait_stalled(30)
-        time.sleep(1.5)  # the CLI follows the download by now
+        # The manager has the 10 MiB written before the stall; the CLI, polling twice a second and writing a
+        # line a second, has shown it within a few seconds even on a busy machine.
+        wait_until(lambda: any(d["done_bytes"] >= 10 * MiB for d in downloads(manager)), 30, "the progress")
+        time.sleep(3.0)
         cli.send_signal(signal.SIGINT)
         out, err = cli.communicate(timeout=30)
     finally:
