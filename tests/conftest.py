@@ -47,6 +47,14 @@ def tiny_hub_repo(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def hub_models_in_place(monkeypatch):
+    """Configs that name hub ids (org/a) no test downloads: a start through the app finds them in place."""
+    from tests.support.downloads import Downloads, use_downloads
+
+    return use_downloads(monkeypatch, Downloads(missing=False))
+
+
+@pytest.fixture
 def test_hub(tmp_path, monkeypatch) -> Iterator[TestHub]:
     """A Hugging Face Hub on loopback (tests/support/hub_server.py), closed after the test.
 

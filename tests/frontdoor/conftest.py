@@ -18,7 +18,6 @@ from fastapi.testclient import TestClient
 
 from manager.app import create_app
 from manager.settings import Settings
-from manager.supervisor.supervisor import Supervisor
 from tests.support.downloads import Downloads
 from tests.support.engine import stop_leftover_engines
 
@@ -39,20 +38,10 @@ def stand_in_python(tmp_path) -> str:
     return str(script)
 
 
-def use_downloads(monkeypatch: pytest.MonkeyPatch, downloads: Downloads) -> Downloads:
-    """The manager's starts meet their hub models through ``downloads`` (tests.support.downloads)."""
-
-    def supervisor(*args: Any, **kwargs: Any) -> Supervisor:
-        return Supervisor(*args, **{**kwargs, "fetcher": downloads})
-
-    monkeypatch.setattr("manager.runtime.Supervisor", supervisor)
-    return downloads
-
-
 @pytest.fixture(autouse=True)
-def models_in_place(monkeypatch) -> Downloads:
+def models_in_place(hub_models_in_place) -> Downloads:
     """The configs here name hub ids (org/a) that no test downloads: a start finds them in place."""
-    return use_downloads(monkeypatch, Downloads(missing=False))
+    return hub_models_in_place
 
 
 @pytest.fixture

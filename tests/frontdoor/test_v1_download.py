@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from manager.app import create_app
-from tests.frontdoor.conftest import two_models, use_downloads
-from tests.support.downloads import Downloads
+from tests.frontdoor.conftest import two_models
+from tests.support.downloads import Downloads, use_downloads
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 

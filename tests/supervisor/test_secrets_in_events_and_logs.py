@@ -38,7 +38,7 @@ CONFIG = {
 
 
 @pytest.fixture
-def talkative(settings, tmp_path):
+def talkative(settings, tmp_path, hub_models_in_place):
     script = tmp_path / "python"
     script.write_text(
         '#!/bin/sh\necho "non-default args: $*"\necho "logged in to the hub with $HF_TOKEN"\n'

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import Any
+
+import pytest
 
 from manager.hub.fetching import FetchFailed, Progress
+from manager.supervisor.supervisor import Supervisor
 
 
 class Downloads:
@@ -37,3 +41,13 @@ class Downloads:
 
     def progress(self, model: str, env: Mapping[str, str]) -> Progress | None:
         return self.shown if self.missing else None
+
+
+def use_downloads(monkeypatch: pytest.MonkeyPatch, downloads: Downloads) -> Downloads:
+    """The manager's starts meet their hub models through ``downloads``."""
+
+    def supervisor(*args: Any, **kwargs: Any) -> Supervisor:
+        return Supervisor(*args, **{**kwargs, "fetcher": downloads})
+
+    monkeypatch.setattr("manager.runtime.Supervisor", supervisor)
+    return downloads
