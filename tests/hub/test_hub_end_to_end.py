@@ -45,9 +45,10 @@ def cache(tmp_path: Path) -> Path:
 
 def a_manager(hub: TestHub, cache: Path, tmp_path: Path) -> LiveManager:
     """A manager (not started) that downloads from ``hub`` into ``cache``."""
-    return LiveManager(
-        tmp_path / "data", tmp_path / "manager.log", env={"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(cache)}
-    )
+    # A stall holds until the test releases it: without a long read timeout, huggingface_hub would ask again
+    # after 10 s and be served, and a busy machine can take that long to reach the test's next step.
+    env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(cache), "HF_HUB_DOWNLOAD_TIMEOUT": "300"}
+    return LiveManager(tmp_path / "data", tmp_path / "manager.log", env=env)
 
 
 @pytest.fixture

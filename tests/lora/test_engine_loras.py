@@ -168,8 +168,11 @@ def test_a_moe_adapter_is_stacked_inside_the_pool_of_a_real_worker(engine_settin
         wid = created.json()["id"]
         assert _wait(c, wid, {"ready", "failed"})["state"] == "ready"
         assert c.post(f"/api/workers/{wid}/loras/experts/load").status_code == 200
+        # The pool's figures come from the engine's stats channel, published between steps: read until the
+        # adapter's bytes are in (a reading taken while it is being stacked has only part of them).
         info = _until(
-            lambda: c.get(f"/api/workers/{wid}/loras").json(), lambda i: (i["pool"] or {}).get("adapters_resident") == 1
+            lambda: c.get(f"/api/workers/{wid}/loras").json(),
+            lambda i: (i["pool"] or {}).get("adapters_resident") == 1 and i["pool"]["used_bytes"] >= adapter_bytes,
         )
         assert info["pool"]["used_bytes"] == adapter_bytes
         log = c.get(f"/api/workers/{wid}/logs?tail=2000").json()["lines"]
