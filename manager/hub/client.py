@@ -19,9 +19,9 @@ from typing import Any
 
 from manager.errors import Conflict, Forbidden, Invalid, ManagerError, NotFound
 from manager.hub.files import RepoFile
+from manager.launch.model_location import downloads_forbidden
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-_TRUE = {"1", "true", "yes", "on"}
 
 
 class HubUnreachable(ManagerError):
@@ -52,7 +52,8 @@ def token(env: Mapping[str, str] | None = None) -> str | None:
 
 
 def offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+    """HF_HUB_OFFLINE in the manager's own environment."""
+    return downloads_forbidden({})
 
 
 def check_repo_id(repo: str, *, field: str = "repo") -> None:

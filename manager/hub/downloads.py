@@ -31,8 +31,7 @@ from manager.errors import Conflict, ManagerError, NotFound
 from manager.hub import client
 from manager.hub.download_plan import plan_download, refuse_if_no_room
 from manager.hub.fetching import FetchFailed, Progress
-from manager.launch.model_location import not_cached
-from manager.planner.model_files import hub_cache_dir
+from manager.launch.model_location import engine_cache, not_cached
 from manager.schemas.common import utcnow
 from manager.schemas.download import UNFINISHED, Download, DownloadState
 
@@ -98,7 +97,7 @@ class Downloads:
         env = dict(env or {})
         client.check_repo_id(repo)
         client.refuse_if_offline(repo, "download")
-        cache = hub_cache_dir({**os.environ, **env})
+        cache = engine_cache(env)
         plan = await asyncio.to_thread(plan_download, repo, revision, env, cache)
         async with self._lock:
             running = self._unfinished(repo, cache, plan.listing.commit)
@@ -192,12 +191,6 @@ class Downloads:
             rows = list(db.exec(select(Download).order_by(col(Download.id).desc()).limit(KEEP_FINISHED)))
         return [self._live(r) for r in rows]
 
-    def progress_of(self, download_id: int) -> Progress | None:
-        row = self.get(download_id)
-        run = self._runs.get(download_id)
-        rate = run.rate_at(time.monotonic()) if run is not None else None
-        return Progress(row.repo, row.done_bytes, row.total_bytes, rate)
-
     def rate(self, download_id: int) -> float | None:
         run = self._runs.get(download_id)
         return run.rate_at(time.monotonic()) if run is not None else None
@@ -217,7 +210,7 @@ class Downloads:
             raise FetchFailed(row.error or f"the download of {model} was {row.state.value}")
 
     def progress(self, model: str, env: Mapping[str, str]) -> Progress | None:
-        cache = str(hub_cache_dir({**os.environ, **env}))
+        cache = str(engine_cache(env))
         for download_id, run in self._runs.items():
             row = self.get(download_id)
             if row.repo == model and row.cache_dir == cache and row.state in UNFINISHED:

@@ -4,12 +4,12 @@ sizes, which says what a download would take and whether the cache's disk has ro
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 from manager.hub import client
 from manager.hub.download_plan import plan_download
-from manager.planner.model_files import ModelFiles, hub_cache_dir, sizes_from_headers
+from manager.launch.model_location import engine_cache
+from manager.planner.model_files import ModelFiles, sizes_from_headers
 from manager.planner.records import ModelSource
 
 
@@ -17,7 +17,7 @@ def read_from_hub(repo: str, revision: str | None = None, env: Mapping[str, str]
     env = dict(env or {})
     client.check_repo_id(repo, field="model")
     client.refuse_if_offline(repo, "plan")
-    cache = hub_cache_dir({**os.environ, **env})
+    cache = engine_cache(env)
     plan = plan_download(repo, revision, env, cache)
     config = client.read_json(plan.listing, "config.json", env)
     shards = [f.path for f in plan.files if f.path.endswith(".safetensors")]
