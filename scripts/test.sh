@@ -46,4 +46,4 @@ if [ "$#" -eq 0 ]; then  # the whole suite: lint and types first (a run of chose
 fi
 
 echo "== running the tests"
-exec "$VENV/bin/python" -m pytest "$@"
+exec "$VENV/bin/python" -m pytest "$@" 2>&1  # one stream: a crash report lands beside the test it cut short

@@ -24,6 +24,21 @@ os.environ.setdefault("VLLM_MANAGER_ALLOWED_HOSTS", '["localhost", "127.0.0.1", 
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 
 
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> None:
+    """A failure is printed as it happens, not only in the summary at the end: a run cut short (a crash,
+    a time limit) still says which test failed and why."""
+    if call.excinfo is None or call.excinfo.errisinstance(pytest.skip.Exception):
+        return
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    text = str(item.repr_failure(call.excinfo)).splitlines()
+    reporter.write_line(f"\n--- {item.nodeid} failed ({call.when}):")
+    for line in text[-60:]:
+        reporter.write_line(line)
+    reporter.write_line("---")
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ def two_nodes():
     box2 = cluster.add_node(num_cpus=1, labels={NODE_LABEL: "box2"})
     cluster.wait_for_nodes()
     yield cluster, box2
+    gc.collect()  # a failed test's Ray handles go while Ray is still up to take them
     ray.shutdown()
     cluster.shutdown()
 
