@@ -18,14 +18,16 @@ from starlette.requests import Request
 
 from manager.frontdoor import names, proxy
 from manager.frontdoor.access import Caller
-from manager.frontdoor.errors import FrontDoorError
+from manager.frontdoor.errors import EngineUnreachable, FrontDoorError
 from manager.frontdoor.metering import Meter, Tokens, stream_options_to_send
-from manager.frontdoor.upstream import Upstream
+from manager.frontdoor.replica_choice import affinity_of
+from manager.frontdoor.upstream import EngineAnswer, Upstream
 
 
 class Held(Protocol):
     """A request's hold on a ready worker: where its engine answers, and whether getting it waited."""
 
+    worker_id: int
     port: int
     address: str
     queued: bool  # it waited for its model (a start, a swap, a drain, an adapter load)
@@ -35,8 +37,12 @@ class Held(Protocol):
 
 
 class LeaseSource(Protocol):
-    async def acquire(self, config: str, adapter: str | None) -> Held:
-        """A lease on a ready worker of ``config`` with ``adapter`` loaded; FrontDoorError when none can be had."""
+    async def acquire(
+        self, config: str, adapter: str | None, affinity: str | None = None, avoid: tuple[int, ...] = ()
+    ) -> Held:
+        """A lease on a ready worker of ``config`` with ``adapter`` loaded; FrontDoorError when none can be had.
+        Of several replicas: the one ``affinity`` (the request's conversation) and the load say, passing
+        over the workers in ``avoid``."""
         ...
 
     def adapter_missing(self, lease: Held, adapter: str) -> None:
@@ -94,7 +100,9 @@ class Forwarding:
             forwarded = proxy.with_changes(payload, body, changes)
             content_type = request.headers.get("content-type") or "application/json"
             meter = Meter(take_usage_event=options is not None)
-            return await self._forward(request, path, target, lambda: (forwarded, content_type), caller, meter, added)
+            return await self._forward(
+                request, path, target, lambda: (forwarded, content_type), caller, meter, added, affinity_of(payload)
+            )
         except FrontDoorError as exc:
             self.tally.record(Outcome(caller.key_id, config, exc.status))
             raise
@@ -123,28 +131,9 @@ class Forwarding:
         caller: Caller,
         meter: Meter,
         added: proxy.AddedTime,
+        affinity: str | None = None,
     ) -> proxy.UpstreamResponse:
-        asked = time.perf_counter()
-        lease = await self.leases.acquire(target.config, target.adapter)
-        if lease.queued:
-            added.waited += time.perf_counter() - asked
-        try:
-            body, content_type = encoded()
-            upstream = await proxy.send_upstream(
-                self.upstream,
-                lease.port,
-                request.method,
-                path,
-                body,
-                request,
-                content_type,
-                added,
-                lease.address,
-                lease.engine_key,
-            )
-        except BaseException:
-            lease.release()
-            raise
+        lease, upstream = await self._send(request, path, target, encoded, added, affinity)
         try:
             status = upstream.status_code
             if target.adapter and status == 404:
@@ -164,3 +153,50 @@ class Forwarding:
             upstream.close()
             lease.release()
             raise
+
+    async def _send(
+        self,
+        request: Request,
+        path: str,
+        target: names.Target,
+        encoded: Callable[[], tuple[bytes, str]],
+        added: proxy.AddedTime,
+        affinity: str | None,
+    ) -> tuple[Held, EngineAnswer]:
+        """The request sent to a ready worker, and its lease. An engine that does not answer at all (it
+        just crashed or stopped) is passed over once for another replica of the model, when there is one:
+        nothing of the answer had reached the client."""
+        avoid: tuple[int, ...] = ()
+        unanswered: EngineUnreachable | None = None
+        while True:
+            asked = time.perf_counter()
+            lease = await self.leases.acquire(target.config, target.adapter, affinity, avoid)
+            if lease.queued:
+                added.waited += time.perf_counter() - asked
+            if unanswered is not None and lease.worker_id in avoid:  # no other replica is ready
+                lease.release()
+                raise unanswered
+            try:
+                body, content_type = encoded()
+                upstream = await proxy.send_upstream(
+                    self.upstream,
+                    lease.port,
+                    request.method,
+                    path,
+                    body,
+                    request,
+                    content_type,
+                    added,
+                    lease.address,
+                    lease.engine_key,
+                )
+            except EngineUnreachable as exc:
+                lease.release()
+                if unanswered is not None:
+                    raise
+                unanswered, avoid = exc, (lease.worker_id,)
+                continue
+            except BaseException:
+                lease.release()
+                raise
+            return lease, upstream

@@ -33,6 +33,7 @@ from manager.frontdoor.catalog import Catalog
 from manager.frontdoor.errors import ModelUnavailable
 from manager.frontdoor.forwarding import Forwarding, Held, Outcome
 from manager.frontdoor.metrics import FrontDoorMetrics
+from manager.frontdoor.replica_scale import Scaling
 from manager.frontdoor.scheduler import Lease, ModelStatus, Placement, Scheduler, SchedulerOptions
 from manager.frontdoor.upstream import Upstream
 from manager.frontdoor.usage import UsageRecorder
@@ -41,6 +42,7 @@ from manager.launch.preflight import sleeper_host_bytes
 from manager.lora import workers as lora_workers
 from manager.metrics.gpu import GpuReport
 from manager.planner.gpus import GPU, NoGPU, detect_gpu
+from manager.planner.scheduling import default_max_num_seqs
 from manager.schemas.common import MAX_GPU_ID
 from manager.schemas.engine_values import engine_gpus
 from manager.schemas.model_config import ModelConfig
@@ -71,6 +73,20 @@ def placement_of(
         sleep_host_bytes=sleep_bytes,
         sleep_pooled=pooled,
         wait_for_download=config.wait_for_download,
+        gpus_pinned=bool(config.gpu_ids),
+        at_once=config.max_num_seqs or default_max_num_seqs(gpu if isinstance(gpu, GPU) else None),
+        scaling=_scaling(config),
+    )
+
+
+def _scaling(config: ModelConfig) -> Scaling | None:
+    if config.max_replicas is None:
+        return None
+    return Scaling(
+        least=config.min_replicas or 1,
+        most=config.max_replicas,
+        up_after_s=float(config.scale_up_after_s),
+        down_after_s=float(config.scale_down_after_s),
     )
 
 
@@ -225,9 +241,12 @@ class FrontDoor:
 
     # ---- leases, and what each request is counted as (LeaseSource and Tally, for this process and the
     # forwarders': manager.frontdoor.lease_channel) ---------------------------------------------------------
-    async def acquire(self, config: str, adapter: str | None) -> Lease:
-        """A lease on a ready worker of ``config`` with ``adapter`` loaded into it."""
-        lease = await self.scheduler.acquire(config)
+    async def acquire(
+        self, config: str, adapter: str | None, affinity: str | None = None, avoid: tuple[int, ...] = ()
+    ) -> Lease:
+        """A lease on a ready worker of ``config`` with ``adapter`` loaded into it (of its replicas, the
+        one ``affinity`` and the load say, passing over ``avoid``)."""
+        lease = await self.scheduler.acquire(config, affinity, avoid)
         if adapter:
             try:
                 if await self._ensure_adapter(lease, adapter):

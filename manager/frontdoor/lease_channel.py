@@ -147,7 +147,8 @@ class LeaseServer:
     async def _acquire(self, message: dict[str, Any], held: dict[int, Held], writer: asyncio.StreamWriter) -> None:
         asked = message["id"]
         try:
-            lease = await self.door.acquire(message["config"], message.get("adapter"))
+            avoid = tuple(int(w) for w in message.get("avoid") or ())
+            lease = await self.door.acquire(message["config"], message.get("adapter"), message.get("affinity"), avoid)
         except FrontDoorError as exc:
             answer: dict[str, Any] = {
                 "id": asked,
@@ -166,6 +167,7 @@ class LeaseServer:
             answer = {
                 "id": asked,
                 "lease": number,
+                "worker_id": lease.worker_id,
                 "port": lease.port,
                 "address": lease.address,
                 "queued": lease.queued,
@@ -179,6 +181,7 @@ class LeaseServer:
 @dataclass
 class RemoteLease:
     number: int
+    worker_id: int
     port: int
     address: str
     queued: bool
@@ -289,13 +292,17 @@ class LeaseClient:
             self._asked.clear()
             self.lost.set()
 
-    async def acquire(self, config: str, adapter: str | None) -> Held:
+    async def acquire(
+        self, config: str, adapter: str | None, affinity: str | None = None, avoid: tuple[int, ...] = ()
+    ) -> Held:
         if self.lost.is_set():
             raise ModelUnavailable("the manager's main process is not answering this forwarder; retry")
         number = next(self._numbers)
         answer_of: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._asked[number] = answer_of
-        self.send({"op": "acquire", "id": number, "config": config, "adapter": adapter})
+        self.send(
+            {"op": "acquire", "id": number, "config": config, "adapter": adapter, "affinity": affinity, "avoid": avoid}
+        )
         try:
             answer = await answer_of
         except ChannelLost:
@@ -312,7 +319,13 @@ class LeaseClient:
         if refused is not None:
             raise Refused(refused["status"], refused["body"], refused["headers"])
         return RemoteLease(
-            answer["lease"], answer["port"], answer["address"], answer["queued"], self, answer.get("engine_key")
+            answer["lease"],
+            answer["worker_id"],
+            answer["port"],
+            answer["address"],
+            answer["queued"],
+            self,
+            answer.get("engine_key"),
         )
 
     def adapter_missing(self, lease: Held, adapter: str) -> None:

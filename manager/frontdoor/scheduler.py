@@ -30,6 +30,8 @@ from typing import Literal, Protocol
 from manager.errors import Conflict, ManagerError
 from manager.frontdoor.errors import FrontDoorError, ModelDownloading, ModelUnavailable, QueueFull, StartTimeout
 from manager.frontdoor.metrics import FrontDoorMetrics
+from manager.frontdoor.replica_scale import Add, Remove, Scaling, scale_step
+from manager.frontdoor.replicas import Replicas
 from manager.launch.preflight import HostRamHeldBySleepers
 from manager.placement import (
     CannotFit,
@@ -43,6 +45,7 @@ from manager.placement import (
     WaitForDrain,
     decide,
     free_host_ram,
+    place_replica,
 )
 from manager.supervisor.lifecycle import State
 from manager.supervisor.view import WorkerView
@@ -71,7 +74,7 @@ class Workers(Protocol):
 
     def views(self) -> list[WorkerView]: ...
 
-    def ready_worker(self, model_name: str) -> WorkerView | None: ...
+    def ready_workers(self, model_name: str) -> list[WorkerView]: ...
 
     def view(self, worker_id: int) -> WorkerView: ...
 
@@ -90,6 +93,16 @@ class Workers(Protocol):
     def downloads_first(self, model_name: str) -> bool:
         """Whether a start of this model config now downloads its model before the engine starts."""
         ...
+
+    def place_replicas_with(self, place: Callable[[str], Place | CannotFit]) -> None:
+        """Have ``place(config)`` say where another replica of a running model goes."""
+        ...
+
+    async def add_replica(self, model: str, why: str) -> WorkerView | None:
+        """Start one more replica of ``model`` where ``place_replicas_with`` says; None: it fits nowhere."""
+        ...
+
+    async def remove_replica(self, worker_id: int, why: str) -> None: ...
 
     def make_room_with(self, make_room: Callable[[str], Awaitable[None]]) -> None:
         """Have ``make_room(config)`` awaited before the engine of a start that downloaded its model first
@@ -116,6 +129,9 @@ class Placement:
     # Its gpu_memory_utilization: the bytes it takes on a node's GPUs where gpu_bytes is None (a cluster,
     # whose nodes' GPUs may differ from this box's).
     gpu_share: float | None = None
+    gpus_pinned: bool = False  # its config names its GPUs: its replicas use those, not others
+    at_once: int = 256  # requests one of its engines runs at once (max_num_seqs); more wait in its queue
+    scaling: Scaling | None = None  # its replicas' bounds when they scale with the load; None: they don't
 
 
 @dataclass(frozen=True)
@@ -229,15 +245,19 @@ class Scheduler:
         self._placing = asyncio.Lock()  # one decision to evict and start at a time
         self._released = asyncio.Event()  # set (and replaced) whenever a request ends
         self._idle_task: asyncio.Task[None] | None = None
+        self.replicas = Replicas(clock)
         workers.make_room_with(self._room_at_launch)
+        workers.place_replicas_with(self.place_replica)
 
     # ---- requests ---------------------------------------------------------------------------
-    async def acquire(self, config: str) -> Lease:
-        """A lease on a ready worker of ``config``, starting it (and making room) when needed."""
+    async def acquire(self, config: str, affinity: str | None = None, avoid: tuple[int, ...] = ()) -> Lease:
+        """A lease on a ready worker of ``config``, starting it (and making room) when needed. With
+        replicas, the one ``replica_choice`` picks: ``affinity`` names the request's conversation, and
+        ``avoid`` the workers that just failed to answer it."""
         started = self._clock()
         slot = self._slot(config)
         if slot.leaving is None:
-            ready = self.workers.ready_worker(config)
+            ready = self._pick(config, affinity, avoid)
             if ready is not None:
                 return self._lease(config, slot, ready, started)
         if slot.queued >= self.options.max_queue:
@@ -250,7 +270,7 @@ class Scheduler:
         joined = False
         try:
             while True:
-                ready = self.workers.ready_worker(config)
+                ready = self._pick(config, affinity, avoid)
                 # A request that waited for this very start is served even if another model already
                 # waits for this one to drain (it counts as in flight until it is served).
                 if ready is not None and (slot.leaving is None or joined):
@@ -270,6 +290,16 @@ class Scheduler:
             slot.queued -= 1
             if joined:
                 slot.joined -= 1
+
+    def _pick(self, config: str, affinity: str | None, avoid: tuple[int, ...]) -> WorkerView | None:
+        ready = self.workers.ready_workers(config)
+        if not ready:
+            return None
+        return self.replicas.pick(config, ready, self._at_once(config), affinity, avoid)
+
+    def _at_once(self, config: str) -> int:
+        placement = self._placements().get(config)
+        return placement.at_once if placement else Placement.at_once
 
     def _lease(self, config: str, slot: _Slot, view: WorkerView, started: float, queued: bool = False) -> Lease:
         assert view.port is not None
@@ -297,6 +327,7 @@ class Scheduler:
     def _release(self, lease: Lease) -> None:
         slot = self._slot(lease.config)
         slot.in_flight -= 1
+        self.replicas.released(lease.config, lease.worker_id, self._at_once(lease.config))
         slot.last_done = self._clock()
         if self.metrics is not None:
             self.metrics.in_flight.labels(lease.config).dec()
@@ -454,19 +485,19 @@ class Scheduler:
     def _need(self, placement: Placement) -> Need:
         return Need(placement.config, placement.gpus, placement.gpu_bytes, placement.nodes, placement.gpu_share)
 
-    def _snapshot(self, config: str) -> Snapshot:
-        running = self._running(config)
+    def _snapshot(self, config: str, own_too: bool = False) -> Snapshot:
+        running = self._running(config, own_too)
         capacity = self._gpu_capacity()
         nodes: dict[str | None, Mapping[int, int] | None] = dict(capacity) if capacity is not None else {None: None}
         for worker in running:
             nodes.setdefault(worker.node, None)
         return Snapshot(tuple(Node(name, gpus) for name, gpus in nodes.items()), tuple(running))
 
-    def _running(self, config: str) -> list[RunningWorker]:
+    def _running(self, config: str, own_too: bool = False) -> list[RunningWorker]:
         placements = self._placements()
         running = []
         for view in self.workers.views():
-            if view.state not in HOLDING or view.model == config:
+            if view.state not in HOLDING or (view.model == config and not own_too):
                 continue
             placement = placements.get(view.model)
             slot = self._slot(view.model)
@@ -709,8 +740,9 @@ class Scheduler:
             await asyncio.sleep(self.options.idle_check_s)
             try:
                 await self.unload_idle()
+                await self.scale_replicas()
             except Exception:  # one bad round must not end idle unloading for good
-                log.exception("idle unload failed")
+                log.exception("idle unload or replica scaling failed")
 
     async def unload_idle(self) -> list[str]:
         """Put to sleep or stop every ready model idle longer than its idle_timeout_s; returns them."""
@@ -751,6 +783,35 @@ class Scheduler:
             and slot.queued == 0
             and slot.leaving is None
         )
+
+    # ---- replicas --------------------------------------------------------------------------------------
+    def place_replica(self, config: str) -> Place | CannotFit:
+        """Where another replica of ``config`` goes: free room only, beside every worker (its own too)."""
+        placement = self._placements().get(config)
+        if placement is None:
+            return CannotFit(f"model config {config!r} no longer exists")
+        snapshot = self._snapshot(config, own_too=True)
+        return place_replica(self._need(placement), snapshot, pinned=placement.gpus_pinned)
+
+    async def scale_replicas(self) -> list[Add | Remove]:
+        """One step of scaling for every model whose replicas scale with the load; returns the steps taken."""
+        taken: list[Add | Remove] = []
+        views = self.workers.views()
+        for config, placement in self._placements().items():
+            if placement.scaling is None:
+                continue
+            current = [v for v in views if v.model == config and v.state in CURRENT]
+            states = self.replicas.states(config, current)
+            step = scale_step(states, placement.scaling, self.replicas.saturated_since(config), self._clock())
+            if isinstance(step, Add):
+                if await self.workers.add_replica(config, step.reason) is not None:
+                    taken.append(step)
+            elif isinstance(step, Remove):
+                async with self._placing:
+                    if self.replicas.in_flight(config, step.worker_id) == 0:
+                        await self.workers.remove_replica(step.worker_id, step.reason)
+                        taken.append(step)
+        return taken
 
     # ---- reading the workers ------------------------------------------------------------------------
     def _slot(self, config: str) -> _Slot:

@@ -2,13 +2,15 @@
 
 ``snapshot`` holds the records a decision reads (nodes and their GPUs, running workers, sleepers),
 ``decide`` the pure decision across nodes (``one_node`` the check on one node), ``host_ram`` the
-sleepers to stop when a start lacks host RAM. Callers build a snapshot from what they know and act
+sleepers to stop when a start lacks host RAM, ``replica`` where one more replica of a running model
+fits in free room. Callers build a snapshot from what they know and act
 on the answer; nothing here reads a process, a GPU or the store.
 """
 
 from manager.placement.decide import decide
 from manager.placement.decisions import CannotFit, Decision, FreeHostRam, MakeRoom, Place, WaitForDrain
 from manager.placement.host_ram import free_host_ram, sleep_level_of
+from manager.placement.replica import place_replica
 from manager.placement.snapshot import Need, Node, RunningWorker, SleepingWorker, Snapshot
 
 __all__ = [
@@ -25,5 +27,6 @@ __all__ = [
     "WaitForDrain",
     "decide",
     "free_host_ram",
+    "place_replica",
     "sleep_level_of",
 ]

@@ -41,10 +41,10 @@ def on_node(node: Node, workers: Sequence[RunningWorker], need: Need) -> OnNode:
     """Decide what to evict on ``node`` (``workers``: those on it) so that ``need`` starts there."""
     capacity = dict(node.gpu_bytes or {})
     if need.gpu_bytes is None and need.gpu_share is not None:
-        need = replace(need, gpu_bytes=_bytes_on(need.gpu_share, need.gpus, capacity))
+        need = replace(need, gpu_bytes=bytes_on(need.gpu_share, need.gpus, capacity))
     wanted = set(need.gpus)
     sharing = [
-        w if w.gpu_bytes is not None or w.gpu_share is None else _sized(w, capacity)
+        w if w.gpu_bytes is not None or w.gpu_share is None else sized_on(w, capacity)
         for w in workers
         if w.config != need.config and not wanted.isdisjoint(w.gpus)
     ]
@@ -68,16 +68,16 @@ def on_node(node: Node, workers: Sequence[RunningWorker], need: Need) -> OnNode:
     return _by_bytes(sharing, need, need.gpu_bytes, free)
 
 
-def _bytes_on(share: float, gpus: Sequence[int], capacity: dict[int, int]) -> int | None:
+def bytes_on(share: float, gpus: Sequence[int], capacity: dict[int, int]) -> int | None:
     """The bytes a share takes on each of these GPUs: the share of the smallest; None: a size not known."""
     if not gpus or not all(g in capacity for g in gpus):
         return None
     return int(share * min(capacity[g] for g in gpus))
 
 
-def _sized(worker: RunningWorker, capacity: dict[int, int]) -> RunningWorker:
+def sized_on(worker: RunningWorker, capacity: dict[int, int]) -> RunningWorker:
     assert worker.gpu_share is not None
-    return replace(worker, gpu_bytes=_bytes_on(worker.gpu_share, worker.gpus, capacity))
+    return replace(worker, gpu_bytes=bytes_on(worker.gpu_share, worker.gpus, capacity))
 
 
 def _exclusive(sharing: list[RunningWorker], need: Need) -> OnNode:

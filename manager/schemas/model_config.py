@@ -20,6 +20,7 @@ from manager.schemas.common import (
     MAX_ENV,
     MAX_GPUS,
     MAX_INT,
+    MAX_REPLICAS,
     READ_ONLY,
     UNIQUE_ITEMS,
     Argument,
@@ -117,6 +118,33 @@ class ModelConfigFields(SQLModel):
         description="Stop (or put to sleep) the worker after this long without a /v1 request",
     )
     persistent: bool = Field(default=False, description="Never stopped or put to sleep to make room for another")
+    # Replicas: several workers of one model, /v1 requests spread over them.
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="How many workers run this model (each placed where the plan says it fits); /v1 sends a "
+        "request to the one with the fewest requests in flight, keeping a conversation on one while it can",
+    )
+    min_replicas: int | None = Field(
+        default=None, ge=1, le=MAX_REPLICAS, description="With max_replicas: the fewest replicas scaling down keeps"
+    )
+    max_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="Add a replica (up to this many) while requests wait in every replica's queue for longer "
+        "than scale_up_after_s and a GPU has room by the plan; empty: no scaling",
+    )
+    scale_up_after_s: int = Field(
+        default=10, ge=1, le=3600, description="How long requests must queue at every replica before one is added"
+    )
+    scale_down_after_s: int = Field(
+        default=300,
+        ge=1,
+        le=MAX_INT,
+        description="A replica above min_replicas without a request for this long is stopped",
+    )
     sleep_level: int | None = Field(
         default=None,
         ge=1,
@@ -179,7 +207,23 @@ class ModelConfigFields(SQLModel):
             )
         if self.served_model_name and self.served_model_name in self.aliases:
             raise ValueError(f"alias {self.served_model_name!r} is already the served model name")
+        problem = replicas_problem(self.replicas, self.min_replicas, self.max_replicas)
+        if problem:
+            raise ValueError(problem)
         return self
+
+
+def replicas_problem(replicas: int, least: int | None, most: int | None) -> str | None:
+    """What is wrong with a config's replica counts, if anything."""
+    if least is not None and most is None:
+        return "min_replicas needs max_replicas (without it the count stays at replicas)"
+    if most is not None:
+        low = least or 1
+        if low > most:
+            return f"min_replicas {low} is more than max_replicas {most}"
+        if not low <= replicas <= most:
+            return f"replicas {replicas} must lie between min_replicas {low} and max_replicas {most}"
+    return None
 
 
 class ModelConfig(ModelConfigFields, table=True):

@@ -20,7 +20,7 @@ from manager.cluster.hosts import LocalHost, ProcessHost, node_folders
 from manager.cluster.nodes import NodeState, spans_nodes
 from manager.cluster.views import NodeView, node_view, this_box
 from manager.db import session
-from manager.errors import Conflict, Invalid, NotFound
+from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.hub.fetching import Fetcher
 from manager.launch.command import build_command, downloads_first, needs_download, served_name, sleep_pool_on
 from manager.launch.engine_key import ENV_NAME, engine_key, key_values
@@ -40,8 +40,9 @@ from manager.launch.secrets import Redactor
 from manager.metrics.gpu import GpuReport
 from manager.metrics.host import HostSample
 from manager.metrics.pools import PoolsReader, launched_with_sleep_pool, sleep_pool_bytes
-from manager.placement import sleep_level_of
+from manager.placement import CannotFit, Place, sleep_level_of
 from manager.planner.gpus import GPU, detect_gpu
+from manager.schemas.common import MAX_REPLICAS
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.schemas.worker import Worker
@@ -63,6 +64,8 @@ Preflight = Callable[[ModelConfig, OffloadProfile | None, bool, HostClaims, bool
 # Awaited before the engine of a start that downloaded its model first is launched (its config's name);
 # a ManagerError from it refuses the launch.
 MakeRoom = Callable[[str], Awaitable[None]]
+# Where another replica of a running model config goes, by its name.
+PlaceReplica = Callable[[str], Place | CannotFit]
 
 log = logging.getLogger("vllm_manager.supervisor")
 
@@ -94,6 +97,8 @@ class Supervisor:
         # downloads on the node that runs it, into that node's cache.
         self._fetcher = fetcher if cluster is None else None
         self._make_room: MakeRoom | None = None  # the front door's eviction, for engines started after a download
+        # Where another replica of a running model goes (the front door's placement); alone, as its config says.
+        self._place_replica: PlaceReplica = lambda model: Place(None, ())
         self._orphans: dict[str, list[lc.Engine]] = {}  # engines on lost nodes that no worker holds now
         self._preferred: dict[str, str] = {}  # model config -> the node its next start tries first
         self._background: set[asyncio.Task[Any]] = set()  # news of a node, on its way to each worker
@@ -194,14 +199,19 @@ class Supervisor:
         """The API key worker ``worker_id``'s engine asks for on its /v1 endpoints (None: none)."""
         return self._runner(worker_id).engine_key
 
+    def ready_workers(self, model_name: str) -> list[WorkerView]:
+        """The workers of this model config that answer requests now, oldest first (asked once per /v1
+        request: only their views are built)."""
+        return [
+            runner.view()
+            for runner in sorted(self._runners.values(), key=lambda r: r.id)
+            if runner.life.model == model_name and runner.life.state == State.READY and runner.life.port is not None
+        ]
+
     def ready_worker(self, model_name: str) -> WorkerView | None:
-        """The worker of this model config that answers requests now, if any (asked once per /v1
-        request: only its view is built)."""
-        for runner in sorted(self._runners.values(), key=lambda r: r.id):
-            life = runner.life
-            if life.model == model_name and life.state == State.READY and life.port is not None:
-                return runner.view()
-        return None
+        """The first worker of this model config that answers requests now, if any."""
+        ready = self.ready_workers(model_name)
+        return ready[0] if ready else None
 
     def log_lines(self, worker_id: int, tail: int) -> list[str]:
         logs = self._runner(worker_id).logs
@@ -212,10 +222,14 @@ class Supervisor:
         return self._runner(worker_id).logs.stream(tail)
 
     def _active_for(self, model_name: str) -> WorkerRunner | None:
-        for runner in self._runners.values():
-            if runner.life.model == model_name and runner.life.active:
-                return runner
-        return None
+        active = self._active_of(model_name)
+        return active[0] if active else None
+
+    def _active_of(self, model_name: str) -> list[WorkerRunner]:
+        """The config's workers that run or are coming up, oldest first."""
+        return sorted(
+            (r for r in self._runners.values() if r.life.model == model_name and r.life.active), key=lambda r: r.id
+        )
 
     def _dormant_for(self, model_name: str) -> WorkerRunner | None:
         """The newest stopped or failed worker of this config."""
@@ -234,48 +248,104 @@ class Supervisor:
         force: bool = False,
         node: str | None = None,
     ) -> tuple[WorkerView, bool]:
-        """Start a worker for a model config. One config runs at most once: a second call for the same
-        config returns the worker already running it (created=False)."""
-        async with self._lock:  # held until the start is under way, so a second call sees it
-            existing = self._active_for(model)
-            if existing is not None:
-                return existing.view(), False
-            # The config's stopped or failed worker starts again, rather than a new one beside it (cards
-            # of dead workers would pile up); asked for particular GPUs, a port or a node, a new one.
-            earlier = None if (gpus, port, node) != (None, None, None) else self._dormant_for(model)
-            if earlier is not None:
-                return await earlier.send("start", force=force), False
+        """Start a model config's workers: as many as its ``replicas``, its stopped or failed workers
+        started again first (cards of dead workers would pile up), the others placed where there is
+        room. Asked for particular GPUs, a port or a node: one new worker. A call while they run returns
+        the first of them (created=False)."""
+        explicit = (gpus, port, node) != (None, None, None)
+        async with self._lock:  # held until the starts are under way, so a second call sees them
+            active = self._active_of(model)
             with session(self.engine) as db:
-                config = models.get_model(db, model)
-            chosen_gpus = gpus if gpus is not None else list(config.gpu_ids)
-            chosen_port = port or config.port or self._free_port()
-            self._check_port(chosen_port)
-            if node and self.cluster is None:
-                raise Invalid(
-                    f"a start on node {node!r} needs a Ray cluster: start the manager with --ray-address",
-                    field="node",
-                )
-            if node:
-                self.check_node(node)
-            with session(self.engine) as db:
-                row = Worker(model_name=model, gpus=chosen_gpus, port=chosen_port, state=State.STOPPED.value)
-                db.add(row)
-                db.commit()
-                db.refresh(row)
-            # Listed only once its start is under way: nobody sees a new worker as "stopped".
-            runner = self._make_runner(row, listed=False)
-            runner.wanted_node = node
-            await runner.begin()
-            self.events.record("created", f"worker for {model} on port {chosen_port}", runner.id)
+                wanted = 1 if explicit else models.get_model(db, model).replicas
+            if active:
+                if len(active) >= wanted or explicit:
+                    return active[0].view(), False
+                await self._more_replicas(model, wanted - len(active), force, "replicas in its config")
+                return active[0].view(), False
+            if not explicit and (earlier := self._dormant_for(model)) is not None:
+                first = await earlier.send("start", force=force)
+            else:
+                first = await self._start_new(model, gpus, port, force, node)
+            if wanted > 1:
+                await self._more_replicas(model, wanted - 1, force, "replicas in its config")
+        return first, True
+
+    async def add_replica(self, model: str, why: str) -> WorkerView | None:
+        """One more replica of a running model, where the front door's placement finds free room; None
+        when it fits nowhere (an event says why) or the model has stopped meanwhile."""
+        async with self._lock:
+            if not self._active_of(model):
+                return None
+            started = await self._more_replicas(model, 1, False, why)
+        return started[0] if started else None
+
+    async def remove_replica(self, worker_id: int, why: str) -> None:
+        """Stop a replica and delete its worker (one of the model's others goes on serving)."""
+        runner = self._runner(worker_id)
+        self.events.record("scaled_down", f"removed a replica of {runner.life.model}: {why}", worker_id)
+        await self.command(worker_id, "delete")
+
+    def place_replicas_with(self, place: PlaceReplica) -> None:
+        """``place(config)`` says where another replica of a running model goes (the front door's placement)."""
+        self._place_replica = place
+
+    async def _more_replicas(self, model: str, count: int, force: bool, why: str) -> list[WorkerView]:
+        """Start up to ``count`` more replicas of ``model`` (its dormant workers first), each where
+        placement finds room; one that fits nowhere ends the round with an event that says why."""
+        started: list[WorkerView] = []
+        for _ in range(min(count, MAX_REPLICAS)):
+            dormant = self._dormant_for(model)
             try:
-                view = await runner.send("start", force=force)
-            except Exception:
-                self._starting.pop(runner.id, None)
-                await runner.send("delete")
-                raise
-            self._runners[runner.id] = runner
+                if dormant is not None:
+                    view = await dormant.send("start", force=force)
+                else:
+                    place = self._place_replica(model)
+                    if isinstance(place, CannotFit):
+                        self.events.record("replica_not_placed", place.reason, model=model)
+                        break
+                    view = await self._start_new(model, list(place.gpus) or None, None, force, place.node)
+            except ManagerError as exc:
+                self.events.record("replica_not_placed", f"another replica of {model}: {exc.message}", model=model)
+                break
+            self.events.record("scaled_up", f"replica of {model} started ({why})", view.id, model=model)
+            started.append(view)
+        return started
+
+    async def _start_new(
+        self, model: str, gpus: list[int] | None, port: int | None, force: bool, node: str | None
+    ) -> WorkerView:
+        """A new worker of ``model``, its start under way (the caller holds the lock)."""
+        with session(self.engine) as db:
+            config = models.get_model(db, model)
+        chosen_gpus = gpus if gpus is not None else list(config.gpu_ids)
+        chosen_port = port or (config.port if not self._active_of(model) else None) or self._free_port()
+        self._check_port(chosen_port)
+        if node and self.cluster is None:
+            raise Invalid(
+                f"a start on node {node!r} needs a Ray cluster: start the manager with --ray-address",
+                field="node",
+            )
+        if node:
+            self.check_node(node)
+        with session(self.engine) as db:
+            row = Worker(model_name=model, gpus=chosen_gpus, port=chosen_port, state=State.STOPPED.value)
+            db.add(row)
+            db.commit()
+            db.refresh(row)
+        # Listed only once its start is under way: nobody sees a new worker as "stopped".
+        runner = self._make_runner(row, listed=False)
+        runner.wanted_node = node
+        await runner.begin()
+        self.events.record("created", f"worker for {model} on port {chosen_port}", runner.id)
+        try:
+            view = await runner.send("start", force=force)
+        except Exception:
             self._starting.pop(runner.id, None)
-        return view, True
+            await runner.send("delete")
+            raise
+        self._runners[runner.id] = runner
+        self._starting.pop(runner.id, None)
+        return view
 
     async def command(
         self, worker_id: int, kind: str, model: str | None = None, force: bool = False, level: int | None = None

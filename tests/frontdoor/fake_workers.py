@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.hub.fetching import Progress
+from manager.placement import CannotFit, Place
 from manager.supervisor.lifecycle import State
 from manager.supervisor.view import DownloadProgress, WorkerView
 
@@ -62,6 +63,7 @@ class FakeWorkers:
         self._timers: set[asyncio.Task[None]] = set()
         self.downloaded: set[str] = set()  # models whose download is complete
         self._make_room: Callable[[str], Awaitable[None]] | None = None
+        self._place_replica: Callable[[str], Place | CannotFit] | None = None
 
     @property
     def events(self) -> FakeEvents:
@@ -71,9 +73,8 @@ class FakeWorkers:
     def views(self) -> list[WorkerView]:
         return [self._views[i] for i in sorted(self._views)]
 
-    def ready_worker(self, model_name: str) -> WorkerView | None:
-        ready = (v for v in self.views() if v.model == model_name and v.state == State.READY and v.port is not None)
-        return next(ready, None)
+    def ready_workers(self, model_name: str) -> list[WorkerView]:
+        return [v for v in self.views() if v.model == model_name and v.state == State.READY and v.port is not None]
 
     def view(self, worker_id: int) -> WorkerView:
         try:
@@ -132,6 +133,23 @@ class FakeWorkers:
 
     def make_room_with(self, make_room: Callable[[str], Awaitable[None]]) -> None:
         self._make_room = make_room
+
+    def place_replicas_with(self, place: Callable[[str], Place | CannotFit]) -> None:
+        self._place_replica = place
+
+    async def add_replica(self, model: str, why: str) -> WorkerView | None:
+        self.commands.append(("add_replica", model))
+        place = self._place_replica(model) if self._place_replica else Place(None, ())
+        if isinstance(place, CannotFit):
+            self._events.record("replica_not_placed", place.reason)
+            return None
+        wid = max(self._views, default=0) + 1
+        self._views[wid] = _view(wid, model, State.STOPPED, port=18000 + wid, gpus=list(place.gpus), node=place.node)
+        return await self._start(wid)
+
+    async def remove_replica(self, worker_id: int, why: str) -> None:
+        self.commands.append(("remove_replica", worker_id))
+        self._views.pop(worker_id)
 
     # ---- for tests ----------------------------------------------------------------------------------
     def add_ready(self, model: str, gpus: tuple[int, ...] = (0,), node: str | None = None) -> int:

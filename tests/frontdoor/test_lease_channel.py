@@ -20,6 +20,7 @@ from manager.frontdoor.metering import Tokens
 @dataclass
 class DoorLease:
     port: int
+    worker_id: int = 1
     address: str = "127.0.0.1"
     queued: bool = False
     engine_key: str | None = None
@@ -39,7 +40,9 @@ class Door:
     open: asyncio.Event = field(default_factory=asyncio.Event)
     refuse: Exception | None = None
 
-    async def acquire(self, config: str, adapter: str | None) -> Held:
+    async def acquire(
+        self, config: str, adapter: str | None, affinity: str | None = None, avoid: tuple[int, ...] = ()
+    ) -> Held:
         await self.open.wait()
         if self.refuse is not None:
             raise self.refuse
