@@ -38,10 +38,7 @@ def _on_node(node: Node, workers: Sequence[RunningWorker], need: Need, pinned: b
     capacity = dict(node.gpu_bytes or {})
     if not capacity:
         return Place(node.name, need.gpus)
-    need_bytes = need.gpu_bytes
-    if need_bytes is None and need.gpu_share is not None:
-        need_bytes = bytes_on(need.gpu_share, tuple(capacity), capacity)
-    if need_bytes is None:
+    if need.gpu_bytes is None and need.gpu_share is None:
         return "what it takes on a GPU is not known"
     free = dict(capacity)
     for worker in workers:
@@ -57,10 +54,20 @@ def _on_node(node: Node, workers: Sequence[RunningWorker], need: Need, pinned: b
         if len(chosen) < len(need.gpus):
             return f"its GPUs {list(need.gpus)} are not all on this node"
     else:
-        chosen = sorted(free, key=lambda g: (-free[g], g))[:count]
+        # A share takes more of a larger GPU: the room left once it is there decides, not the room now.
+        chosen = sorted(free, key=lambda g: (-(free[g] - _takes(need, [g], capacity)), g))[:count]
         if len(chosen) < count:
             return f"it needs {count} GPUs and the node has {len(free)}"
+    need_bytes = _takes(need, chosen, capacity)
     short = [g for g in chosen if free[g] < need_bytes]
     if short:
         return ", ".join(f"GPU {g} has {gib(max(free[g], 0))} free of the {gib(need_bytes)} it takes" for g in short)
     return Place(node.name, tuple(sorted(chosen)))
+
+
+def _takes(need: Need, gpus: Sequence[int], capacity: dict[int, int]) -> int:
+    """The bytes the replica holds on each of ``gpus``: its own figure, or its share of the smallest."""
+    if need.gpu_bytes is not None:
+        return need.gpu_bytes
+    assert need.gpu_share is not None
+    return bytes_on(need.gpu_share, gpus, capacity) or 0
