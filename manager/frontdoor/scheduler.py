@@ -270,11 +270,13 @@ class Scheduler:
         joined = False
         try:
             while True:
-                ready = self._pick(config, affinity, avoid)
                 # A request that waited for this very start is served even if another model already
-                # waits for this one to drain (it counts as in flight until it is served).
-                if ready is not None and (slot.leaving is None or joined):
-                    return self._lease(config, slot, ready, started, queued=True)
+                # waits for this one to drain (it counts as in flight until it is served). A replica is
+                # picked only for a request that is served now: picking counts a request on it.
+                if slot.leaving is None or joined:
+                    ready = self._pick(config, affinity, avoid)
+                    if ready is not None:
+                        return self._lease(config, slot, ready, started, queued=True)
                 if slot.leaving is not None:
                     await slot.leaving.done.wait()
                     continue
