@@ -633,7 +633,9 @@ class Scheduler:
         )
         try:
             if earlier is not None:
-                return await self.workers.command(earlier.id, "start")
+                view = await self.workers.command(earlier.id, "start")
+                await self.workers.create_worker(config)  # its other replicas, where they fit
+                return view
             view, _ = await self.workers.create_worker(config)
             return view
         except HostRamHeldBySleepers:
@@ -805,7 +807,9 @@ class Scheduler:
             saturated = self.replicas.saturated_since(config, placement.at_once)
             step = scale_step(states, placement.scaling, saturated, self._clock())
             if isinstance(step, Add):
-                if await self.workers.add_replica(config, step.reason) is not None:
+                async with self._placing:  # the room it takes is not promised to a start meanwhile
+                    added = await self.workers.add_replica(config, step.reason)
+                if added is not None:
                     taken.append(step)
             elif isinstance(step, Remove):
                 async with self._placing:

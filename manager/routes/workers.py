@@ -72,16 +72,17 @@ def list_workers(sup: SupervisorDep) -> list[WorkerView]:
     responses={
         200: {
             "model": WorkerView,
-            "description": "A worker of this config already runs (or starts), or its stopped or failed worker was "
-            "started again: that one",
+            "description": "Workers of this config already run (or start): the first of them, with any replicas "
+            "missing started beside it; or its stopped or failed worker was started again: that one",
         },
         **errors(404, 409, 422, _404="No model config of that name"),
     },
 )
 async def start_worker(body: WorkerStart, sup: SupervisorDep, response: Response) -> WorkerView:
-    """Start a worker for a model config (201). A config runs in one worker at a time: while one runs or
-    starts, the answer is that worker (200); a stopped or failed worker of the config is started again
-    (200), unless the request asks for particular GPUs, a port or a node."""
+    """Start a model config's workers: as many as its ``replicas`` (each placed in free room), the first
+    of them in the answer (201). While they run or start, the answer is the first (200), and replicas
+    missing are started beside it; a stopped or failed worker of the config is started again (200).
+    Asked for particular GPUs, a port or a node: one worker, created unless one already runs."""
     view, created = await sup.create_worker(body.model, body.gpus, body.port, body.force, body.node)
     if not created:
         response.status_code = 200

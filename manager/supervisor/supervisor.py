@@ -262,13 +262,14 @@ class Supervisor:
                     return active[0].view(), False
                 await self._more_replicas(model, wanted - len(active), force, "replicas in its config")
                 return active[0].view(), False
-            if not explicit and (earlier := self._dormant_for(model)) is not None:
+            earlier = None if explicit else self._dormant_for(model)
+            if earlier is not None:
                 first = await earlier.send("start", force=force)
             else:
                 first = await self._start_new(model, gpus, port, force, node)
             if wanted > 1:
                 await self._more_replicas(model, wanted - 1, force, "replicas in its config")
-        return first, True
+        return first, earlier is None
 
     async def add_replica(self, model: str, why: str) -> WorkerView | None:
         """One more replica of a running model, where the front door's placement finds free room; None

@@ -50,6 +50,11 @@ HELP = {
     "idle_timeout_s": "stop (or put to sleep) after this many seconds without a /v1 request; empty: never",
     "persistent": "never stopped or put to sleep to make room for another model",
     "sleep_level": "1: sleep keeps the weights in host RAM, 2: drops them; empty: sleep mode off",
+    "replicas": "how many workers run this model; /v1 spreads requests over them",
+    "min_replicas": "with max replicas: the fewest that scaling down keeps (empty: 1)",
+    "max_replicas": "add replicas up to this many while requests queue; empty: no scaling",
+    "scale_up_after_s": "seconds requests must queue before a replica is added",
+    "scale_down_after_s": "seconds without a request before a replica above min replicas is stopped",
 }
 TEXTAREAS = {"extra_args", "env", "description"}
 

@@ -123,13 +123,14 @@ def test_migration_adds_the_fields_to_stored_configs(tmp_path):
             fourth.upgrade()
             _load("0007_nodes").upgrade()  # the config's Ray node, later
             _load("0010_downloads").upgrade()  # and its download fields
+            _load("0011_replicas").upgrade()  # and its replicas
         row = conn.execute(
             text(
-                "SELECT aliases, idle_timeout_s, persistent, sleep_level, node, download_timeout_s, wait_for_download "
-                "FROM model_config"
+                "SELECT aliases, idle_timeout_s, persistent, sleep_level, node, download_timeout_s, wait_for_download, "
+                "replicas, min_replicas, max_replicas, scale_up_after_s, scale_down_after_s FROM model_config"
             )
         ).one()
-        assert tuple(row) == ("[]", None, 0, None, None, None, 0)
+        assert tuple(row) == ("[]", None, 0, None, None, None, 0, 1, None, None, 10, 300)
         columns = {c["name"] for c in inspect(conn).get_columns("model_config")}
         assert {"aliases", "idle_timeout_s", "persistent", "sleep_level"} <= columns
         # The table now matches the schema the code uses (other tables come from other revisions).

@@ -91,6 +91,9 @@ class FakeWorkers:
     async def create_worker(
         self, model: str, gpus: list[int] | None = None, port: int | None = None, force: bool = False
     ) -> tuple[WorkerView, bool]:
+        running = [v for v in self.views() if v.model == model and v.state not in (State.STOPPED, State.FAILED)]
+        if running:  # as the supervisor does: a config already running gets no second worker
+            return running[0], False
         self.commands.append(("create", model))
         wid = max(self._views, default=0) + 1
         # No GPU ids of its own, as for a config without gpu_ids: the scheduler uses its placement's.

