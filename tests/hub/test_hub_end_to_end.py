@@ -64,6 +64,14 @@ def manager(hub: TestHub, cache: Path, tmp_path: Path) -> Iterator[LiveManager]:
         live.stop()
 
 
+# `python -m manager` with Ctrl-C as at a terminal: this test's process may have been started with SIGINT
+# ignored (a background job of a shell, as CI may run it), and its children inherit that.
+AT_A_TERMINAL = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('manager', run_name='__main__', alter_sys=True)"
+)
+
+
 def pull(manager: LiveManager, *args: str) -> subprocess.CompletedProcess[str]:
     """`vllm-manager pull ...` against ``manager``, its output a pipe (not a terminal)."""
     return subprocess.run(
@@ -158,7 +166,7 @@ def test_ctrl_c_cancels_the_pull_says_how_to_go_on_and_pulling_again_completes(
 ):
     hub.set_faults(BIG, stall_after_bytes=12 * MiB)
     cli = subprocess.Popen(
-        [sys.executable, "-m", "manager", "pull", BIG, "--url", manager.url],
+        [sys.executable, "-c", AT_A_TERMINAL, "pull", BIG, "--url", manager.url],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
