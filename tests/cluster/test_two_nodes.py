@@ -7,19 +7,18 @@ import subprocess
 import sys
 import time
 
-import httpx
 import psutil
 import pytest
 import ray
 from fastapi.testclient import TestClient
 from openai import OpenAI
-from prometheus_client.parser import text_string_to_metric_families
 from ray.cluster_utils import Cluster
 
 from manager.app import create_app
 from manager.cluster.nodes import NODE_LABEL
 from manager.cluster.ray_cluster import LOST_AFTER_S
 from manager.supervisor import process
+from tests.frontdoor.test_engine_v1 import metric
 from tests.support.engine import tiny_config, wait_for_state
 
 pytestmark = pytest.mark.engine
@@ -196,10 +195,4 @@ def test_a_model_with_two_replicas_runs_one_on_each_node_and_both_answer(engine_
 
 def _answered(worker: dict) -> float:
     """Requests the worker's engine has answered (its own vllm:request_success_total), read on its node."""
-    text = httpx.get(f"http://{worker['address']}:{worker['port']}/metrics", timeout=10).text
-    return sum(
-        s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-        if s.name == "vllm:request_success_total"
-    )
+    return metric(f"http://{worker['address']}:{worker['port']}", "vllm:request_success_total")
