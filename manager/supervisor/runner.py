@@ -150,7 +150,7 @@ class WorkerRunner:
         self._remote_log: tuple[Path, Path, int] | None = None  # (on its node, local copy, bytes copied)
         # The node a lost worker's engine was on (its own node, also after a manager restart).
         self._lost_node: str | None = row.node if row.state == lc.State.LOST.value else None
-        self.wanted_node: str | None = None  # the node its next start must run on (asked for at creation)
+        self._wanted_node: str | None = None  # the node its next start must run on (asked for at creation)
         self._queue: asyncio.Queue[Command] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._download: Download | None = None  # what its start downloads (or last did)
@@ -167,6 +167,15 @@ class WorkerRunner:
         return self.deps.settings.logs_dir / f"worker-{self.id}"
 
     # ---- used by the supervisor ----------------------------------------------------------------
+    def want_node(self, node: str | None) -> None:
+        """The node its next start must run on (that start only: a later move goes where it fits)."""
+        self._wanted_node = node
+
+    def take_wanted_node(self) -> str | None:
+        """The node its start was asked to run on, once: the start that reads it is that start."""
+        node, self._wanted_node = self._wanted_node, None
+        return node
+
     async def begin(
         self,
         first: lc.Adopted | lc.FoundGone | lc.NodeLost | None = None,

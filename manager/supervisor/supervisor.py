@@ -5,62 +5,55 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
+from sqlmodel import col, select
 
 from manager.cluster.hosts import LocalHost, ProcessHost, node_folders
 from manager.cluster.nodes import NodeState, spans_nodes
-from manager.cluster.views import NodeView, node_view, this_box
+from manager.cluster.views import NodeView
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.hub.fetching import Fetcher
-from manager.launch.command import build_command, downloads_first, needs_download, served_name, sleep_pool_on
-from manager.launch.engine_key import ENV_NAME, engine_key, key_values
+from manager.launch.command import build_command, downloads_first, needs_download, served_name
+from manager.launch.engine_key import ENV_NAME
 from manager.launch.flags import flag_value
 from manager.launch.model_location import check_startable, download_note
 from manager.launch.preflight import (
     HostClaims,
-    HostRamHeldBySleepers,
-    Refused,
-    Sleeper,
-    host_bytes_of,
     plan_mismatch,
-    sleeper_host_bytes,
 )
 from manager.launch.refusals import check_gpus_known, check_launch
 from manager.launch.secrets import Redactor
 from manager.metrics.gpu import GpuReport
 from manager.metrics.host import HostSample
-from manager.metrics.pools import PoolsReader, launched_with_sleep_pool, sleep_pool_bytes
+from manager.metrics.pools import PoolsReader, sleep_pool_bytes
 from manager.placement import CannotFit, Place, sleep_level_of
 from manager.planner.gpus import GPU, detect_gpu
 from manager.schemas.common import MAX_REPLICAS
 from manager.schemas.model_config import ModelConfig
-from manager.schemas.offload_profile import OffloadProfile
 from manager.schemas.worker import Worker
 from manager.services import models
 from manager.settings import Settings
-from manager.supervisor import lifecycle as lc
 from manager.supervisor import process
 from manager.supervisor.events import EventLog
+from manager.supervisor.found_engine import found_engine_secrets
 from manager.supervisor.lifecycle import Adopted, FoundGone, NodeLost, State
+from manager.supervisor.node_news import NodeNews, node_views
+from manager.supervisor.ports import bindable, check_port, free_port
 from manager.supervisor.runner import Download, Prepared, RunnerDeps, WorkerRunner
+from manager.supervisor.start_place import Preflight, StartPlacement
 from manager.supervisor.view import WorkerView
 
 if TYPE_CHECKING:
     from manager.cluster.ray_cluster import RayCluster
 
-# Refuses a start that cannot fit: (config, its profile, force, the host RAM other workers hold, whether
-# its model is still to be downloaded, so planned from the hub).
-Preflight = Callable[[ModelConfig, OffloadProfile | None, bool, HostClaims, bool], None]
 # Awaited before the engine of a start that downloaded its model first is launched (its config's name);
 # a ManagerError from it refuses the launch.
 MakeRoom = Callable[[str], Awaitable[None]]
@@ -86,11 +79,17 @@ class Supervisor:
         self.engine = engine
         self.events = EventLog(engine)
         self._http = http
-        self._preflight = preflight
         self._runners: dict[int, WorkerRunner] = {}
         self._starting: dict[int, WorkerRunner] = {}  # created, first start not yet under way
         self._lock = asyncio.Lock()
         self._pools = PoolsReader.from_plugin()  # what each engine's plugin publishes (its sleep pool)
+        self.starts = StartPlacement(
+            preflight,
+            cluster,
+            lambda: list(self._runners.values()),
+            lambda worker_id: self._runners.get(worker_id) or self._starting.get(worker_id),
+            self._pools,
+        )
         self._local = LocalHost()
         self.cluster = cluster
         # Downloads a start's hub model before its engine starts. Not in a Ray cluster: there vLLM
@@ -99,13 +98,13 @@ class Supervisor:
         self._make_room: MakeRoom | None = None  # the front door's eviction, for engines started after a download
         # Where another replica of a running model goes (the front door's placement); alone, as its config says.
         self._place_replica: PlaceReplica = lambda model: Place(None, ())
-        self._orphans: dict[str, list[lc.Engine]] = {}  # engines on lost nodes that no worker holds now
-        self._preferred: dict[str, str] = {}  # model config -> the node its next start tries first
-        self._background: set[asyncio.Task[Any]] = set()  # news of a node, on its way to each worker
+        self.node_news = NodeNews(
+            self.events, lambda: list(self._runners.values()), self._host_of, self._can_move, settings.stop_grace_s
+        )
         if cluster is not None:
             self._local = cluster.local
-            cluster.workers_on = self._workers_on
-            cluster.on_change(self._node_changed)
+            cluster.workers_on = self.node_news.workers_on
+            cluster.on_change(self.node_news.changed)
 
     @property
     def fetcher(self) -> Fetcher | None:
@@ -157,9 +156,7 @@ class Supervisor:
                 first = self._adopted(runner, f"re-adopted pid {row.pid}{where} after a manager restart")
             elif row.state != State.STOPPED.value:
                 first = FoundGone()
-            await runner.begin(
-                first, self._secrets_of(row.model_name, row.cmdline), self._key_of(row.model_name, row.cmdline)
-            )
+            await runner.begin(first, *found_engine_secrets(self.engine, row.model_name, row.cmdline))
         await self._autostart()
 
     async def shut_down(self) -> None:
@@ -320,7 +317,7 @@ class Supervisor:
             config = models.get_model(db, model)
         chosen_gpus = gpus if gpus is not None else list(config.gpu_ids)
         chosen_port = port or (config.port if not self._active_of(model) else None) or self._free_port()
-        self._check_port(chosen_port)
+        check_port(chosen_port, self._ports_in_use())
         if node and self.cluster is None:
             raise Invalid(
                 f"a start on node {node!r} needs a Ray cluster: start the manager with --ray-address",
@@ -335,7 +332,7 @@ class Supervisor:
             db.refresh(row)
         # Listed only once its start is under way: nobody sees a new worker as "stopped".
         runner = self._make_runner(row, listed=False)
-        runner.wanted_node = node
+        runner.want_node(node)
         await runner.begin()
         self.events.record("created", f"worker for {model} on port {chosen_port}", runner.id)
         try:
@@ -373,7 +370,7 @@ class Supervisor:
             self._prepare,
             host_of=self._host_of,
             adopted=self._adopted,
-            abandon=self._abandon,
+            abandon=self.node_news.abandon,
             check_plan=self._check_plan,
             fetcher=self._fetcher,
             make_room=self._room_for,
@@ -419,9 +416,9 @@ class Supervisor:
             if self.cluster is None:
                 check_startable(config.model, config.env)  # a folder gone since, or a download HF_HUB_OFFLINE forbids
             fetching = self._fetcher is not None and needs_download(config, self._fetcher)
-            node = self._place(db, worker_id, config, profile, force, fetching)
+            node = self.starts.place(db, worker_id, config, profile, force, fetching)
         host = self._host_of(node)
-        if isinstance(host, LocalHost) and config.port is None and not _bindable(port):
+        if isinstance(host, LocalHost) and config.port is None and not bindable(port):
             port = self._free_port()  # another program took the worker's port while it was stopped
         run_dir, log_dir = self.settings.run_dir / f"worker-{worker_id}", None
         if self.cluster is not None and node is not None and not isinstance(host, LocalHost):
@@ -477,167 +474,18 @@ class Supervisor:
     def nodes(self, host: HostSample | None, gpu: GpuReport | None) -> list[NodeView]:
         """Each node with its figures and workers; without a cluster, this box (``host``, ``gpu``: the
         latest local readings)."""
-        if self.cluster is None:
-            return [this_box(host, gpu, sorted(self._runners))]
-        engines = {
-            r.id: set(process.tree(r.life.engine.pid))
-            for r in list(self._runners.values())
-            if r.life.engine is not None and r.life.active and isinstance(r.host, LocalHost)
-        }
-        spanned: dict[str, dict[int, int]] = {}
-        for worker_id, worker_spans in self.cluster.spans_of(engines).items():
-            for span in worker_spans:
-                spanned.setdefault(span.node, {})[worker_id] = span.gpus
-        views = []
-        for status in self.cluster.statuses():
-            sample = status.sample
-            views.append(
-                node_view(
-                    name=status.name,
-                    node_id=status.ray.node_id,
-                    hostname=status.ray.hostname,
-                    address=status.ray.address,
-                    state=status.state.value,
-                    here=status.local,
-                    since=status.since,
-                    error=status.error,
-                    host=sample.host if sample else None,
-                    gpu=sample.gpu if sample else None,
-                    workers=sorted(r.id for r in self._runners.values() if r.node == status.name),
-                    spanned_by=spanned.get(status.name, {}),
-                )
-            )
-        return views
+        return node_views(self.cluster, list(self._runners.values()), host, gpu)
 
     def prefer_node(self, model: str, node: str | None) -> None:
         """The node the front door made room on (or found room on) for ``model``: its next start tries
         that node first, if the planner's check there agrees."""
-        if self.cluster is not None and node is not None:
-            self._preferred[model] = node
+        self.starts.prefer(model, node)
 
     def check_node(self, wanted: str) -> None:
         """Invalid, naming the nodes there are, when the Ray cluster has no node called ``wanted``
         (without a cluster a config may name one; its start says what is missing)."""
         if self.cluster is not None:
             self.cluster.resolve(wanted)
-
-    def _place(
-        self,
-        db: Session,
-        worker_id: int,
-        config: ModelConfig,
-        profile: OffloadProfile | None,
-        force: bool,
-        fetching: bool = False,
-    ) -> str | None:
-        """The node a start runs on, after the planner's check there: the config's node, else the
-        first live node that fits (the one it ran on before first). Invalid naming each node's refusal;
-        HostRamHeldBySleepers, for the first node where only sleeping workers' host RAM is in the way,
-        so that the caller may stop some of them there and try again. ``fetching``: its model is
-        downloaded first (on this machine), and planned from the hub until then."""
-        if self.cluster is None:
-            if config.node:
-                raise Invalid(
-                    f"model config {config.name} asks for node {config.node!r}, but this manager runs without a Ray "
-                    "cluster: start it with --ray-address, or clear the config's node",
-                    field="node",
-                )
-            if self._preflight is not None:
-                self._preflight(config, profile, force, self._host_claims(db, worker_id), fetching)
-            return None
-        cluster = self.cluster
-        if spans_nodes(config.tensor_parallel_size, config.extra_args, cluster.most_gpus()):
-            # vLLM's Ray executor places the model's GPU workers across the cluster itself and the API
-            # server runs here; each GPU must still hold its share, planned on the biggest node's GPUs.
-            self._plan_per_gpu(db, worker_id, config, profile, force)
-            return cluster.local_name
-        runner = self._runners.get(worker_id) or self._starting.get(worker_id)
-        previous = runner.node if runner is not None else None
-        # The start's own node (this start only: a later move may go anywhere that fits), else the config's.
-        wanted = runner.wanted_node if runner is not None and runner.wanted_node else config.node
-        if runner is not None:
-            runner.wanted_node = None
-        if wanted:
-            candidates = cluster.resolve(wanted)
-            if not candidates:
-                raise Invalid(f"node {wanted!r} is lost: wait until it is back", field="node")
-        else:
-            candidates = cluster.alive_names()
-        preferred = self._preferred.pop(config.name, None)
-        candidates.sort(
-            key=lambda name: (
-                name != preferred,
-                name != previous,
-                not cluster.is_local(name),
-                self._load_on(name),
-                name,
-            )
-        )
-        refusals = []
-        held: tuple[str, Refused] | None = None  # the first node where sleepers hold the RAM it lacks
-        for name in candidates:
-            try:
-                refused = self._refusal_on(name, self._host_claims(db, worker_id, node=name), config, profile, force)
-            except OSError as exc:
-                refused = Refused(str(exc))
-            if refused is None:
-                return name
-            if held is None and refused.short_bytes is not None:
-                held = (name, refused)
-            refusals.append(f"{name}: {refused.message}")
-        if not candidates:
-            raise Invalid("no node of the Ray cluster is alive", field="node")
-        message = f"{config.name} fits on no node: " + "; ".join(refusals)
-        if held is not None:
-            name, refused = held
-            assert refused.short_bytes is not None
-            raise HostRamHeldBySleepers(message, refused.short_bytes, refused.sleepers, node=name)
-        raise Invalid(message, field="node", nodes=refusals)
-
-    def _plan_per_gpu(
-        self, db: Session, worker_id: int, config: ModelConfig, profile: OffloadProfile | None, force: bool
-    ) -> None:
-        """The plan of one GPU's share of a model that spans nodes (tensor parallel ranks: the weights,
-        KV cache and overheads of one rank), on a GPU of the node with the most of them."""
-        assert self.cluster is not None
-        if force:
-            return
-        biggest = max(
-            (s for s in self.cluster.statuses() if s.state == NodeState.ALIVE), key=lambda s: (s.ray.gpus, s.local)
-        )
-        claims = self._host_claims(db, worker_id, node=biggest.name)
-        try:
-            refused = self._refusal_on(biggest.name, claims, config, profile, force)
-        except OSError as exc:
-            raise Invalid(f"{config.name} spans nodes, and node {biggest.name} could not plan it: {exc}") from exc
-        if refused is not None:
-            raise Invalid(
-                f"{config.name} spans nodes; one GPU's share does not fit on {biggest.name}'s GPUs: {refused.message}",
-                field="model",
-            )
-
-    def _refusal_on(
-        self, node: str, claims: HostClaims, config: ModelConfig, profile: OffloadProfile | None, force: bool
-    ) -> Refused | None:
-        """The planner's pre-start check of ``config`` on ``node``, with that node's GPUs and RAM: its
-        refusal, or None when it fits. OSError when the node does not answer."""
-        assert self.cluster is not None
-        if self.cluster.is_local(node):
-            if self._preflight is not None:
-                try:
-                    self._preflight(config, profile, force, claims, False)
-                except Invalid as exc:
-                    return Refused.of(exc)
-            return None
-        if force:
-            return None
-        refused: Refused | None = self.cluster.agent_call(
-            node, "check_fit", config.model_dump(), profile.model_dump() if profile is not None else None, claims
-        )
-        return refused
-
-    def _load_on(self, node: str) -> int:
-        return sum(1 for r in self._runners.values() if r.node == node and r.life.active)
 
     def _host_of(self, node: str | None) -> ProcessHost:
         if self.cluster is None or node is None:
@@ -663,111 +511,11 @@ class Supervisor:
         except OSError:
             return None
 
-    def _workers_on(self, node: str) -> dict[str, tuple[int, str]]:
-        """The engines on ``node`` (worker id -> pid, run folder), for its agent's sample."""
-        return {
-            str(r.id): (r.life.engine.pid, str(r.run_dir))
-            for r in list(self._runners.values())
-            if r.node == node and r.life.engine is not None
-        }
-
-    def _abandon(self, node: str, engine: lc.Engine) -> None:
-        self._orphans.setdefault(node, []).append(engine)
-        self.events.record(
-            "orphaned", f"the engine pid {engine.pid} on lost node {node} is ended when the node comes back"
-        )
-
-    async def _node_changed(self, node: str, state: NodeState) -> None:
-        """A node was lost or is alive (again): tell its workers, and end what was left behind there.
-
-        Each worker is told through its own queue without waiting for it: a runner busy with a long
-        stop or start must not hold up the heartbeat, and it decides for itself when it gets there
-        (a worker stopped or moved meanwhile ignores the news)."""
-        assert self.cluster is not None
-        runners = [r for r in list(self._runners.values()) if r.node == node]
-        if state == NodeState.LOST:
-            self.events.record("node_lost", f"node {node} is lost", None, node=node)
-            for runner in runners:
-                if runner.life.active and runner.life.state != State.LOST:
-                    event = NodeLost(node, can_move=self._can_move(runner.life.model))
-                    self._in_background(runner.send("event", event=event))
-            return
-        self.events.record("node_back", f"node {node} is alive", None, node=node)
-        self._in_background(self._end_orphans(node))
-        for runner in runners:
-            if runner.life.state == State.LOST:
-                self._in_background(runner.send("node_back"))
-
-    async def _end_orphans(self, node: str) -> None:
-        host = self._host_of(node)
-        for left in self._orphans.pop(node, []):
-            try:
-                if await asyncio.to_thread(host.alive, left.pid, left.create_time, left.cmdline):
-                    await asyncio.to_thread(host.stop_group, left.pid, self.settings.stop_grace_s)
-                    self.events.record("orphan_stopped", f"stopped engine pid {left.pid} left on node {node}")
-            except OSError:
-                self._orphans.setdefault(node, []).append(left)  # tried again when the node is next back
-
-    def _in_background(self, work: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    def _secrets_of(self, model_name: str, cmdline: list[str]) -> Redactor:
-        """What a running engine's events and log lines hide: its config's secrets and its own argv's."""
-        with session(self.engine) as db:
-            try:
-                return Redactor.of_config(models.get_model(db, model_name), cmdline)
-            except NotFound:
-                return Redactor(cmdline)
-
-    def _key_of(self, model_name: str, cmdline: list[str]) -> str | None:
-        """The API key a running engine asks for: the one its own argv gives (an engine started by hand),
-        else its config's (the manager gives it through the engine's environment)."""
-        given = key_values(cmdline)
-        if given is not None:
-            return next((key for key in given if key), None)
-        with session(self.engine) as db:
-            try:
-                config = models.get_model(db, model_name)
-                return engine_key(config.extra_args, config.env)
-            except (NotFound, Invalid):
-                return None
-
     def host_claims(self) -> HostClaims:
         """Host RAM the active workers on this box hold: their offload profiles' claims and what
         sleepers keep."""
         with session(self.engine) as db:
-            return self._host_claims(db, None, self.cluster.local_name if self.cluster else None)
-
-    def _host_claims(self, db: Session, worker_id: int | None, node: str | None = None) -> HostClaims:
-        """Host RAM the active workers other than ``worker_id`` hold on ``node`` (None: this box)."""
-        profile_bytes = 0
-        pool_bytes = 0
-        sleepers = []
-        for runner in sorted(self._runners.values(), key=lambda r: r.id):
-            life = runner.life
-            if runner.id == worker_id or not life.active or runner.node != node:
-                continue
-            try:
-                config = models.get_model(db, life.model)
-            except NotFound:
-                continue
-            profile = models.profile_of(db, config)
-            profile_bytes += host_bytes_of(profile)
-            launched = launched_with_sleep_pool(self._pools.sample(runner.run_dir))
-            pooled = sleep_pool_on(config, profile) if launched is None else launched
-            # Waking, it holds the RAM until its weights are back on the GPU.
-            if life.state in (State.SLEEPING, State.WAKING):
-                level = sleep_level_of(life.sleep_level, config.sleep_level)
-                held = sleeper_host_bytes(config, profile, pooled=pooled, level=level)
-                sleepers.append(Sleeper(runner.id, life.model, level, held))
-            elif pooled:
-                pool_bytes += sleeper_host_bytes(config, profile, pooled=True) or 0
-        own = self._runners.get(worker_id) if worker_id is not None else None
-        engine = own.life.engine if own is not None and own.node == node else None
-        replaced = (engine.pid, engine.create_time, engine.cmdline) if engine is not None else None
-        return HostClaims(profile_bytes, tuple(sleepers), pool_bytes, replaced)
+            return self.starts.host_claims(db, None, self.cluster.local_name if self.cluster else None)
 
     def sleep_pool_held(self, worker_id: int) -> int:
         """Host bytes worker ``worker_id``'s sleep pools hold now (0: none, or not known)."""
@@ -779,17 +527,8 @@ class Supervisor:
         return {r.life.port for r in self._runners.values() if r.life.port and r.life.state != State.STOPPED}
 
     def _free_port(self) -> int:
-        used = self._ports_in_use() | {r.life.port for r in self._runners.values() if r.life.port}
-        for port in self.settings.worker_port_range:
-            if port not in used and _bindable(port):
-                return port
-        raise Conflict(f"no free port left in {self.settings.worker_ports}; stop or delete a worker first")
-
-    def _check_port(self, port: int) -> None:
-        if port in self._ports_in_use():
-            raise Conflict(f"port {port} is already used by another worker")
-        if not _bindable(port):
-            raise Conflict(f"port {port} is taken by another program on this machine")
+        kept = {r.life.port for r in self._runners.values() if r.life.port}
+        return free_port(self.settings.worker_port_range, kept, self.settings.worker_ports)
 
     # ---- engines the manager did not start -------------------------------------------------------
     def managed_pids(self) -> set[int]:
@@ -838,7 +577,7 @@ class Supervisor:
                 db.refresh(row)
             runner = self._make_runner(row)
             adopted = self._adopted(runner, f"adopted hand-started vLLM server pid {pid} as {model}")
-            await runner.begin(adopted, self._secrets_of(model, target.cmdline), self._key_of(model, target.cmdline))
+            await runner.begin(adopted, *found_engine_secrets(self.engine, model, target.cmdline))
         return runner.view()
 
     def _find_unmanaged(self, pid: int) -> process.Unmanaged:
@@ -846,13 +585,3 @@ class Supervisor:
             if found.pid == pid:
                 return found
         raise NotFound(f"no unmanaged vLLM server with pid {pid}")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

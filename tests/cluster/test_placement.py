@@ -90,7 +90,7 @@ def _supervisor(tmp_path, nodes: Nodes, head_refusal: str | None) -> Supervisor:
 
 def _place(sup: Supervisor, config: ModelConfig) -> str | None:
     with session(sup.engine) as db:
-        return sup._place(db, 1, config, None, force=False)
+        return sup.starts.place(db, 1, config, None, force=False)
 
 
 def test_the_first_node_that_fits_takes_the_worker_the_managers_box_first(tmp_path):
@@ -136,7 +136,7 @@ def test_sleepers_holding_the_heads_host_ram_are_named_with_the_head(tmp_path):
     def preflight(config, profile, force, claims, fetching=False) -> None:
         raise HostRamHeldBySleepers("host RAM 2 GiB short, held by sleeping workers (old)", 2 << 30, (sleeper,))
 
-    sup._preflight = preflight
+    sup.starts.preflight = preflight
     with pytest.raises(HostRamHeldBySleepers) as refused:
         _place(sup, ModelConfig(name="m", model="/m"))
     assert (refused.value.node, refused.value.sleepers, refused.value.short_bytes) == ("head", (sleeper,), 2 << 30)

@@ -27,7 +27,8 @@ from manager.planner.gpus import NoGPU
 from manager.schemas.model_config import ModelConfig
 from manager.settings import Settings
 from manager.supervisor.lifecycle import State
-from manager.supervisor.supervisor import Preflight, Supervisor
+from manager.supervisor.start_place import Preflight
+from manager.supervisor.supervisor import Supervisor
 from tests.support.downloads import Downloads
 from tests.support.hub_server import TestHub
 
