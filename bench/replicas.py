@@ -15,7 +15,6 @@ manager and the clients are not pinned: on a box with few cores they share them 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -26,21 +25,13 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.served import free_port, manager, ms, percentile
+from tests.support.engine import pin_to_core
 from tests.support.tiny_model import make_tiny_llama
-
-
-def pin(pid: int, core: int) -> None:
-    """Every thread of the process and its children on one core."""
-    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
-        for thread in proc.threads():
-            with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                os.sched_setaffinity(thread.id, {core})
 
 
 def answered(port: int) -> float:
@@ -114,7 +105,7 @@ def case(url: str, folder: Path, replicas: int, args: argparse.Namespace) -> dic
     workers = ready_workers(url, model, replicas)
     cores = sorted(os.sched_getaffinity(0))
     for index, worker in enumerate(workers):
-        pin(worker["pid"], cores[index % len(cores)])
+        pin_to_core(worker["pid"], cores[index % len(cores)])
     load(url, model, args.clients, 5, args.tokens)  # warm-up
     before = {w["port"]: answered(w["port"]) for w in workers}
     started = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import socket
 import sys
 import threading
@@ -11,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
@@ -18,6 +20,7 @@ from fastapi.testclient import TestClient
 
 from manager.app import create_app
 from manager.settings import Settings
+from tests.conftest import ENGINE_LOCK
 from tests.support.downloads import Downloads
 from tests.support.engine import stop_leftover_engines
 
@@ -103,3 +106,34 @@ def served(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(60)
+
+
+@contextmanager
+def manager_with_engines(data_dir: Path, configs: list[dict], **settings: Any) -> Iterator[str]:
+    """The manager on a real port with real engines (their ports 18100-18199), these model configs
+    stored; it holds this machine's engine lock for as long as it serves, and ends every engine its
+    workers started when it stops, a test that failed part-way included."""
+    ENGINE_LOCK.touch(exist_ok=True)
+    with ENGINE_LOCK.open() as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one test module with engines at a time on this machine
+        chosen = Settings(
+            **{
+                "data_dir": data_dir,
+                "engine_python": sys.executable,
+                "api_token": None,
+                "health_interval_s": 1.0,
+                "stop_grace_s": 15.0,
+                "worker_ports": "18100-18199",
+                "idle_check_s": 0.5,
+                **settings,
+            }
+        )
+        try:
+            with served(create_app(chosen)) as url:
+                for body in configs:
+                    answer = httpx.post(f"{url}/api/models", json=body)
+                    assert answer.status_code == 201, answer.text
+                yield url
+        finally:
+            stop_leftover_engines(data_dir)
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -6,26 +6,19 @@ is read from each engine's own /metrics (vllm:request_success_total), not from t
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import psutil
 import pytest
 
-from manager.app import create_app
-from manager.settings import Settings
-from tests.conftest import ENGINE_LOCK
-from tests.frontdoor.conftest import served
+from tests.frontdoor.conftest import manager_with_engines
 from tests.frontdoor.test_engine_v1 import engine_metric
-from tests.support.engine import START_TIMEOUT, stop_leftover_engines, tiny_config
+from tests.support.engine import START_TIMEOUT, pin_to_core, tiny_config
 
 pytestmark = pytest.mark.engine
 
@@ -36,33 +29,13 @@ ALL = ("ready", "starting", "stopping", "stopped", "failed", "crashed", "sleepin
 @pytest.fixture(scope="module")
 def manager(tmp_path_factory, tiny_llama) -> Iterator[str]:
     """The manager on a real port with tiny-r (2 replicas) and tiny-s (1 replica, scaling up to 2)."""
-    ENGINE_LOCK.touch(exist_ok=True)
-    with ENGINE_LOCK.open() as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one test module with engines at a time on this machine
-        settings = Settings(
-            data_dir=tmp_path_factory.mktemp("replicas") / "data",
-            engine_python=sys.executable,
-            api_token=None,
-            health_interval_s=1.0,
-            backoff_base_s=1.0,
-            stop_grace_s=15.0,
-            worker_ports="18100-18199",
-            idle_check_s=0.5,
-        )
-        try:
-            with served(create_app(settings)) as url:
-                assert (
-                    httpx.post(f"{url}/api/models", json=tiny_config("tiny-r", tiny_llama, replicas=2)).status_code
-                    == 201
-                )
-                scaling = tiny_config(
-                    "tiny-s", tiny_llama, max_replicas=2, max_num_seqs=2, scale_up_after_s=2, scale_down_after_s=8
-                )
-                assert httpx.post(f"{url}/api/models", json=scaling).status_code == 201
-                yield url
-        finally:
-            stop_leftover_engines(settings.data_dir)
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    configs = [
+        tiny_config("tiny-r", tiny_llama, replicas=2),
+        tiny_config("tiny-s", tiny_llama, max_replicas=2, max_num_seqs=2, scale_up_after_s=2, scale_down_after_s=8),
+    ]
+    data_dir = tmp_path_factory.mktemp("replicas") / "data"
+    with manager_with_engines(data_dir, configs, backoff_base_s=1.0) as url:
+        yield url
 
 
 def replicas_of(url: str, model: str, states: tuple[str, ...] = ("ready",)) -> list[dict]:
@@ -79,14 +52,6 @@ def wait_for_replicas(url: str, model: str, count: int, timeout: float = LONG) -
             return ready
         time.sleep(0.5)
     raise AssertionError(f"{model} never had {count} ready replicas: {httpx.get(f'{url}/api/workers').json()}")
-
-
-def pin(pid: int, core: int) -> None:
-    """Every thread of an engine's process tree on one core."""
-    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
-        for thread in proc.threads():
-            with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                os.sched_setaffinity(thread.id, {core})
 
 
 def answered(ports: list[int]) -> dict[int, float]:
@@ -110,7 +75,7 @@ def test_a_model_with_two_replicas_starts_two_workers_and_spreads_40_requests_ov
     # (the faster) rightly takes more.
     cores = sorted(os.sched_getaffinity(0))
     for index, worker in enumerate(replicas):
-        pin(worker["pid"], cores[index % len(cores)])
+        pin_to_core(worker["pid"], cores[index % len(cores)])
     # The model is listed once: one name, two workers behind it, both shown on the overview.
     assert [m["id"] for m in httpx.get(f"{manager}/v1/models").json()["data"]].count("tiny-r") == 1
     overview = httpx.get(f"{manager}/ui/front-door").text

