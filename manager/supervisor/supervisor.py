@@ -48,12 +48,13 @@ from manager.schemas.offload_profile import OffloadProfile
 from manager.schemas.worker import Worker
 from manager.services import models
 from manager.settings import Settings
-from manager.supervisor import lifecycle as lc
 from manager.supervisor import process
+from manager.supervisor import worker_state as lc
 from manager.supervisor.events import EventLog
-from manager.supervisor.lifecycle import Adopted, FoundGone, NodeLost, State
 from manager.supervisor.runner import Download, Prepared, RunnerDeps, WorkerRunner
 from manager.supervisor.view import WorkerView
+from manager.supervisor.worker_events import Adopted, FoundGone, NodeLost
+from manager.supervisor.worker_state import State
 
 if TYPE_CHECKING:
     from manager.cluster.ray_cluster import RayCluster
