@@ -26,8 +26,8 @@ from manager.launch import preflight as pre_start
 from manager.planner.gpus import NoGPU
 from manager.schemas.model_config import ModelConfig
 from manager.settings import Settings
-from manager.supervisor.lifecycle import State
 from manager.supervisor.supervisor import Preflight, Supervisor
+from manager.supervisor.worker_state import State
 from tests.support.downloads import Downloads
 from tests.support.hub_server import TestHub
 
