@@ -9,8 +9,8 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from manager.supervisor.lifecycle import State
 from manager.supervisor.view import WorkerView
+from manager.supervisor.worker_state import State
 
 ModelState = Literal["ready", "sleeping", "starting", "downloading", "stopped"]
 # A config with several workers (one running, older stopped ones) shows its best state.

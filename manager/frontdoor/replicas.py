@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from manager.frontdoor.replica_choice import choose
 from manager.frontdoor.replica_scale import ReplicaState
-from manager.supervisor.lifecycle import State
 from manager.supervisor.view import WorkerView
+from manager.supervisor.worker_state import State
 
 SMOOTHING_S = 3.0
 

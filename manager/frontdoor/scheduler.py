@@ -47,8 +47,8 @@ from manager.placement import (
     free_host_ram,
     place_replica,
 )
-from manager.supervisor.lifecycle import State
 from manager.supervisor.view import WorkerView
+from manager.supervisor.worker_state import State
 
 log = logging.getLogger("vllm_manager.frontdoor")
 

@@ -27,8 +27,8 @@ from manager.hub import files
 from manager.launch.model_location import engine_cache, is_local_path
 from manager.launch.secrets import MARKER
 from manager.planner.model_files import hub_cache_dir
-from manager.supervisor.lifecycle import ACTIVE
 from manager.supervisor.view import WorkerView
+from manager.supervisor.worker_state import ACTIVE
 
 # An id on the Hub: owner and name, each of letters, digits, '.', '_' and '-'. Nothing is deleted by a path
 # made from it: it is compared with the ids huggingface_hub reads off the cache's folders.

@@ -22,7 +22,7 @@ from manager.schemas.model_config import (
 )
 from manager.schemas.offload_profile import OffloadProfile
 from manager.services import profiles, routing_names
-from manager.supervisor.lifecycle import ACTIVE
+from manager.supervisor.worker_state import ACTIVE
 
 if TYPE_CHECKING:
     from manager.settings import Settings

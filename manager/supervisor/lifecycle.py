@@ -1,404 +1,64 @@
 """A worker's life as a pure state machine: ``step(life, event, policy) -> (life, effects)``.
 
 This file alone decides a worker's state. The runner (``runner.py``) observes the process and the
-engine's endpoints, turns what it sees and what users ask into events, and carries out the effects
-that come back (launch a process, stop its group, record an event); results come back as events.
-Nothing here does I/O or reads a clock: every time is in the event that needs it.
+engine's endpoints, turns what it sees and what users ask into events (``worker_events.py``), and
+carries out the effects that come back (``worker_effects.py``: launch a process, stop its group,
+record an event); results come back as events. Nothing here does I/O or reads a clock: every time
+is in the event that needs it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from datetime import datetime
-from enum import StrEnum
+from dataclasses import replace
 
 from manager.errors import Conflict, ManagerError
 from manager.placement import sleep_level_of
-
-
-class State(StrEnum):
-    STOPPED = "stopped"
-    # Its model is being downloaded from the Hugging Face Hub; the engine starts once it is complete.
-    DOWNLOADING = "downloading"
-    STARTING = "starting"
-    READY = "ready"
-    STOPPING = "stopping"
-    FAILED = "failed"  # did not become ready, or crashed past the restart ceiling
-    CRASHED = "crashed"  # died while ready; a restart is scheduled (backing off)
-    # vLLM sleep mode: the engine process lives on with its GPU memory released (level 1 keeps the
-    # weights in host RAM, level 2 drops them); waking takes seconds instead of a cold start.
-    SLEEPING = "sleeping"
-    WAKING = "waking"
-    # Its node dropped out of the Ray cluster: the engine may still run there, out of reach.
-    LOST = "lost"
-
-
-# A worker in these states holds (or is about to hold) its engine, its GPUs and its config.
-ACTIVE = frozenset(
-    {
-        State.DOWNLOADING,
-        State.STARTING,
-        State.READY,
-        State.STOPPING,
-        State.CRASHED,
-        State.SLEEPING,
-        State.WAKING,
-        State.LOST,
-    }
+from manager.supervisor.policy import Policy, backoff_delay
+from manager.supervisor.worker_effects import (
+    Effect,
+    Fetch,
+    Forget,
+    KillGroup,
+    Launch,
+    PutToSleep,
+    Record,
+    Reject,
+    StopFetching,
+    StopGroup,
+    WakeUp,
+    record,
 )
-# States in which the engine serves its endpoints and is watched for health.
-SERVING = frozenset({State.READY, State.SLEEPING})
-
-
-def backoff_delay(restart_number: int, base_s: float = 10.0, cap_s: float = 300.0) -> float:
-    """Delay before the n-th restart in a row: base x 2^(n-1), capped (10, 20, 40, ... 300 s)."""
-    n = max(1, restart_number)
-    return min(cap_s, base_s * 2 ** (n - 1))
-
-
-@dataclass(frozen=True)
-class Policy:
-    """The supervision rules (from the settings)."""
-
-    health_interval_s: float = 5.0
-    health_failures_before_crash: int = 3
-    healthy_reset_s: float = 600.0
-    restart_ceiling: int = 5
-    backoff_base_s: float = 10.0
-    backoff_cap_s: float = 300.0
-    stop_grace_s: float = 20.0
-
-
-@dataclass(frozen=True)
-class Engine:
-    """The engine process a worker runs: pid + start time + argv identify it (a pid alone is reused)."""
-
-    pid: int
-    create_time: float | None
-    cmdline: tuple[str, ...]
-
-
-class StartKind(StrEnum):
-    """Why the start under way happened: it decides what a failure of that start leads to."""
-
-    START = "start"
-    RESTART = "restart"
-    SWITCH = "switch"
-    CRASH_RESTART = "restart after crash"
-    ROLLBACK = "roll back"
-    MOVE = "move to another node"
-
-
-@dataclass(frozen=True)
-class Life:
-    """Everything the machine knows about one worker. The runner stores the persistent part."""
-
-    state: State
-    model: str  # the model config it runs (or ran last)
-    port: int | None = None
-    engine: Engine | None = None
-    served_name: str | None = None
-    started_at: datetime | None = None  # wall clock of the last launch
-    desired: str = "stopped"  # "running" or "stopped": what the user asked for last
-    restart_count: int = 0
-    last_error: str | None = None
-    detail: str | None = None  # what a start is doing now (the latest log line)
-    start_kind: StartKind | None = None
-    switch_from: str | None = None  # the config to roll back to if a switch's start fails
-    deadline: float | None = None  # monotonic: when a start has taken too long
-    ready_since: float | None = None
-    next_restart_at: float | None = None
-    health_failures: int = 0
-    sleep_level: int | None = None  # the level it sleeps at, while sleeping or waking
-    download: str | None = None  # the hub id being downloaded, while downloading
-    download_since: float | None = None  # monotonic: when this download phase began (names its Fetched)
-    after_download: Launch | None = None  # the start that waits for the download
-
-    @property
-    def active(self) -> bool:
-        return self.state in ACTIVE
-
-
-# ---- events: what users asked for, and what the runner saw -------------------------------------
-
-
-@dataclass(frozen=True)
-class StartRequested:
-    force: bool = False
-
-
-@dataclass(frozen=True)
-class StopRequested:
-    reason: str
-    alive: bool  # is the engine process still there
-
-
-@dataclass(frozen=True)
-class RestartRequested:
-    alive: bool
-    force: bool = False
-
-
-@dataclass(frozen=True)
-class SwitchRequested:
-    """Switch to another config. The runner has checked that the new config can be launched."""
-
-    model: str
-    alive: bool
-    force: bool = False
-
-
-@dataclass(frozen=True)
-class DeleteRequested:
-    alive: bool
-
-
-@dataclass(frozen=True)
-class Adopted:
-    """A live engine found by the manager (its own after a restart, or a hand-started one)."""
-
-    message: str
-    served_name: str | None
-    start_timeout_s: float
-    elapsed_s: float  # since the engine was started
-    now: float
-    sleeping_level: int | None = None  # the worker was asleep at this level when the manager stopped
-
-
-@dataclass(frozen=True)
-class FoundGone:
-    """After a manager restart, or when its lost node came back, the engine this worker had is gone."""
-
-
-@dataclass(frozen=True)
-class NodeLost:
-    """The worker's node dropped out of the Ray cluster (Ray says so, or its agent stopped answering)."""
-
-    node: str
-    can_move: bool  # the config names no node: another node that fits may take the worker
-
-
-@dataclass(frozen=True)
-class Launched:
-    reason: str
-    model: str
-    served_name: str
-    engine: Engine
-    argv: tuple[str, ...]
-    started_at: datetime
-    start_timeout_s: float
-    now: float
-    removed_stale: tuple[str, ...] = ()  # stale KV-offload files removed before the launch
-    port: int | None = None  # the port it listens on, when another program held the worker's own
-
-
-@dataclass(frozen=True)
-class LaunchRefused:
-    error: ManagerError
-
-
-@dataclass(frozen=True)
-class NeedsDownload:
-    """Answers a Launch whose model (a hub id) is not complete in the engine's cache: nothing was
-    started; the download comes first."""
-
-    launch: Launch
-    repo: str
-    now: float
-
-
-@dataclass(frozen=True)
-class Fetched:
-    """The wait for a download ended (answers Fetch): complete, or not, and why."""
-
-    ok: bool
-    detail: str  # why not, when not ok
-    since: float  # the download phase it ends (Fetch.since)
-    now: float
-
-
-@dataclass(frozen=True)
-class GroupStopped:
-    graceful: bool
-    seconds: float
-    killed: tuple[int, ...]
-    leftover: tuple[int, ...]
-    notes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Probed:
-    healthy: bool  # /health answered 200
-    serves: bool  # /v1/models lists the served name
-    detail: str
-    latest_log: str | None
-    now: float
-
-
-@dataclass(frozen=True)
-class Exited:
-    """The engine process is gone (its group has been reaped)."""
-
-    exit_text: str  # "exited with code 1"
-    log_reason: str | None  # the root cause from its log, if any
-    now: float
-
-
-@dataclass(frozen=True)
-class Killed:
-    """The group of an engine the machine gave up on has been ended (answers KillGroup)."""
-
-    reason: str
-    now: float
-
-
-@dataclass(frozen=True)
-class Tick:
-    now: float
-
-
-@dataclass(frozen=True)
-class SleepRequested:
-    level: int
-
-
-@dataclass(frozen=True)
-class WakeRequested:
-    pass
-
-
-@dataclass(frozen=True)
-class Slept:
-    """What the engine answered to POST /sleep (and GET /is_sleeping after it)."""
-
-    ok: bool
-    seconds: float
-    detail: str  # why not, when not ok
-
-
-@dataclass(frozen=True)
-class Woke:
-    """What the engine answered to POST /wake_up (and GET /is_sleeping after it)."""
-
-    ok: bool
-    seconds: float
-    detail: str
-    now: float
-
-
-Event = (
-    StartRequested
-    | StopRequested
-    | RestartRequested
-    | SwitchRequested
-    | DeleteRequested
-    | Adopted
-    | FoundGone
-    | NodeLost
-    | Launched
-    | LaunchRefused
-    | NeedsDownload
-    | Fetched
-    | GroupStopped
-    | Probed
-    | Exited
-    | Killed
-    | Tick
-    | SleepRequested
-    | WakeRequested
-    | Slept
-    | Woke
+from manager.supervisor.worker_events import (
+    Adopted,
+    DeleteRequested,
+    Event,
+    Exited,
+    Fetched,
+    FoundGone,
+    GroupStopped,
+    Killed,
+    Launched,
+    LaunchRefused,
+    NeedsDownload,
+    NodeLost,
+    Probed,
+    RestartRequested,
+    SleepRequested,
+    Slept,
+    StartRequested,
+    StopRequested,
+    SwitchRequested,
+    Tick,
+    WakeRequested,
+    Woke,
 )
+from manager.supervisor.worker_state import SERVING, Life, StartKind, State
 
-
-# ---- effects: what the runner must do ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Launch:
-    """Prepare the config's command and start it; answers Launched or LaunchRefused, or NeedsDownload
-    when its model must be downloaded first."""
-
-    model: str
-    reason: str
-    force: bool = False
-    downloaded: bool = False  # its download has just ended: launch now, whatever the cache says
-
-
-@dataclass(frozen=True)
-class Fetch:
-    """Wait for the download of ``repo`` in the background (joining one under way); answers Fetched."""
-
-    repo: str
-    since: float
-
-
-@dataclass(frozen=True)
-class StopFetching:
-    """Stop waiting for the download (the download itself goes on: others may wait for it too)."""
-
-
-@dataclass(frozen=True)
-class StopGroup:
-    """SIGTERM, grace, SIGKILL to the engine's process group; answers GroupStopped."""
-
-    pid: int
-
-
-@dataclass(frozen=True)
-class KillGroup:
-    """End a failed engine's group (hung, or too slow to start); answers Killed with the reason."""
-
-    pid: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class PutToSleep:
-    """POST /sleep?level=N to the engine, then confirm with GET /is_sleeping; answers Slept."""
-
-    level: int
-
-
-@dataclass(frozen=True)
-class WakeUp:
-    """POST /wake_up (level 2: reload the weights first), confirm with /is_sleeping; answers Woke."""
-
-    level: int
-
-
-@dataclass(frozen=True)
-class Record:
-    kind: str
-    message: str
-    data: tuple[tuple[str, object], ...] = ()
-
-
-@dataclass(frozen=True)
-class Reject:
-    """Answer the command that asked with this error."""
-
-    error: ManagerError
-
-
-@dataclass(frozen=True)
-class Forget:
-    """Delete the worker; its owner task ends."""
-
-
-Effect = Launch | Fetch | StopFetching | StopGroup | KillGroup | PutToSleep | WakeUp | Record | Reject | Forget
 Step = tuple[Life, list[Effect]]
-
-
-def record(kind: str, message: str, **data: object) -> Record:
-    return Record(kind, message, tuple(data.items()))
 
 
 def _moved(old: Life, new: Life, kind: str, message: str, **data: object) -> Record:
     return record(kind, message, state=new.state.value, previous=old.state.value, **data)
-
-
-# ---- the machine -------------------------------------------------------------------------------
 
 
 def step(life: Life, event: Event, policy: Policy) -> Step:
@@ -490,17 +150,6 @@ def step(life: Life, event: Event, policy: Policy) -> Step:
                 return _launch(waiting, StartKind.CRASH_RESTART, life.model, "restart after crash", False)
             return life, []
     raise TypeError(f"not a worker event: {event!r}")
-
-
-def tick_interval(life: Life, now: float, policy: Policy) -> float | None:
-    """How long the runner may wait for a command before it must look at the engine again."""
-    if life.state == State.STARTING:
-        return 0.5
-    if life.state in SERVING:
-        return policy.health_interval_s
-    if life.state == State.CRASHED and life.next_restart_at is not None:
-        return max(0.05, min(1.0, life.next_restart_at - now))
-    return None
 
 
 def _launch(life: Life, kind: StartKind, model: str, reason: str, force: bool) -> Step:

@@ -13,11 +13,11 @@ from manager.cluster.nodes import NodeState
 from manager.cluster.views import NodeView, node_view, this_box
 from manager.metrics.gpu import GpuReport
 from manager.metrics.host import HostSample
-from manager.supervisor import lifecycle as lc
 from manager.supervisor import process
 from manager.supervisor.events import EventLog
-from manager.supervisor.lifecycle import NodeLost, State
 from manager.supervisor.runner import WorkerRunner
+from manager.supervisor.worker_events import NodeLost
+from manager.supervisor.worker_state import Engine, State
 
 if TYPE_CHECKING:
     from manager.cluster.ray_cluster import RayCluster
@@ -77,7 +77,7 @@ class NodeNews:
         self._host_of = host_of
         self._can_move = can_move  # whether a model config may run on another node
         self._stop_grace_s = stop_grace_s
-        self._orphans: dict[str, list[lc.Engine]] = {}  # engines on lost nodes that no worker holds now
+        self._orphans: dict[str, list[Engine]] = {}  # engines on lost nodes that no worker holds now
         self._background: set[asyncio.Task[Any]] = set()  # news of a node, on its way to each worker
 
     def workers_on(self, node: str) -> dict[str, tuple[int, str]]:
@@ -88,7 +88,7 @@ class NodeNews:
             if r.node == node and r.life.engine is not None
         }
 
-    def abandon(self, node: str, engine: lc.Engine) -> None:
+    def abandon(self, node: str, engine: Engine) -> None:
         """An engine on a lost node that no worker holds any more: ended when the node is back."""
         self._orphans.setdefault(node, []).append(engine)
         self._events.record(

@@ -13,60 +13,64 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
-from sqlalchemy.engine import Engine as DbEngine
-
 from manager.cluster.hosts import LocalHost, ProcessHost, node_folders
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound, Unavailable
-from manager.hub.fetching import Fetcher, FetchFailed
-from manager.launch.command import LaunchCommand
+from manager.hub.fetching import FetchFailed
 from manager.launch.secrets import Redactor
 from manager.launch.validation import cannot_run
 from manager.schemas.worker import Worker
-from manager.settings import Settings
-from manager.supervisor import lifecycle as lc
 from manager.supervisor import sleep_mode
-from manager.supervisor.events import EventLog
+from manager.supervisor.lifecycle import step
 from manager.supervisor.logs import LogTail, meaningful_error, new_log_file
+from manager.supervisor.policy import tick_interval
 from manager.supervisor.probe import probe
+from manager.supervisor.runner_deps import Download, RunnerDeps, life_of, policy_of
 from manager.supervisor.view import DownloadProgress, WorkerView
+from manager.supervisor.worker_effects import (
+    Effect,
+    Fetch,
+    Forget,
+    KillGroup,
+    Launch,
+    PutToSleep,
+    Record,
+    Reject,
+    StopFetching,
+    StopGroup,
+    WakeUp,
+)
+from manager.supervisor.worker_events import (
+    Adopted,
+    DeleteRequested,
+    Event,
+    Exited,
+    Fetched,
+    FoundGone,
+    GroupStopped,
+    Killed,
+    Launched,
+    LaunchRefused,
+    NeedsDownload,
+    NodeLost,
+    Probed,
+    RestartRequested,
+    SleepRequested,
+    Slept,
+    StartRequested,
+    StopRequested,
+    SwitchRequested,
+    Tick,
+    WakeRequested,
+    Woke,
+)
+from manager.supervisor.worker_state import SERVING, Engine, State
 
 log = logging.getLogger("vllm_manager.runner")
-
-
-@dataclass(frozen=True)
-class Download:
-    """A hub model a start must download before its engine can load it offline."""
-
-    repo: str
-    env: Mapping[str, str]  # the config's environment: the engine's cache and token
-    timeout_s: float | None  # download_timeout_s; None: no limit
-
-
-@dataclass
-class Prepared:
-    """What the supervisor prepared for one start: the command, where it runs and its limits."""
-
-    served_name: str
-    command: LaunchCommand
-    start_timeout_s: float
-    secrets: Redactor = field(default_factory=Redactor)  # the config's, hidden in its events and log lines
-    engine_key: str | None = field(default=None, repr=False)  # the API key the engine will ask for
-    host: ProcessHost = field(default_factory=LocalHost)  # the box it runs on
-    run_dir: Path | None = None  # its run folder on that box (None: the worker's local one)
-    log_dir: Path | None = None  # its log folder on that box, when that is another box
-    port: int | None = None  # the port the command names, when not the one the start was asked for
-    download: Download | None = None  # what must be downloaded before the command can run
-
-
-# Builds the launch for a model config: (worker id, config name, port, gpus, force).
-Prepare = Callable[[int, str, int, list[int], bool], Prepared]
 
 
 @dataclass
@@ -75,61 +79,8 @@ class Command:
     model: str | None = None
     force: bool = False
     level: int | None = None  # sleep: vLLM's sleep level
-    event: lc.Event | None = None  # event: what the supervisor saw of the worker's node
+    event: Event | None = None  # event: what the supervisor saw of the worker's node
     future: asyncio.Future[WorkerView] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-
-@dataclass
-class RunnerDeps:
-    settings: Settings
-    engine: DbEngine
-    events: EventLog
-    http: httpx.AsyncClient
-    prepare: Prepare
-    # The box a worker stored on node N runs on (None: this one, without a cluster).
-    host_of: Callable[[str | None], ProcessHost] = lambda node: LocalHost()
-    # What re-adopting a worker's live engine tells its state machine (message -> Adopted).
-    adopted: Callable[[WorkerRunner, str], lc.Adopted] | None = None
-    # A lost node's engine that its worker let go of (stopped, or moved elsewhere): ended when it returns.
-    abandon: Callable[[str, lc.Engine], None] = lambda node, engine: None
-    # After a start: (config name, engine log) -> the plan_mismatch event's message and data, or None.
-    check_plan: Callable[[str, Path], tuple[str, dict] | None] | None = None
-    # Downloads from the Hugging Face Hub (None: vLLM downloads during its start, as without the manager).
-    fetcher: Fetcher | None = None
-    # Awaited before an engine starts once its model is downloaded (config name): room for it is made
-    # then. A ManagerError refuses the launch.
-    make_room: Callable[[str], Awaitable[None]] | None = None
-
-
-def policy_of(settings: Settings) -> lc.Policy:
-    return lc.Policy(
-        health_interval_s=settings.health_interval_s,
-        health_failures_before_crash=settings.health_failures_before_crash,
-        healthy_reset_s=settings.healthy_reset_s,
-        restart_ceiling=settings.restart_ceiling,
-        backoff_base_s=settings.backoff_base_s,
-        backoff_cap_s=settings.backoff_cap_s,
-        stop_grace_s=settings.stop_grace_s,
-    )
-
-
-def life_of(row: Worker) -> lc.Life:
-    engine = None
-    if row.pid:
-        engine = lc.Engine(row.pid, row.pid_create_time, tuple(row.cmdline))
-    return lc.Life(
-        state=lc.State(row.state),
-        model=row.model_name,
-        port=row.port,
-        engine=engine,
-        # SQLite gives the stored time back without its zone; it was written in UTC.
-        started_at=row.started_at.replace(tzinfo=UTC)
-        if row.started_at and not row.started_at.tzinfo
-        else row.started_at,
-        desired=row.desired,
-        restart_count=row.restart_count,
-        last_error=row.last_error,
-    )
 
 
 class WorkerRunner:
@@ -149,7 +100,7 @@ class WorkerRunner:
         self._run_dir: Path | None = Path(row.run_dir) if row.run_dir else None
         self._remote_log: tuple[Path, Path, int] | None = None  # (on its node, local copy, bytes copied)
         # The node a lost worker's engine was on (its own node, also after a manager restart).
-        self._lost_node: str | None = row.node if row.state == lc.State.LOST.value else None
+        self._lost_node: str | None = row.node if row.state == State.LOST.value else None
         self._wanted_node: str | None = None  # the node its next start must run on (asked for at creation)
         self._queue: asyncio.Queue[Command] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -178,7 +129,7 @@ class WorkerRunner:
 
     async def begin(
         self,
-        first: lc.Adopted | lc.FoundGone | lc.NodeLost | None = None,
+        first: Adopted | FoundGone | NodeLost | None = None,
         secrets: Redactor | None = None,
         engine_key: str | None = None,
     ) -> None:
@@ -191,7 +142,7 @@ class WorkerRunner:
         logs = sorted(self.log_dir.glob("start-*.log"))
         if logs:
             self.logs.follow(logs[-1], from_start=True, secrets=self.secrets)
-            if isinstance(first, lc.Adopted):
+            if isinstance(first, Adopted):
                 self._copy_log_from(logs[-1])
         if first is not None:
             await self._feed(first)
@@ -212,7 +163,7 @@ class WorkerRunner:
         model: str | None = None,
         force: bool = False,
         level: int | None = None,
-        event: lc.Event | None = None,
+        event: Event | None = None,
     ) -> WorkerView:
         if self._task is None or self._task.done():
             raise NotFound(f"worker {self.id} is gone (deleted)")
@@ -224,22 +175,22 @@ class WorkerRunner:
         life, now = self.life, time.monotonic()
         started = life.started_at
         uptime = None
-        if life.state == lc.State.READY and started is not None:
+        if life.state == State.READY and started is not None:
             uptime = max(0.0, (datetime.now(UTC) - started).total_seconds())
         next_restart = None
-        if life.state == lc.State.CRASHED and life.next_restart_at is not None:
+        if life.state == State.CRASHED and life.next_restart_at is not None:
             next_restart = max(0.0, life.next_restart_at - now)
         has_process = life.state in (
-            lc.State.STARTING,
-            lc.State.READY,
-            lc.State.STOPPING,
-            lc.State.SLEEPING,
-            lc.State.WAKING,
-            lc.State.LOST,
+            State.STARTING,
+            State.READY,
+            State.STOPPING,
+            State.SLEEPING,
+            State.WAKING,
+            State.LOST,
         )
         return WorkerView(
             id=self.id,
-            download=self._progress() if life.state == lc.State.DOWNLOADING else None,
+            download=self._progress() if life.state == State.DOWNLOADING else None,
             model=life.model,
             served_model_name=life.served_name,
             state=life.state,
@@ -272,7 +223,7 @@ class WorkerRunner:
     # ---- the owner loop --------------------------------------------------------------------
     async def _own(self) -> None:
         while True:
-            interval = lc.tick_interval(self.life, time.monotonic(), self.policy)
+            interval = tick_interval(self.life, time.monotonic(), self.policy)
             try:
                 cmd: Command | None = await asyncio.wait_for(self._queue.get(), timeout=interval)
             except TimeoutError:
@@ -311,39 +262,39 @@ class WorkerRunner:
             await self._node_back()
             return
         answer = await self._alive()
-        if answer is None and self.life.state != lc.State.LOST:
+        if answer is None and self.life.state != State.LOST:
             raise Unavailable(
                 f"node {self.node} does not answer, so whether worker {self.id}'s engine runs is not known: try "
                 "again, or wait until the node is marked lost"
             )
         alive = bool(answer)
         if cmd.kind == "start":
-            await self._feed(lc.StartRequested(cmd.force))
+            await self._feed(StartRequested(cmd.force))
         elif cmd.kind == "stop":
-            await self._feed(lc.StopRequested("stop requested", alive))
+            await self._feed(StopRequested("stop requested", alive))
         elif cmd.kind == "restart":
-            await self._feed(lc.RestartRequested(alive, cmd.force))
+            await self._feed(RestartRequested(alive, cmd.force))
         elif cmd.kind == "switch":
             if not cmd.model:
                 raise Conflict("switch needs the name of a model config")
             # Refuse a config that cannot be launched before the running one is stopped.
             await asyncio.to_thread(self.deps.prepare, self.id, cmd.model, self._port(), self.gpus, cmd.force)
-            await self._feed(lc.SwitchRequested(cmd.model, alive, cmd.force))
+            await self._feed(SwitchRequested(cmd.model, alive, cmd.force))
         elif cmd.kind == "delete":
-            await self._feed(lc.DeleteRequested(alive))
+            await self._feed(DeleteRequested(alive))
         elif cmd.kind == "sleep":
             if cmd.level not in (1, 2):
                 raise Invalid(f"sleep level must be 1 or 2, got {cmd.level!r}")
-            await self._feed(lc.SleepRequested(cmd.level))
+            await self._feed(SleepRequested(cmd.level))
         elif cmd.kind == "wake":
-            await self._feed(lc.WakeRequested())
+            await self._feed(WakeRequested())
         else:
             raise Conflict(f"unknown command {cmd.kind!r}")
 
     async def _look(self) -> None:
         """Observe the engine as its state asks, and tell the machine what was seen."""
         state = self.life.state
-        if state == lc.State.STARTING or state in lc.SERVING:
+        if state == State.STARTING or state in SERVING:
             alive = await self._alive()
             if alive is None:
                 return  # its node did not answer: the cluster's heartbeat decides whether it is lost
@@ -351,7 +302,7 @@ class WorkerRunner:
                 await self._pull_log()
                 await self._end_group(quick=True)
                 reason = meaningful_error(self.logs.tail(300))
-                await self._feed(lc.Exited(self._exit_text(), reason, time.monotonic()))
+                await self._feed(Exited(self._exit_text(), reason, time.monotonic()))
                 return
             result = await probe(
                 self.deps.http,
@@ -360,21 +311,19 @@ class WorkerRunner:
                 self.host.address,
                 self.engine_key,
             )
-            await self._feed(
-                lc.Probed(result.healthy, result.serves, result.detail, self.logs.latest(), time.monotonic())
-            )
-            if self.life.state == lc.State.READY:
+            await self._feed(Probed(result.healthy, result.serves, result.detail, self.logs.latest(), time.monotonic()))
+            if self.life.state == State.READY:
                 self.logs.cap_size()
-        elif state == lc.State.CRASHED:
-            await self._feed(lc.Tick(time.monotonic()))
+        elif state == State.CRASHED:
+            await self._feed(Tick(time.monotonic()))
 
     # ---- events in, effects out ----------------------------------------------------------------
-    async def _feed(self, event: lc.Event) -> None:
+    async def _feed(self, event: Event) -> None:
         before = self.life
-        self.life, effects = lc.step(before, event, self.policy)
-        if self.life.state == lc.State.LOST and before.state != lc.State.LOST:
+        self.life, effects = step(before, event, self.policy)
+        if self.life.state == State.LOST and before.state != State.LOST:
             self._lost_node = self.node
-        elif before.state == lc.State.LOST and self.life.state != lc.State.LOST:
+        elif before.state == State.LOST and self.life.state != State.LOST:
             let_go = before.engine is not None and self.life.engine != before.engine
             if let_go and self._lost_node and before.engine is not None:
                 self.deps.abandon(self._lost_node, before.engine)
@@ -385,7 +334,7 @@ class WorkerRunner:
             result = await self._carry_out(effect)
             if result is not None:
                 await self._feed(result)
-        if before.state == lc.State.STARTING and self.life.state == lc.State.READY:
+        if before.state == State.STARTING and self.life.state == State.READY:
             await self._check_plan()
 
     async def _check_plan(self) -> None:
@@ -404,20 +353,20 @@ class WorkerRunner:
             hidden = {key: self.secrets.value(value) for key, value in data.items()}
             self.deps.events.record("plan_mismatch", self.secrets.text(message), self.id, **hidden)
 
-    async def _carry_out(self, effect: lc.Effect) -> lc.Event | None:
+    async def _carry_out(self, effect: Effect) -> Event | None:
         match effect:
-            case lc.Record(kind=kind, message=message, data=data):
+            case Record(kind=kind, message=message, data=data):
                 # Events are broadcast and stored: no reader, token or not, sees a secret in one.
                 hidden = {key: self.secrets.value(value) for key, value in data}
                 self.deps.events.record(kind, self.secrets.text(message), self.id, **hidden)
-            case lc.Launch():
+            case Launch():
                 return await self._launch(effect)
-            case lc.Fetch(since=since):
+            case Fetch(since=since):
                 self._stop_fetching()
                 self._fetching = asyncio.create_task(self._fetch(since), name=f"worker-{self.id} download")
-            case lc.StopFetching():
+            case StopFetching():
                 self._stop_fetching()
-            case lc.StopGroup(pid=pid):
+            case StopGroup(pid=pid):
                 try:
                     report = await asyncio.to_thread(self.host.stop_group, pid, self.deps.settings.stop_grace_s)
                     notes = await asyncio.to_thread(self.host.end_gpu_orphans, self.gpus, report.killed)
@@ -425,42 +374,42 @@ class WorkerRunner:
                     # Its node stopped answering: the engine is ended when the node comes back.
                     if self.life.engine is not None and self.node:
                         self.deps.abandon(self.node, self.life.engine)
-                    return lc.GroupStopped(False, 0.0, (), (), (f"node {self.node} did not answer ({exc})",))
+                    return GroupStopped(False, 0.0, (), (), (f"node {self.node} did not answer ({exc})",))
                 await self._pull_log()
                 self.logs.poll()
-                return lc.GroupStopped(
+                return GroupStopped(
                     report.graceful, report.seconds, tuple(report.killed), tuple(report.leftover), tuple(notes)
                 )
-            case lc.KillGroup(pid=pid, reason=reason):
+            case KillGroup(pid=pid, reason=reason):
                 await self._end_group(quick=False, pid=pid)
-                return lc.Killed(reason, time.monotonic())
-            case lc.PutToSleep(level=level):
+                return Killed(reason, time.monotonic())
+            case PutToSleep(level=level):
                 ok, seconds, detail = await sleep_mode.put_to_sleep(
                     self.deps.http, self._port(), level, self.host.address, self.engine_key
                 )
-                return lc.Slept(ok, seconds, detail)
-            case lc.WakeUp(level=level):
+                return Slept(ok, seconds, detail)
+            case WakeUp(level=level):
                 ok, seconds, detail = await sleep_mode.wake_up(
                     self.deps.http, self._port(), level, self.host.address, self.engine_key
                 )
-                return lc.Woke(ok, seconds, detail, time.monotonic())
-            case lc.Reject(error=error):
+                return Woke(ok, seconds, detail, time.monotonic())
+            case Reject(error=error):
                 raise error
-            case lc.Forget():
+            case Forget():
                 self._forget()
         return None
 
-    async def _launch(self, effect: lc.Launch) -> lc.Event:
+    async def _launch(self, effect: Launch) -> Event:
         port = self._port()
         if effect.downloaded and (refusal := await self._make_room(effect.model)) is not None:
-            return lc.LaunchRefused(refusal)
+            return LaunchRefused(refusal)
         try:
             launch = await asyncio.to_thread(self.deps.prepare, self.id, effect.model, port, self.gpus, effect.force)
         except ManagerError as exc:
-            return lc.LaunchRefused(exc)
+            return LaunchRefused(exc)
         if launch.download is not None and self.deps.fetcher is not None and not effect.downloaded:
             self._download = launch.download
-            return lc.NeedsDownload(effect, launch.download.repo, time.monotonic())
+            return NeedsDownload(effect, launch.download.repo, time.monotonic())
         host = launch.host
         run_dir = launch.run_dir or self.deps.settings.run_dir / f"worker-{self.id}"
         try:
@@ -480,12 +429,12 @@ class WorkerRunner:
         try:
             spawned = await asyncio.to_thread(host.spawn, launch.command.argv, launch.command.env, engine_log, run_dir)
         except (OSError, ValueError) as exc:
-            return lc.LaunchRefused(Invalid(cannot_run(launch.command.argv[0], exc)))
+            return LaunchRefused(Invalid(cannot_run(launch.command.argv[0], exc)))
         self.host, self.node, self._run_dir = host, host.node, run_dir
         self._remote_log = (engine_log, log_path, 0) if engine_log != log_path else None
-        engine = lc.Engine(spawned.pid, spawned.create_time, spawned.cmdline)
+        engine = Engine(spawned.pid, spawned.create_time, spawned.cmdline)
         where = f" on node {host.node}" if host.node else ""
-        return lc.Launched(
+        return Launched(
             reason=effect.reason + where,
             model=effect.model,
             served_name=launch.served_name,
@@ -534,7 +483,7 @@ class WorkerRunner:
             log.exception("worker %s: the download of %s failed", self.id, download.repo)
             detail = f"the download of {download.repo} failed: {exc}"
         # Queued, not awaited: the answer to it may be a new wait, which ends this task.
-        told = Command("event", event=lc.Fetched(ok, detail, since, time.monotonic()))
+        told = Command("event", event=Fetched(ok, detail, since, time.monotonic()))
         told.future.add_done_callback(_read_outcome)
         self._queue.put_nowait(told)
 
@@ -574,7 +523,7 @@ class WorkerRunner:
 
     async def _node_back(self) -> None:
         """The lost worker's node is back: re-adopt its engine if it still runs there, else start again."""
-        if self.life.state != lc.State.LOST:
+        if self.life.state != State.LOST:
             return  # stopped or moved meanwhile
         engine = self.life.engine
         host = self.deps.host_of(self._lost_node or self.node)
@@ -585,7 +534,7 @@ class WorkerRunner:
             except OSError:
                 return  # not answering yet: the next heartbeat tries again
         if not found or engine is None or self.deps.adopted is None:
-            await self._feed(lc.FoundGone())
+            await self._feed(FoundGone())
             return
         self.host, self.node = host, host.node
         logs = sorted(self.log_dir.glob("start-*.log"))
@@ -605,7 +554,7 @@ class WorkerRunner:
     async def _pull_log(self) -> None:
         """Copy what a remote engine wrote since the last look into the local log file that the
         worker's log tail, the API and the live stream read."""
-        if self._remote_log is None or self.life.state == lc.State.LOST:
+        if self._remote_log is None or self.life.state == State.LOST:
             return
         remote, local, offset = self._remote_log
         try:

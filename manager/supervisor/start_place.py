@@ -27,8 +27,8 @@ from manager.placement import Candidate, CannotFit, NodeCheck, Place, sleep_leve
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.services import models
-from manager.supervisor.lifecycle import State
 from manager.supervisor.runner import WorkerRunner
+from manager.supervisor.worker_state import State
 
 if TYPE_CHECKING:
     from manager.cluster.ray_cluster import RayCluster

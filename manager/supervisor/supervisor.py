@@ -44,12 +44,14 @@ from manager.settings import Settings
 from manager.supervisor import process
 from manager.supervisor.events import EventLog
 from manager.supervisor.found_engine import found_engine_secrets
-from manager.supervisor.lifecycle import Adopted, FoundGone, NodeLost, State
 from manager.supervisor.node_news import NodeNews, node_views
 from manager.supervisor.ports import bindable, check_port, free_port
-from manager.supervisor.runner import Download, Prepared, RunnerDeps, WorkerRunner
+from manager.supervisor.runner import WorkerRunner
+from manager.supervisor.runner_deps import Download, Prepared, RunnerDeps
 from manager.supervisor.start_place import Preflight, StartPlacement
 from manager.supervisor.view import WorkerView
+from manager.supervisor.worker_events import Adopted, FoundGone, NodeLost
+from manager.supervisor.worker_state import State
 
 if TYPE_CHECKING:
     from manager.cluster.ray_cluster import RayCluster

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from manager.hub.fetching import Progress, about
-from manager.supervisor.lifecycle import State
+from manager.supervisor.worker_state import State
 
 
 class DownloadProgress(BaseModel):

@@ -11,7 +11,7 @@ from manager.db import session
 from manager.errors import Unavailable
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.worker import Worker
-from manager.supervisor.lifecycle import State
+from manager.supervisor.worker_state import State
 from tests.cluster.test_placement import Nodes, _supervisor
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.hub.fetching import Progress
 from manager.placement import CannotFit, Place
-from manager.supervisor.lifecycle import State
 from manager.supervisor.view import DownloadProgress, WorkerView
+from manager.supervisor.worker_state import State
 
 
 @dataclass

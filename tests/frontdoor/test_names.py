@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from manager.frontdoor.names import AdapterNames, ConfigNames, NameTable, Target, UnknownModel, listing, state_of
-from manager.supervisor.lifecycle import State
 from manager.supervisor.view import WorkerView
+from manager.supervisor.worker_state import State
 
 TABLE = NameTable(
     [

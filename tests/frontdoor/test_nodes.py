@@ -7,7 +7,7 @@ import asyncio
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.scheduler import Placement, Scheduler, SchedulerOptions
 from manager.launch.preflight import HostRamHeldBySleepers, Sleeper
-from manager.supervisor.lifecycle import State
+from manager.supervisor.worker_state import State
 from tests.frontdoor.fake_workers import FakeWorkers
 
 G = 1 << 30

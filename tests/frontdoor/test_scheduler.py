@@ -15,7 +15,7 @@ from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.scheduler import Lease, Placement, Scheduler, SchedulerOptions
 from manager.hub.fetching import Progress
 from manager.launch.preflight import HostRamHeldBySleepers, Sleeper
-from manager.supervisor.lifecycle import State
+from manager.supervisor.worker_state import State
 from tests.frontdoor.fake_workers import Behaviour, FakeWorkers
 
 T = TypeVar("T")

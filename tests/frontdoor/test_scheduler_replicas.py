@@ -10,7 +10,7 @@ from typing import TypeVar
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.replica_scale import Add, Remove, Scaling
 from manager.frontdoor.scheduler import Placement, Scheduler, SchedulerOptions
-from manager.supervisor.lifecycle import State
+from manager.supervisor.worker_state import State
 from tests.frontdoor.fake_workers import Behaviour, FakeWorkers
 
 T = TypeVar("T")

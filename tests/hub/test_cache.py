@@ -10,8 +10,8 @@ from huggingface_hub import scan_cache_dir
 
 from manager.errors import Conflict, Invalid, NotFound
 from manager.hub import cache as hub_cache
-from manager.supervisor.lifecycle import State
 from manager.supervisor.view import WorkerView
+from manager.supervisor.worker_state import State
 from tests.support.hub_cache import complete_model, put_revision, safetensors
 
 

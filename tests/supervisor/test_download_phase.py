@@ -26,9 +26,9 @@ from manager.launch import preflight as pre_start
 from manager.planner.gpus import NoGPU
 from manager.schemas.model_config import ModelConfig
 from manager.settings import Settings
-from manager.supervisor.lifecycle import State
 from manager.supervisor.start_place import Preflight
 from manager.supervisor.supervisor import Supervisor
+from manager.supervisor.worker_state import State
 from tests.support.downloads import Downloads
 from tests.support.hub_server import TestHub
 

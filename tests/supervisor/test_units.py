@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from manager.supervisor import process
-from manager.supervisor.lifecycle import backoff_delay
 from manager.supervisor.logs import LogTail, meaningful_error, new_log_file
+from manager.supervisor.policy import backoff_delay
 
 VLLM_FAILURE = """\
 (APIServer pid=15879) INFO 11-21 03:41:33 [api_server.py:1] vLLM API server version 0.32.0

@@ -9,8 +9,8 @@ from manager.metrics import Snapshot, WorkerMetrics
 from manager.metrics.gpu import GpuReport
 from manager.metrics.host import HostSample
 from manager.runtime import worker_info
-from manager.supervisor.lifecycle import State
 from manager.supervisor.view import DownloadProgress, WorkerView
+from manager.supervisor.worker_state import State
 from manager.web.live import worker_signature
 from manager.web.render import render
 
