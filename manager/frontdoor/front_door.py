@@ -33,8 +33,9 @@ from manager.frontdoor.catalog import Catalog
 from manager.frontdoor.errors import ModelUnavailable
 from manager.frontdoor.forwarding import Forwarding, Held, Outcome
 from manager.frontdoor.metrics import FrontDoorMetrics
+from manager.frontdoor.placements import Placement
 from manager.frontdoor.replica_scale import Scaling
-from manager.frontdoor.scheduler import Lease, ModelStatus, Placement, Scheduler, SchedulerOptions
+from manager.frontdoor.scheduler import Lease, ModelStatus, Scheduler, SchedulerOptions
 from manager.frontdoor.upstream import Upstream
 from manager.frontdoor.usage import UsageRecorder
 from manager.launch.command import sleep_pool_on

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from manager.frontdoor.metrics import FrontDoorMetrics
-from manager.frontdoor.scheduler import Placement, Scheduler, SchedulerOptions
+from manager.frontdoor.placements import Placement
+from manager.frontdoor.scheduler import Scheduler, SchedulerOptions
 from manager.launch.preflight import HostRamHeldBySleepers, Sleeper
 from manager.supervisor.worker_state import State
 from tests.frontdoor.fake_workers import FakeWorkers

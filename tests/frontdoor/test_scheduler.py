@@ -12,7 +12,8 @@ from prometheus_client import generate_latest
 from manager.errors import Invalid
 from manager.frontdoor.errors import ModelDownloading, ModelUnavailable, QueueFull, StartTimeout
 from manager.frontdoor.metrics import FrontDoorMetrics
-from manager.frontdoor.scheduler import Lease, Placement, Scheduler, SchedulerOptions
+from manager.frontdoor.placements import Placement
+from manager.frontdoor.scheduler import Lease, Scheduler, SchedulerOptions
 from manager.hub.fetching import Progress
 from manager.launch.preflight import HostRamHeldBySleepers, Sleeper
 from manager.supervisor.worker_state import State

@@ -8,8 +8,9 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from manager.frontdoor.metrics import FrontDoorMetrics
+from manager.frontdoor.placements import Placement
 from manager.frontdoor.replica_scale import Add, Remove, Scaling
-from manager.frontdoor.scheduler import Placement, Scheduler, SchedulerOptions
+from manager.frontdoor.scheduler import Scheduler, SchedulerOptions
 from manager.supervisor.worker_state import State
 from tests.frontdoor.fake_workers import Behaviour, FakeWorkers
 

@@ -1,0 +1,105 @@
+"""The front door's count for each model config: requests in flight and waiting, when it last answered
+or was first seen ready, its last swap, the one start under way, and whether it is leaving (being
+stopped, or drained before a stop: its new requests wait until that is done).
+
+One ``Slots`` holds every config's slot; the scheduler, the room-making and the idle unload read and
+change them there. A request's end is told to whoever waits for a busy worker to drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, ItemsView
+from dataclasses import dataclass, field
+from typing import Literal
+
+from manager.supervisor.view import WorkerView
+
+SwapKind = Literal["cold", "wake"]
+
+
+@dataclass(frozen=True)
+class Swap:
+    """A model brought in for requests: started cold (a process start) or woken from sleep."""
+
+    kind: SwapKind
+    seconds: float  # from deciding to serve it to its worker being ready
+    ended_at: float  # on the scheduler's clock
+
+
+@dataclass
+class Leaving:
+    """A model being stopped (or drained before a stop): its new requests wait until this is done."""
+
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class Slot:
+    """The bookkeeping for one model config."""
+
+    in_flight: int = 0  # requests forwarded to its worker, not yet answered in full
+    queued: int = 0  # requests waiting for it (a start, a swap, a drain)
+    joined: int = 0  # of those, the ones waiting for its start: they count as in flight
+    last_done: float | None = None  # when its last response ended
+    ready_seen: float | None = None  # when the scheduler first saw its current worker ready
+    start: asyncio.Task[WorkerView] | None = None  # the one start under way, joined by every waiter
+    leaving: Leaving | None = None
+    last_swap: Swap | None = None
+    # Started for requests while its model downloads, without evicting anyone: room for it is made
+    # when its engine is about to start.
+    room_at_launch: bool = False
+
+    @property
+    def last_request_at(self) -> float | None:
+        """When it last answered, or was first seen ready if later: what its idle time counts from."""
+        known = [t for t in (self.last_done, self.ready_seen) if t is not None]
+        return max(known) if known else None
+
+
+class Slots:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._of: dict[str, Slot] = {}
+        self._released = asyncio.Event()  # set (and replaced) whenever a request ends
+
+    def of(self, config: str) -> Slot:
+        slot = self._of.get(config)
+        if slot is None:
+            slot = self._of[config] = Slot()
+        return slot
+
+    def get(self, config: str) -> Slot | None:
+        """The config's slot, None where no request or worker of it was seen yet (none is made)."""
+        return self._of.get(config)
+
+    def items(self) -> ItemsView[str, Slot]:
+        return self._of.items()
+
+    def released(self, config: str) -> None:
+        """One request for ``config`` has ended."""
+        slot = self.of(config)
+        slot.in_flight -= 1
+        slot.last_done = self._clock()
+        self._released.set()
+        self._released = asyncio.Event()
+
+    async def next_release(self, timeout: float) -> None:
+        """Wait until a request ends, for at most ``timeout`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._released.wait(), timeout=timeout)
+
+    def mark_leaving(self, config: str) -> Leaving | None:
+        """Make new requests for ``config`` wait; None when someone else already did (they end it)."""
+        slot = self.of(config)
+        if slot.leaving is not None:
+            return None
+        slot.leaving = Leaving()
+        return slot.leaving
+
+    def end_leaving(self, config: str, leaving: Leaving) -> None:
+        slot = self.of(config)
+        if slot.leaving is leaving:
+            slot.leaving = None
+        leaving.done.set()
