@@ -36,7 +36,6 @@ from manager.schemas.common import utcnow
 from manager.services import tokens
 from manager.settings import Settings, is_loopback
 from manager.supervisor.supervisor import Supervisor
-from manager.web.live import LiveViews
 
 # Integers in paths and query strings, bounded so that a number no table can hold is a 422 naming the
 # parameter (SQLite's INTEGER is signed 64-bit) and the bounds show in the OpenAPI schema.
@@ -81,10 +80,6 @@ async def get_metrics(runtime: RuntimeDep) -> MetricsCollector:
     return runtime.metrics
 
 
-async def get_live_views(runtime: RuntimeDep) -> LiveViews:
-    return runtime.live_views
-
-
 async def get_pin_keeper(runtime: RuntimeDep) -> PinKeeper:
     return runtime.pin_keeper
 
@@ -113,7 +108,6 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_db)]
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
 MetricsDep = Annotated[MetricsCollector, Depends(get_metrics)]
-LiveViewsDep = Annotated[LiveViews, Depends(get_live_views)]
 PinKeeperDep = Annotated[PinKeeper, Depends(get_pin_keeper)]
 EngineHttpDep = Annotated[httpx.AsyncClient, Depends(get_engine_http)]
 FrontDoorDep = Annotated[FrontDoor, Depends(get_front_door)]
