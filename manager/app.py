@@ -10,7 +10,7 @@ from fastapi import Depends, FastAPI
 
 from manager import __version__, error_responses, openapi, web
 from manager.deps import require_admin_access
-from manager.frontdoor.endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS
+from manager.inference_endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS
 from manager.middleware import BodyLimit, FramingForbidden, HeadAsGet, TrustedHosts
 from manager.routes import (
     cache,

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
-from manager.settings import DEFAULT_PORT, Settings, is_loopback
+from manager.cli_common import (
+    DataDir,
+    fail,
+    load_structured,
+    open_db,
+    print_json,
+    read_bytes,
+    run,
+    settings_for,
+    validation_message,
+)
+from manager.settings import DEFAULT_PORT, is_loopback
 
 app = typer.Typer(help="Run and manage vLLM servers.", no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="Model configs.", no_args_is_help=True)
@@ -43,50 +53,6 @@ def _register_lora_commands() -> None:
 
 _register_lora_commands()
 app.command("plan", help="Plan memory for a model: what fits, why, and what would extend it.")(_plan_command())
-
-DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data folder (default ~/.local/share/vllm-manager).")]
-
-
-def _settings(data_dir: Path | None = None, **overrides) -> Settings:
-    if data_dir is not None:
-        overrides["data_dir"] = data_dir
-    return Settings(**overrides)
-
-
-def _open_db(settings: Settings, *, reading: bool = False):
-    """The store, or exit 2 with what is wrong with the data dir or the database in it. ``reading``:
-    the command only reads or removes, so a data dir without a store is a mistaken folder, said so
-    (and not made)."""
-    from manager.db import make_engine, migrate, session
-    from manager.errors import ManagerError
-    from manager.settings import DataDirUnusable
-
-    if reading and not settings.db_path.exists():
-        _fail(
-            f"no manager data in {settings.data_dir} (it holds no manager.db): pass --data-dir, or set "
-            "VLLM_MANAGER_DATA_DIR, to the folder `vllm-manager serve` uses",
-            code=2,
-        )
-    try:
-        settings.ensure_dirs()
-        engine = make_engine(settings.db_path)
-        migrate(engine)
-    except DataDirUnusable as exc:
-        _fail(str(exc), code=2)
-    except ManagerError as exc:  # a database that cannot be written, a full disk
-        _fail(exc.message, code=2)
-    except OSError as exc:
-        _fail(f"the database {settings.db_path} cannot be opened ({exc.strerror or exc}): check its permissions", 2)
-    return session(engine)
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    typer.secho(message, fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
-
-
-def _print(data) -> None:
-    typer.echo(json.dumps(data, indent=2, default=str))
 
 
 @app.command()
@@ -147,19 +113,19 @@ def serve(
     if keep_workers:
         overrides["stop_workers_on_exit"] = False
     try:
-        settings = _settings(data_dir, **overrides)
+        settings = settings_for(data_dir, **overrides)
         _ = settings.env_token
     except ValidationError as exc:
-        _fail(_validation_message(exc), code=2)
+        fail(validation_message(exc), code=2)
     except ValueError as exc:
-        _fail(str(exc), code=2)
+        fail(str(exc), code=2)
     host, port = settings.host, settings.port
     # Opened here first so that an unusable data dir is one clear line and exit 2, not a traceback
     # from inside the server's startup.
-    with _open_db(settings) as db:
+    with open_db(settings) as db:
         has_token = tokens.auth_required(db, settings.env_token)
     if not is_loopback(host) and not has_token:
-        _fail(
+        fail(
             f"refusing to listen on {host} without an API token: anyone who can reach it could start "
             "processes. Create one with `vllm-manager token create` (or set VLLM_MANAGER_API_TOKEN), "
             "or bind 127.0.0.1.",
@@ -187,7 +153,7 @@ def _take_port(host: str, port: int) -> socket.socket:
     try:
         return port_socket(host, port, shared=False)
     except OSError as exc:
-        _fail(
+        fail(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}. Another program (another vllm-manager?) "
             "holds it: stop that one, or choose another --port (VLLM_MANAGER_PORT)",
             code=3,
@@ -200,44 +166,13 @@ def _join_cluster(address: str) -> None:
     try:
         import ray  # noqa: F401
     except ImportError:
-        _fail("--ray-address needs Ray: pip install 'vllm-manager[cluster]'", code=2)
+        fail("--ray-address needs Ray: pip install 'vllm-manager[cluster]'", code=2)
     from manager.cluster.ray_cluster import RayUnreachable, connect
 
     try:
         connect(address)
     except RayUnreachable as exc:
-        _fail(str(exc), code=2)
-
-
-def _run(fn, *args, **kwargs):
-    """Call a library function and turn a user error into a message and exit code 1."""
-    from manager.errors import ManagerError
-
-    try:
-        return fn(*args, **kwargs)
-    except ManagerError as exc:
-        _fail(exc.message)
-
-
-def _read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        _fail(f"cannot read {path}: {exc.strerror or exc}")
-
-
-def _load_structured(path: Path) -> dict:
-    import yaml
-
-    try:
-        return yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        _fail(f"cannot read {path}: {exc}")
-
-
-def _validation_message(exc) -> str:
-    first = exc.errors()[0]
-    return f"{'.'.join(str(p) for p in first['loc']) or 'input'}: {first['msg']}"
+        fail(str(exc), code=2)
 
 
 @models_app.command("list")
@@ -245,7 +180,7 @@ def models_list(data_dir: DataDir = None) -> None:
     """List the stored model configs: name, model and offload profile."""
     from manager.services import models
 
-    with _open_db(_settings(data_dir), reading=True) as db:
+    with open_db(settings_for(data_dir), reading=True) as db:
         typer.echo("name\tmodel\toffload profile")
         for m in models.list_models(db):
             profile = models.profile_of(db, m)
@@ -257,8 +192,8 @@ def models_show(name: str, data_dir: DataDir = None) -> None:
     """Show one model config's fields as JSON."""
     from manager.services import models
 
-    with _open_db(_settings(data_dir), reading=True) as db:
-        _print(_run(lambda: models.to_public(db, models.get_model(db, name))).model_dump(mode="json"))
+    with open_db(settings_for(data_dir), reading=True) as db:
+        print_json(run(lambda: models.to_public(db, models.get_model(db, name))).model_dump(mode="json"))
 
 
 @models_app.command("add")
@@ -272,13 +207,13 @@ def models_add(
     from manager.schemas.model_config import ModelConfigCreate
     from manager.services import models
 
-    settings = _settings(data_dir)
+    settings = settings_for(data_dir)
     try:
-        data = ModelConfigCreate.model_validate(_load_structured(file))
+        data = ModelConfigCreate.model_validate(load_structured(file))
     except ValidationError as exc:
-        _fail(_validation_message(exc))
-    with _open_db(settings) as db:
-        _run(models.create_model, db, data, rules=models.WriteRules.of(settings))
+        fail(validation_message(exc))
+    with open_db(settings) as db:
+        run(models.create_model, db, data, rules=models.WriteRules.of(settings))
     typer.echo(f"added model config {data.name}")
 
 
@@ -287,8 +222,8 @@ def models_rm(name: str, data_dir: DataDir = None) -> None:
     """Delete a model config (its workers must be stopped)."""
     from manager.services import models
 
-    with _open_db(_settings(data_dir), reading=True) as db:
-        _run(models.delete_model, db, name)
+    with open_db(settings_for(data_dir), reading=True) as db:
+        run(models.delete_model, db, name)
     typer.echo(f"removed model config {name}")
 
 
@@ -297,7 +232,7 @@ def profiles_list(data_dir: DataDir = None) -> None:
     """List the stored offload profiles."""
     from manager.services import profiles
 
-    with _open_db(_settings(data_dir), reading=True) as db:
+    with open_db(settings_for(data_dir), reading=True) as db:
         for p in profiles.list_profiles(db):
             typer.echo(f"{p.name}\tkv_offload_gib={p.kv_offload_gib}\tmoe_offload={p.moe_expert_offload}")
 
@@ -307,8 +242,8 @@ def profiles_show(name: str, data_dir: DataDir = None) -> None:
     """Show one offload profile's fields as JSON."""
     from manager.services import profiles
 
-    with _open_db(_settings(data_dir), reading=True) as db:
-        _print(_run(lambda: profiles.to_public(profiles.get_profile(db, name))).model_dump(mode="json"))
+    with open_db(settings_for(data_dir), reading=True) as db:
+        print_json(run(lambda: profiles.to_public(profiles.get_profile(db, name))).model_dump(mode="json"))
 
 
 @profiles_app.command("add")
@@ -323,11 +258,11 @@ def profiles_add(
     from manager.services import profiles
 
     try:
-        data = OffloadProfileCreate.model_validate(_load_structured(file))
+        data = OffloadProfileCreate.model_validate(load_structured(file))
     except ValidationError as exc:
-        _fail(_validation_message(exc))
-    with _open_db(_settings(data_dir)) as db:
-        _run(profiles.create_profile, db, data)
+        fail(validation_message(exc))
+    with open_db(settings_for(data_dir)) as db:
+        run(profiles.create_profile, db, data)
     typer.echo(f"added offload profile {data.name}")
 
 
@@ -336,8 +271,8 @@ def profiles_rm(name: str, data_dir: DataDir = None) -> None:
     """Delete an offload profile no model config uses."""
     from manager.services import profiles
 
-    with _open_db(_settings(data_dir), reading=True) as db:
-        _run(profiles.delete_profile, db, name)
+    with open_db(settings_for(data_dir), reading=True) as db:
+        run(profiles.delete_profile, db, name)
     typer.echo(f"removed offload profile {name}")
 
 
@@ -352,17 +287,17 @@ def command(
     from manager.launch.validation import validate_engine_argv
     from manager.services import models
 
-    settings = _settings(data_dir)
-    with _open_db(settings) as db:
-        config = _run(models.get_model, db, name)
-        cmd = _run(preview_command, config, models.profile_of(db, config), settings)
+    settings = settings_for(data_dir)
+    with open_db(settings) as db:
+        config = run(models.get_model, db, name)
+        cmd = run(preview_command, config, models.profile_of(db, config), settings)
     result = {"argv": cmd.argv, "env": cmd.env, "notes": cmd.notes}
     if validate:
         # vLLM's parser takes seconds to load: the command is shown at once, its verdict when it comes.
         typer.echo(f"{shlex.join(cmd.argv)}\nchecking it with vLLM's own parser...", err=True)
         check = validate_engine_argv(settings.engine_python, cmd.engine_argv, cmd.env, settings.validation_timeout_s)
         result["validation"] = check.__dict__
-    _print(result)
+    print_json(result)
     if validate and result["validation"]["status"] == "rejected":
         raise typer.Exit(1)
 
@@ -374,7 +309,7 @@ def export(
     """Export every model config and offload profile as one YAML file."""
     from manager.services import transfer
 
-    with _open_db(_settings(data_dir)) as db:
+    with open_db(settings_for(data_dir)) as db:
         text = transfer.export_yaml(db)
     if str(file) == "-":
         sys.stdout.write(text)
@@ -393,15 +328,14 @@ def import_(
     from manager.services import transfer
     from manager.services.models import WriteRules
 
-    settings = _settings(data_dir)
-    raw = _read_bytes(file)
-    with _open_db(settings) as db:
-        result = _run(transfer.import_file, db, raw, overwrite=overwrite, rules=WriteRules.of(settings))
-    _print(result)
+    settings = settings_for(data_dir)
+    raw = read_bytes(file)
+    with open_db(settings) as db:
+        result = run(transfer.import_file, db, raw, overwrite=overwrite, rules=WriteRules.of(settings))
+    print_json(result)
 
 
 def _register_key_commands() -> None:
-    # At the end: these commands use the store helpers above.
     from manager.cli_keys import keys_app, usage
     from manager.cli_tokens import sessions_app, token_app
 
@@ -425,9 +359,11 @@ _register_engine_commands()
 
 
 def _register_apply_commands() -> None:
-    from manager.cli_apply import apply
+    from manager.cli_apply import apply, models_edit, models_set
 
     app.command("apply")(apply)
+    models_app.command("set")(models_set)
+    models_app.command("edit")(models_edit)
 
 
 _register_apply_commands()

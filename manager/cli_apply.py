@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from manager.cli import DataDir, _fail, _open_db, _read_bytes, _run, _settings, models_app
+from manager.cli_common import DataDir, fail, open_db, read_bytes, run, settings_for
 
 
 def apply(
@@ -24,11 +24,11 @@ def apply(
     from manager.services.apply import apply_data, read_file
     from manager.services.models import WriteRules
 
-    settings = _settings(data_dir)
-    raw = _read_bytes(file)
-    with _open_db(settings) as db:
-        data = _run(read_file, raw)
-        result = _run(apply_data, db, data, prune=prune, rules=WriteRules.of(settings))
+    settings = settings_for(data_dir)
+    raw = read_bytes(file)
+    with open_db(settings) as db:
+        data = run(read_file, raw)
+        result = run(apply_data, db, data, prune=prune, rules=WriteRules.of(settings))
     for word, items in (("created", result.created), ("changed", result.changed), ("removed", result.removed)):
         for item in items:
             typer.echo(f"{word:<9} {item}")
@@ -38,7 +38,6 @@ def apply(
     )
 
 
-@models_app.command("set")
 def models_set(
     name: str,
     changes: Annotated[
@@ -54,27 +53,26 @@ def models_set(
     for change in changes:
         field, eq, text = change.partition("=")
         if not eq or not field:
-            _fail(f"{change!r} is not field=value (for example max_model_len=8192)")
+            fail(f"{change!r} is not field=value (for example max_model_len=8192)")
         try:
             parsed[field.strip()] = yaml.safe_load(text) if text else ""
         except yaml.YAMLError as exc:
-            _fail(f"the value of {field} is not valid YAML: {exc}")
-    settings = _settings(data_dir)
-    with _open_db(settings, reading=True) as db:
-        changed = _run(set_fields, db, name, parsed, rules=WriteRules.of(settings))
+            fail(f"the value of {field} is not valid YAML: {exc}")
+    settings = settings_for(data_dir)
+    with open_db(settings, reading=True) as db:
+        changed = run(set_fields, db, name, parsed, rules=WriteRules.of(settings))
     typer.echo(f"model config {name}: {', '.join(changed) + ' changed' if changed else 'nothing changed'}")
 
 
-@models_app.command("edit")
 def models_edit(name: str, data_dir: DataDir = None) -> None:
     """Open a model config in $EDITOR (or $VISUAL, else vi) as YAML, and save it when it is valid."""
     from manager.services import models
     from manager.services.apply import set_fields
     from manager.services.models import WriteRules
 
-    settings = _settings(data_dir)
-    with _open_db(settings, reading=True) as db:
-        stored = _run(lambda: models.to_public(db, models.get_model(db, name))).model_dump(mode="json")
+    settings = settings_for(data_dir)
+    with open_db(settings, reading=True) as db:
+        stored = run(lambda: models.to_public(db, models.get_model(db, name))).model_dump(mode="json")
     fields = {k: v for k, v in stored.items() if k not in ("name", "created_at", "updated_at")}
     editor = shlex.split(os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi")
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=f"{name}-", delete=False) as fh:
@@ -83,15 +81,15 @@ def models_edit(name: str, data_dir: DataDir = None) -> None:
         path = Path(fh.name)
     try:
         if subprocess.run([*editor, str(path)]).returncode != 0:
-            _fail(f"the editor ({editor[0]}) failed: nothing was saved")
+            fail(f"the editor ({editor[0]}) failed: nothing was saved")
         try:
             edited = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
-            _fail(f"the file is not valid YAML: {exc}; nothing was saved")
+            fail(f"the file is not valid YAML: {exc}; nothing was saved")
         if not isinstance(edited, dict):
-            _fail("the file must hold the config's fields as a mapping; nothing was saved")
-        with _open_db(settings, reading=True) as db:
-            changed = _run(set_fields, db, name, edited, rules=WriteRules.of(settings))
+            fail("the file must hold the config's fields as a mapping; nothing was saved")
+        with open_db(settings, reading=True) as db:
+            changed = run(set_fields, db, name, edited, rules=WriteRules.of(settings))
     finally:
         path.unlink(missing_ok=True)
     typer.echo(f"model config {name}: {', '.join(changed) + ' changed' if changed else 'nothing changed'}")

@@ -9,7 +9,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from manager import engine_install
-from manager.cli import DataDir, _open_db, _run, _settings
+from manager.cli_common import DataDir, open_db, run, settings_for
 
 engine_app = typer.Typer(help="The vLLM that runs the engines: install it, check it.", no_args_is_help=True)
 
@@ -23,7 +23,7 @@ Python = Annotated[
 
 
 def _engine_python(python: str | None) -> str:
-    return python or _settings().engine_python
+    return python or settings_for().engine_python
 
 
 @engine_app.command("check")
@@ -90,7 +90,7 @@ def demo(data_dir: DataDir = None) -> None:
     """Make a tiny model on this machine (no download) and a model config named 'tiny' that serves it."""
     from manager.demo import DEMO_CONFIG, set_up
 
-    settings = _settings(data_dir)
+    settings = settings_for(data_dir)
     state = engine_install.inspect(settings.engine_python)
     if not state.ready:
         typer.secho(f"{state.describe()}\nfirst: vllm-manager engine install --cpu (or without --cpu on a GPU box)",
@@ -106,8 +106,8 @@ def demo(data_dir: DataDir = None) -> None:
             err=True,
         )
         raise typer.Exit(1) from None
-    with _open_db(settings) as db:
-        made = _run(set_up, db, settings)
+    with open_db(settings) as db:
+        made = run(set_up, db, settings)
     typer.echo(f"tiny model {'made' if made.made_model else 'already'} at {made.model_dir}")
     if made.added_config:
         typer.echo(f"added model config {DEMO_CONFIG!r}")

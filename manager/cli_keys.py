@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from manager.cli import DataDir, _fail, _open_db, _run, _settings
+from manager.cli_common import DataDir, fail, open_db, run, settings_for, validation_message
 
 keys_app = typer.Typer(help="Inference API keys for /v1 (separate from the admin token).", no_args_is_help=True)
 
@@ -28,7 +28,6 @@ def create(
     """Make a key. It is printed once; only its hash is stored."""
     from pydantic import ValidationError
 
-    from manager.cli import _validation_message
     from manager.schemas.inference_key import InferenceKeyCreate
     from manager.services import inference_keys
 
@@ -36,9 +35,9 @@ def create(
     try:
         data = InferenceKeyCreate(name=name, models=names)
     except ValidationError as exc:
-        _fail(_validation_message(exc))
-    with _open_db(_settings(data_dir)) as db:
-        created = _run(inference_keys.create_key, db, data)
+        fail(validation_message(exc))
+    with open_db(settings_for(data_dir)) as db:
+        created = run(inference_keys.create_key, db, data)
     typer.echo(created.key)
     typer.secho(
         f"Store it now: it is not shown again. Clients send it as 'Authorization: Bearer <key>' "
@@ -52,7 +51,7 @@ def list_(data_dir: DataDir = None) -> None:
     """Every key: name, first characters, models, when made and last used; revoked ones last."""
     from manager.services import inference_keys
 
-    with _open_db(_settings(data_dir)) as db:
+    with open_db(settings_for(data_dir)) as db:
         keys = [inference_keys.to_public(k) for k in inference_keys.list_keys(db)]
         access = inference_keys.access_now(db)
     for k in keys:
@@ -70,8 +69,8 @@ def revoke(name: str, data_dir: DataDir = None) -> None:
     """Revoke the active key of this name: /v1 refuses it at once; its usage stays."""
     from manager.services import inference_keys
 
-    with _open_db(_settings(data_dir)) as db:
-        _run(inference_keys.revoke_key, db, name)
+    with open_db(settings_for(data_dir)) as db:
+        run(inference_keys.revoke_key, db, name)
         last = not inference_keys.any_active(db)
     typer.echo(f"revoked {name}")
     if last:
@@ -88,8 +87,8 @@ def open_v1(data_dir: DataDir = None) -> None:
     the last one leaves /v1 closed; this opens it (refused while a key is active)."""
     from manager.services import inference_keys
 
-    with _open_db(_settings(data_dir)) as db:
-        access = _run(inference_keys.open_without_keys, db)
+    with open_db(settings_for(data_dir)) as db:
+        access = run(inference_keys.open_without_keys, db)
     typer.echo(access.message)
 
 
@@ -106,8 +105,8 @@ def usage(
     from manager.services import usage as usage_store
 
     start = _since(since) if since else None
-    with _open_db(_settings(data_dir)) as db:
-        report = _run(usage_store.report, db, since=start, per=per, model=model, key=key)
+    with open_db(settings_for(data_dir)) as db:
+        report = run(usage_store.report, db, since=start, per=per, model=model, key=key)
     typer.echo(f"{report.since:%Y-%m-%d %H:%M} to {report.until:%Y-%m-%d %H:%M} UTC, per {report.per}")
     header = f"{'':<17} {'key':<20} {'model':<24} {'requests':>9} {'errors':>7} {'prompt':>10} {'completion':>11}"
     typer.echo(header)
@@ -136,7 +135,7 @@ def _since(text: str) -> datetime:
     try:
         return datetime.fromisoformat(text)
     except ValueError:
-        _fail(f"--since takes 30m, 6h, 7d or an ISO date such as 2026-05-01T12:00, not {text!r}")
+        fail(f"--since takes 30m, 6h, 7d or an ISO date such as 2026-05-01T12:00, not {text!r}")
 
 
 def _when(at: datetime) -> str:

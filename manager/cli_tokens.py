@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from manager.cli import DataDir, _fail, _open_db, _run, _settings
+from manager.cli_common import DataDir, fail, open_db, run, settings_for
 
 token_app = typer.Typer(help="Admin API tokens.", no_args_is_help=True)
 sessions_app = typer.Typer(help="Browser sessions from the login page.", no_args_is_help=True)
@@ -27,7 +27,7 @@ def create(
     """Create an API token. It is printed once; only its hash is stored."""
     from manager.services import tokens
 
-    with _open_db(_settings(data_dir)) as db:
+    with open_db(settings_for(data_dir)) as db:
         token = tokens.create_token(db, name)
     typer.echo(token)
     typer.secho(STORE_IT, err=True)
@@ -38,7 +38,7 @@ def list_(data_dir: DataDir = None) -> None:
     """The stored tokens: id, name, when made (never the token itself)."""
     from manager.services import tokens
 
-    with _open_db(_settings(data_dir)) as db:
+    with open_db(settings_for(data_dir)) as db:
         stored = tokens.list_tokens(db)
     for token in stored:
         typer.echo(f"{token.id:<6} {token.name:<24} made {token.created_at:%Y-%m-%d %H:%M} UTC")
@@ -55,8 +55,8 @@ def revoke(
     """Delete a token: it stops working at once, and every browser session it logged in ends."""
     from manager.services import tokens
 
-    with _open_db(_settings(data_dir)) as db:
-        gone, ended = _run(tokens.revoke_token, db, token, last)
+    with open_db(settings_for(data_dir)) as db:
+        gone, ended = run(tokens.revoke_token, db, token, last)
     typer.echo(f"revoked token {gone.id} ({gone.name}); {_sessions(ended)} ended")
 
 
@@ -66,8 +66,8 @@ def rotate(token: TokenRef, data_dir: DataDir = None) -> None:
     browser session it logged in ends. The new token is printed once."""
     from manager.services import tokens
 
-    with _open_db(_settings(data_dir)) as db:
-        new, old, ended = _run(tokens.rotate_token, db, token)
+    with open_db(settings_for(data_dir)) as db:
+        new, old, ended = run(tokens.rotate_token, db, token)
     typer.echo(new)
     typer.secho(f"Token {old.id} ({old.name}) no longer works; {_sessions(ended)} ended. {STORE_IT}", err=True)
 
@@ -79,7 +79,7 @@ def sessions_list(data_dir: DataDir = None) -> None:
     from manager.schemas.common import utcnow
     from manager.services import tokens
 
-    with _open_db(_settings(data_dir)) as db:
+    with open_db(settings_for(data_dir)) as db:
         names = tokens.names_by_digest(db)
         shown = [sessions.to_public(row, names) for row in sessions.live(db, utcnow())]
     for s in shown:
@@ -103,12 +103,12 @@ def sessions_revoke(
     from manager.auth import sessions
 
     if (session_id is None) == (not all_):
-        _fail("name one session by its id, or pass --all (not both)")
-    with _open_db(_settings(data_dir)) as db:
+        fail("name one session by its id, or pass --all (not both)")
+    with open_db(settings_for(data_dir)) as db:
         if all_:
             ended = sessions.end_all(db)
         else:
-            _run(sessions.end_by_id, db, session_id)
+            run(sessions.end_by_id, db, session_id)
             ended = 1
     typer.echo(f"{_sessions(ended)} ended")
 

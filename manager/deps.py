@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Iterator, Mapping
-from typing import Annotated, Any, Protocol
-from urllib.parse import urlsplit
+from typing import Annotated, Any
 
 import httpx
 from fastapi import Depends, Path, Query, Request
@@ -14,25 +13,29 @@ from sqlmodel import Session
 from starlette.responses import Response
 
 from manager.auth import sessions
-from manager.auth.throttle import ADMIN_TOKEN, INFERENCE_KEY, WRONG, WrongTokenThrottle
+from manager.auth.throttle import WrongTokenThrottle
 from manager.db import session as open_session
-from manager.errors import Forbidden, ManagerError, TooManyAttempts, Unauthorized
-from manager.frontdoor.access import Caller
-from manager.frontdoor.errors import NoCredentials, NotAllowed, TooManyWrongKeys
+from manager.errors import Forbidden, Unauthorized
+from manager.frontdoor.access import Caller, inference_caller
 from manager.frontdoor.front_door import FrontDoor
 from manager.frontdoor.usage import UsageRecorder
 from manager.hub.downloads import Downloads
 from manager.lora.pin_keeper import PinKeeper
 from manager.metrics import MetricsCollector
+from manager.request_checks import (
+    SAFE_METHODS,
+    bearer,
+    kind_of,
+    record_wrong_token,
+    refuse_cross_site,
+    refuse_while_throttled,
+)
 from manager.runtime import Runtime
 from manager.schemas.browser_session import BrowserSession
 from manager.schemas.common import utcnow
-from manager.services import inference_keys, tokens
+from manager.services import tokens
 from manager.settings import Settings, is_loopback
 from manager.supervisor.supervisor import Supervisor
-from manager.web.live import LiveViews
-
-SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 
 # Integers in paths and query strings, bounded so that a number no table can hold is a 422 naming the
 # parameter (SQLite's INTEGER is signed 64-bit) and the bounds show in the OpenAPI schema.
@@ -77,10 +80,6 @@ async def get_metrics(runtime: RuntimeDep) -> MetricsCollector:
     return runtime.metrics
 
 
-async def get_live_views(runtime: RuntimeDep) -> LiveViews:
-    return runtime.live_views
-
-
 async def get_pin_keeper(runtime: RuntimeDep) -> PinKeeper:
     return runtime.pin_keeper
 
@@ -109,7 +108,6 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_db)]
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
 MetricsDep = Annotated[MetricsCollector, Depends(get_metrics)]
-LiveViewsDep = Annotated[LiveViews, Depends(get_live_views)]
 PinKeeperDep = Annotated[PinKeeper, Depends(get_pin_keeper)]
 EngineHttpDep = Annotated[httpx.AsyncClient, Depends(get_engine_http)]
 FrontDoorDep = Annotated[FrontDoor, Depends(get_front_door)]
@@ -118,16 +116,7 @@ UsageRecorderDep = Annotated[UsageRecorder, Depends(get_usage_recorder)]
 DownloadsDep = Annotated[Downloads, Depends(get_downloads)]
 
 
-def _bearer(request: Request) -> str | None:
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-
-
 SESSION_COOKIE = "vllm_manager_session"
-
-
-def client_address(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
 
 
 def current_session(request: Request, db: Session, settings: Settings) -> BrowserSession | None:
@@ -154,92 +143,10 @@ def is_authorized(request: Request, db: Session, settings: Settings) -> bool:
     """True when no token is configured, or the request carries a valid one (or a session from the login page)."""
     if not tokens.auth_required(db, settings.env_token):
         return True
-    token = _bearer(request)
+    token = bearer(request)
     if token is not None:
         return tokens.token_is_valid(db, token, settings.env_token)
     return has_valid_session(request, db, settings)
-
-
-class Throttle(Protocol):
-    """The limit on wrong tokens per address: the manager's ``WrongTokenThrottle``, or a forwarder
-    process's view of it (``manager.frontdoor.lease_channel.PushedThrottle``)."""
-
-    def retry_after(self, address: str) -> int | None: ...
-    def record_failure(self, address: str) -> None: ...
-
-
-Throttles = Mapping[str, Throttle]  # one per kind of secret (manager.auth.throttle.KINDS)
-
-
-def kind_of(secret: str) -> str:
-    """Which limit a wrong secret counts against: the inference keys' for one that looks like a key,
-    the admin token's for any other (wherever it was sent)."""
-    return INFERENCE_KEY if secret.startswith(inference_keys.KEY_START) else ADMIN_TOKEN
-
-
-def refuse_while_throttled(request: Request, kind: str, throttles: Throttles | None = None) -> None:
-    """TooManyAttempts when this request's address sent too many wrong secrets of this kind lately
-    (``throttles``: the manager's own unless given)."""
-    throttle = (runtime_of(request).throttles if throttles is None else throttles)[kind]
-    address = client_address(request)
-    wait_s = throttle.retry_after(address)
-    if wait_s is not None:
-        raise TooManyAttempts(f"too many {WRONG[kind]} from {address}: try again in {wait_s} s", retry_after_s=wait_s)
-
-
-def record_wrong_token(request: Request, kind: str, throttles: Throttles | None = None) -> None:
-    throttle = (runtime_of(request).throttles if throttles is None else throttles)[kind]
-    throttle.record_failure(client_address(request))
-
-
-DEFAULT_PORTS = {"http": 80, "https": 443}
-PROXY_HINT = (
-    "; behind a proxy that serves it over https, name the proxy in VLLM_MANAGER_FORWARDED_ALLOW_IPS so that "
-    "the manager believes its X-Forwarded-Proto"
-)
-
-
-def _origin(scheme: str, netloc: str) -> tuple[str, str, int] | None:
-    """(scheme, host, port) with the scheme's default port filled in; None when it cannot be read."""
-    parts = urlsplit(f"//{netloc}")
-    try:
-        port = parts.port
-    except ValueError:
-        return None
-    if not parts.hostname:
-        return None
-    scheme = scheme.lower()
-    return scheme, parts.hostname, port or DEFAULT_PORTS.get(scheme, 0)
-
-
-def own_origin(request: Request) -> str:
-    return f"{request.url.scheme}://{request.headers.get('host', '')}"
-
-
-def is_own_origin(origin: str, request: Request) -> bool:
-    """Whether a browser's Origin header names this manager: scheme, host and port all the same."""
-    given = urlsplit(origin)
-    if given.path or given.query or given.fragment or given.username is not None:
-        return False  # an Origin header is scheme://host[:port], nothing more
-    mine = _origin(request.url.scheme, request.headers.get("host", ""))
-    return mine is not None and _origin(given.scheme, given.netloc) == mine
-
-
-def refuse_cross_site(request: Request) -> None:
-    """A page on another site must not make the user's browser change anything here (CSRF).
-
-    Browsers send Origin (and Sec-Fetch-Site) with their writes; scripts and the CLI send neither.
-    """
-    if request.method in SAFE_METHODS:
-        return
-    if request.headers.get("sec-fetch-site") == "cross-site":
-        raise Forbidden("cross-site request refused")
-    origin = request.headers.get("origin")
-    if origin == "null":
-        raise Forbidden("request from an opaque origin refused")
-    if origin and not is_own_origin(origin, request):
-        hint = PROXY_HINT if request.url.scheme == "http" and origin.lower().startswith("https://") else ""
-        raise Forbidden(f"request from another origin ({origin}) refused: this manager is {own_origin(request)}{hint}")
 
 
 def refuse_unproven_origin(request: Request) -> None:
@@ -313,17 +220,18 @@ def has_credentials(request: Request, db: Session, settings: Settings) -> bool:
     A bearer token is always checked: a wrong one is a 401 and counts against the request's address,
     and an address with too many wrong ones gets 429 until its window ends, right token or not. An
     inference key sent here counts against the keys' limit, not the admin token's."""
-    token = _bearer(request)
+    token = bearer(request)
     if token is None:
         if not has_valid_session(request, db, settings):
             return False
         refuse_unproven_origin(request)
         return True
     kind = kind_of(token)
-    refuse_while_throttled(request, kind)
+    throttles = runtime_of(request).throttles
+    refuse_while_throttled(request, kind, throttles)
     if tokens.token_is_valid(db, token, settings.env_token):
         return True
-    record_wrong_token(request, kind)
+    record_wrong_token(request, kind, throttles)
     raise Unauthorized("the bearer token is not valid")
 
 
@@ -379,43 +287,8 @@ def _check_admin_access(request: Request) -> None:
     )
 
 
-class CallerSource(Protocol):
-    def caller(self, bearer: str | None, settings: Settings) -> Caller: ...
-
-
-def inference_caller(
-    request: Request, door: CallerSource, settings: Settings, throttles: Throttles | None = None
-) -> Caller:
-    """Who may send requests to /v1 (``manager.frontdoor.access``): an inference key once any exists,
-    else anyone on a loopback bind, and on a public bind the admin token unless /v1 was opened
-    explicitly. Browsers on other sites are refused as for every other call: they must not make a
-    visitor's machine run models. Answered from what the front door keeps of the store: no database
-    session per request. ``throttles``: the wrong secrets per address (the manager's own; a forwarder
-    process reaches them through the lease channel).
-    """
-    try:
-        refuse_cross_site(request)
-    except ManagerError as exc:
-        raise NotAllowed(exc.message) from None
-    bearer = _bearer(request)
-    if bearer is None:
-        return door.caller(None, settings)
-    # Guessing keys is slowed down as guessing the admin token is: the same limit per address, each
-    # kind of secret counted apart.
-    kind = kind_of(bearer)
-    try:
-        refuse_while_throttled(request, kind, throttles)
-    except TooManyAttempts as exc:
-        raise TooManyWrongKeys(exc.message, int(exc.detail["retry_after_s"])) from None
-    try:
-        return door.caller(bearer, settings)
-    except NoCredentials:
-        record_wrong_token(request, kind, throttles)
-        raise
-
-
 async def require_inference_access(request: Request, door: FrontDoorDep, settings: SettingsDep) -> Caller:
-    return inference_caller(request, door, settings)
+    return inference_caller(request, door, settings, runtime_of(request).throttles)
 
 
 InferenceCallerDep = Annotated[Caller, Depends(require_inference_access)]

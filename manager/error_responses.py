@@ -17,9 +17,9 @@ from starlette.routing import Match
 from starlette.types import Scope
 
 from manager.errors import ManagerError
-from manager.frontdoor.endpoints import is_front_door
 from manager.frontdoor.errors import FrontDoorError
-from manager.schemas.errors import ErrorBody, FieldError, OpenAIError, OpenAIErrorDetail
+from manager.refusals import error_answer, refusal
+from manager.schemas.errors import ErrorBody, FieldError
 
 
 def field_errors(exc: RequestValidationError) -> list[FieldError]:
@@ -49,29 +49,15 @@ def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
     return sorted(methods)
 
 
-def _error(status: int, body: ErrorBody, headers: dict[str, str] | None = None) -> JSONResponse:
-    content = body.model_dump(mode="json", exclude={"errors"} if body.errors is None else None)
-    return JSONResponse(content, status_code=status, headers=headers)
-
-
-def refusal(path: str, status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    """A refusal made before any route runs (by the middleware, or the router for an unknown path or
-    method), in the shape of the part of the API the path belongs to."""
-    if is_front_door(path):
-        detail = OpenAIErrorDetail(message=message, type="invalid_request_error", param=None, code=None)
-        return JSONResponse(OpenAIError(error=detail).model_dump(), status_code=status, headers=headers)
-    return _error(status, ErrorBody(detail=message), headers)
-
-
 def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = field_errors(exc)
-        return _error(422, ErrorBody(detail=summary(errors), errors=errors))
+        return error_answer(422, ErrorBody(detail=summary(errors), errors=errors))
 
     @app.exception_handler(ManagerError)
     async def _manager_error(_request: Request, exc: ManagerError) -> JSONResponse:
-        return _error(exc.status, ErrorBody(detail=exc.message, **exc.detail), getattr(exc, "headers", None))
+        return error_answer(exc.status, ErrorBody(detail=exc.message, **exc.detail), getattr(exc, "headers", None))
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:

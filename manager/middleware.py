@@ -9,7 +9,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from manager.error_responses import refusal
+from manager.refusals import refusal
 
 
 def _size(n: int) -> str:

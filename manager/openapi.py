@@ -21,7 +21,8 @@ from fastapi.security import HTTPBearer
 from pydantic.json_schema import models_json_schema
 
 from manager.db import session
-from manager.deps import SAFE_METHODS, InferenceRoute, inference_needs_credentials, needs_token
+from manager.deps import InferenceRoute, inference_needs_credentials, needs_token
+from manager.request_checks import SAFE_METHODS
 from manager.schemas.errors import ErrorBody, OpenAIError
 from manager.schemas.transfer import ExportFile
 from manager.services import inference_keys, tokens

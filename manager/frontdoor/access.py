@@ -10,10 +10,21 @@ made for some model configs sees only those: the others are answered as names th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from sqlmodel import Session
+from starlette.requests import Request
 
-from manager.frontdoor.errors import NoCredentials
+from manager.errors import ManagerError, TooManyAttempts
+from manager.frontdoor.errors import NoCredentials, NotAllowed, TooManyWrongKeys
+from manager.request_checks import (
+    Throttles,
+    bearer,
+    kind_of,
+    record_wrong_token,
+    refuse_cross_site,
+    refuse_while_throttled,
+)
 from manager.schemas.usage import NO_KEY
 from manager.services import inference_keys, tokens
 from manager.settings import Settings, is_loopback
@@ -92,3 +103,35 @@ def caller_for(credentials: Credentials, bearer: str | None, settings: Settings)
         "`vllm-manager keys create NAME`) or the admin token; to open /v1 to anyone who reaches this address, "
         "set VLLM_MANAGER_OPEN_INFERENCE=1"
     )
+
+
+class CallerSource(Protocol):
+    def caller(self, bearer: str | None, settings: Settings) -> Caller: ...
+
+
+def inference_caller(request: Request, door: CallerSource, settings: Settings, throttles: Throttles) -> Caller:
+    """Who may send requests to /v1: an inference key once any exists, else anyone on a loopback bind,
+    and on a public bind the admin token unless /v1 was opened explicitly. Browsers on other sites are
+    refused as for every other call: they must not make a visitor's machine run models. Answered from
+    what the front door keeps of the store: no database session per request. ``throttles``: the wrong
+    secrets per address (the manager's own; a forwarder process reaches them through the lease channel).
+    """
+    try:
+        refuse_cross_site(request)
+    except ManagerError as exc:
+        raise NotAllowed(exc.message) from None
+    sent = bearer(request)
+    if sent is None:
+        return door.caller(None, settings)
+    # Guessing keys is slowed down as guessing the admin token is: the same limit per address, each
+    # kind of secret counted apart.
+    kind = kind_of(sent)
+    try:
+        refuse_while_throttled(request, kind, throttles)
+    except TooManyAttempts as exc:
+        raise TooManyWrongKeys(exc.message, int(exc.detail["retry_after_s"])) from None
+    try:
+        return door.caller(sent, settings)
+    except NoCredentials:
+        record_wrong_token(request, kind, throttles)
+        raise

@@ -26,15 +26,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from yarl import URL
 
 from manager.db import make_engine
-from manager.deps import client_address, inference_caller
-from manager.error_responses import refusal
+from manager.frontdoor.access import inference_caller
 from manager.frontdoor.catalog import Catalog
-from manager.frontdoor.endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS
 from manager.frontdoor.errors import FrontDoorError
 from manager.frontdoor.forwarding import Forwarding
 from manager.frontdoor.lease_channel import LeaseClient
 from manager.frontdoor.upstream import KEEPALIVE_S, EngineAnswer, Upstream
+from manager.inference_endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS
 from manager.middleware import FramingForbidden, TrustedHosts
+from manager.refusals import refusal
+from manager.request_checks import client_address
 from manager.settings import Settings
 
 log = logging.getLogger("vllm_manager.frontdoor")

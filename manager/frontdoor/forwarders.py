@@ -17,21 +17,34 @@ import shutil
 import socket
 import sys
 import tempfile
+from collections.abc import Mapping
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
 import uvicorn
 from fastapi import FastAPI
 
+from manager.auth.throttle import WrongTokenThrottle
 from manager.frontdoor import forwarder
-from manager.frontdoor.lease_channel import LeaseServer
-from manager.runtime import Runtime
+from manager.frontdoor.lease_channel import Door, LeaseServer
 from manager.settings import Settings
 
 log = logging.getLogger("vllm_manager.frontdoor")
 
 RESTART_PAUSE_S = 1.0
+
+
+class ManagerParts(Protocol):
+    """What the lease channel serves the forwarders from: the running manager's front door and its
+    limits on wrong secrets (``manager.runtime.Runtime``, the app's ``state.runtime``)."""
+
+    @property
+    def front_door(self) -> Door: ...
+
+    @property
+    def throttles(self) -> Mapping[str, WrongTokenThrottle]: ...
 
 
 class Forwarders:
@@ -151,7 +164,7 @@ async def _serve(app: FastAPI, settings: Settings, run_dir: Path) -> None:
             await serving  # its start failed: the reason is logged, and it ends here
             return
         await asyncio.sleep(0.05)
-    runtime: Runtime = app.state.runtime
+    runtime: ManagerParts = app.state.runtime
     server.leases = LeaseServer(runtime.front_door, sockets.leases, runtime.throttles)
     await server.leases.start()
     processes.start()

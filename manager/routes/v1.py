@@ -18,12 +18,12 @@ from manager.deps import (
     FrontDoorDep,
     InferenceCallerDep,
     InferenceRoute,
-    inference_caller,
     require_inference_access,
     runtime_of,
 )
-from manager.frontdoor.endpoints import JSON_ENDPOINTS, MODELS, MULTIPART_ENDPOINTS
+from manager.frontdoor.access import inference_caller
 from manager.frontdoor.errors import EndpointNotFound, MethodNotAllowed
+from manager.inference_endpoints import JSON_ENDPOINTS, MODELS, MULTIPART_ENDPOINTS
 from manager.openapi import SERVER_SENT_EVENT, openai_errors
 
 router = APIRouter(
@@ -73,7 +73,7 @@ FORWARD_ERRORS = openai_errors(400, 401, 403, 404, 413, 429, 502, 503, 504)
 def _json_route(path: str):
     async def forward(request: Request) -> Response:
         runtime = runtime_of(request)
-        caller = inference_caller(request, runtime.front_door, runtime.settings)
+        caller = inference_caller(request, runtime.front_door, runtime.settings, runtime.throttles)
         return await runtime.front_door.forward_json(request, path, caller)
 
     forward.__name__ = "forward_" + path.strip("/").replace("/", "_")
@@ -83,7 +83,7 @@ def _json_route(path: str):
 def _multipart_route(path: str):
     async def forward(request: Request) -> Response:
         runtime = runtime_of(request)
-        caller = inference_caller(request, runtime.front_door, runtime.settings)
+        caller = inference_caller(request, runtime.front_door, runtime.settings, runtime.throttles)
         return await runtime.front_door.forward_multipart(request, path, caller)
 
     forward.__name__ = "forward_" + path.strip("/").replace("/", "_")

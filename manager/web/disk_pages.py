@@ -11,12 +11,13 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse
 
-from manager.deps import DownloadsDep, LiveViewsDep, SessionDep, SettingsDep, SupervisorDep, is_authorized
+from manager.deps import DownloadsDep, SessionDep, SettingsDep, SupervisorDep, is_authorized
 from manager.errors import ManagerError
 from manager.hub import cache as hub_cache
 from manager.schemas.download import DownloadRequest
 from manager.services import models
 from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, validate
+from manager.web.live_dep import LiveViewsDep
 from manager.web.render import nbytes, render
 
 router = APIRouter(include_in_schema=False)

@@ -24,10 +24,9 @@ from manager.deps import (
     SessionDep,
     SettingsDep,
     ThrottlesDep,
-    client_address,
     current_session,
-    kind_of,
 )
+from manager.request_checks import client_address, kind_of
 from manager.schemas.common import utcnow
 from manager.services import tokens
 from manager.web.render import render

@@ -13,9 +13,10 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import Field
 from sse_starlette.sse import EventSourceResponse
 
-from manager.deps import LiveViewsDep, MetricsDep, RuntimeDep, SettingsDep
+from manager.deps import MetricsDep, RuntimeDep, SettingsDep
 from manager.openapi import EVENT_STREAM, errors
 from manager.web.live import worker_signature
+from manager.web.live_dep import LiveViewsDep
 
 router = APIRouter(tags=["metrics"])
 

@@ -9,13 +9,14 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
-from manager.deps import MAX_ROW_ID, FrontDoorDep, LiveViewsDep, MetricsDep, SessionDep, SupervisorDep, WorkerId
+from manager.deps import MAX_ROW_ID, FrontDoorDep, MetricsDep, SessionDep, SupervisorDep, WorkerId
 from manager.errors import ManagerError, NotFound
 from manager.launch.preflight import plan_now, worker_kv_check
 from manager.planner import PlanError, PlanRequest
 from manager.planner.gpus import CATALOGUE, NoGPU, detect_gpu
 from manager.services import models
 from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, validate
+from manager.web.live_dep import LiveViewsDep
 from manager.web.render import render
 
 router = APIRouter(include_in_schema=False)
