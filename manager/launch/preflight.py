@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlmodel import Session
 
+from manager import processes
 from manager.errors import Invalid, ManagerError
 from manager.launch.command import (
     adds_enforce_eager,
@@ -37,8 +38,6 @@ from manager.planner.scheduling import parse_transfer_config
 from manager.planner.weights import estimate_weights
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
-from manager.supervisor import process
-from manager.supervisor.process import stale_offload_files
 
 GIB = 1 << 30
 SHM = Path("/dev/shm")
@@ -334,7 +333,7 @@ def engine_memory(pid: int, create_time: float | None, cmdline: tuple[str, ...])
     file-backed ones, which the node counts as available already); 0 when it is not that engine."""
     import psutil
 
-    if not process.matches(pid, create_time, cmdline):
+    if not processes.matches(pid, create_time, cmdline):
         return 0
     try:
         root = psutil.Process(pid)
@@ -383,7 +382,7 @@ def shm_room(shm: Path = SHM, usage: Callable[[str], Any] = shutil.disk_usage) -
     except OSError:
         return None
     stale = 0
-    for path in stale_offload_files(shm):
+    for path in processes.stale_offload_files(shm):
         try:
             stale += path.stat().st_blocks * 512  # what tmpfs gives back: a region may be sparse
         except OSError:

@@ -21,6 +21,7 @@ from manager.cluster.nodes import NodeState, spans_nodes
 from manager.cluster.views import NodeView, node_view, this_box
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
+from manager.host import process
 from manager.hub.fetching import Fetcher
 from manager.launch.command import build_command, downloads_first, needs_download, served_name, sleep_pool_on
 from manager.launch.engine_key import ENV_NAME, engine_key, key_values
@@ -49,7 +50,6 @@ from manager.schemas.worker import Worker
 from manager.services import models
 from manager.settings import Settings
 from manager.supervisor import lifecycle as lc
-from manager.supervisor import process
 from manager.supervisor.events import EventLog
 from manager.supervisor.lifecycle import Adopted, FoundGone, NodeLost, State
 from manager.supervisor.runner import Download, Prepared, RunnerDeps, WorkerRunner

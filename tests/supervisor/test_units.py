@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from manager.supervisor import process
+from manager import processes
+from manager.host import process
 from manager.supervisor.lifecycle import backoff_delay
 from manager.supervisor.logs import LogTail, meaningful_error, new_log_file
 
@@ -91,7 +92,7 @@ def test_stop_group_kills_a_tree_that_ignores_sigterm(tmp_path):
     assert not report.graceful
     assert set(report.killed) >= {popen.pid, child}
     assert report.leftover == []
-    assert not process.alive(child) and popen.poll() == -signal.SIGKILL
+    assert not processes.alive(child) and popen.poll() == -signal.SIGKILL
 
 
 def test_stop_group_is_graceful_when_the_engine_listens(tmp_path):
@@ -104,13 +105,13 @@ def test_stop_group_is_graceful_when_the_engine_listens(tmp_path):
 def test_identity_matches_only_the_same_process(tmp_path):
     popen = process.spawn([sys.executable, "-c", "import time; time.sleep(600)"], {}, tmp_path / "l.log")
     try:
-        me = process.identity(popen.pid)
-        assert process.matches(me.pid, me.create_time, me.cmdline)
-        assert not process.matches(me.pid, me.create_time + 5, me.cmdline)  # a reused pid
-        assert not process.matches(me.pid, me.create_time, [*me.cmdline, "--other"])
+        me = processes.identity(popen.pid)
+        assert processes.matches(me.pid, me.create_time, me.cmdline)
+        assert not processes.matches(me.pid, me.create_time + 5, me.cmdline)  # a reused pid
+        assert not processes.matches(me.pid, me.create_time, [*me.cmdline, "--other"])
     finally:
         process.stop_group(popen.pid, 5, popen)
-    assert not process.matches(me.pid, me.create_time, me.cmdline)
+    assert not processes.matches(me.pid, me.create_time, me.cmdline)
 
 
 def test_engine_command_lines_are_recognised():
@@ -135,7 +136,7 @@ def test_stale_offload_files_are_the_unmapped_ones(tmp_path):
     )
     try:
         assert holder.stdout.readline().strip() == "ok"
-        assert process.stale_offload_files(tmp_path) == [stale]
+        assert processes.stale_offload_files(tmp_path) == [stale]
     finally:
         holder.kill()
         holder.wait()
