@@ -16,8 +16,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sqlmodel import Session
-
 from manager import processes
 from manager.errors import Invalid, ManagerError
 from manager.launch.command import (
@@ -435,13 +433,3 @@ def plan_mismatch(config: ModelConfig, profile: OffloadProfile | None, log_text:
     if comparison is None or message is None:
         return None
     return f"{config.name}: {message}", {"config": config.name, **comparison.model_dump()}
-
-
-def worker_kv_check(db: Session, model_name: str, log_path: Path | None) -> dict:
-    """For a worker: vLLM's KV figures from its current log beside the plan for its config."""
-    from manager.services import models
-
-    text = log_path.read_text(errors="replace") if log_path and log_path.exists() else ""
-    config = models.get_model(db, model_name)
-    result = prediction_vs_engine(config, models.profile_of(db, config), text)
-    return result or {"reported": None, "note": "vLLM has not logged its KV cache size for this start yet"}
