@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from manager.errors import Conflict, Invalid, NotFound
 from manager.hub import files
-from manager.launch.model_location import engine_cache, is_local_path
+from manager.hub.model_location import engine_cache, is_local_path
 from manager.launch.secrets import MARKER
 from manager.planner.model_files import hub_cache_dir
 from manager.supervisor.lifecycle import ACTIVE

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from manager.hub import client
 from manager.hub.download_plan import plan_download
-from manager.launch.model_location import engine_cache
+from manager.hub.model_location import engine_cache
 from manager.planner.model_files import ModelFiles, sizes_from_headers
 from manager.planner.records import ModelSource
 

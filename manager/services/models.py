@@ -10,7 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from manager.errors import Conflict, NotFound
-from manager.launch.model_location import check_path_exists
+from manager.hub.model_location import check_path_exists
 from manager.launch.refusals import check_launch_fields
 from manager.launch.secrets import keep_stored
 from manager.schemas.common import utcnow

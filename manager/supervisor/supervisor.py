@@ -23,10 +23,10 @@ from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.host import process
 from manager.hub.fetching import Fetcher
+from manager.hub.model_location import check_startable, download_note
 from manager.launch.command import build_command, downloads_first, needs_download, served_name, sleep_pool_on
 from manager.launch.engine_key import ENV_NAME, engine_key, key_values
 from manager.launch.flags import flag_value
-from manager.launch.model_location import check_startable, download_note
 from manager.launch.preflight import (
     HostClaims,
     HostRamHeldBySleepers,
