@@ -25,8 +25,8 @@ from pydantic import BaseModel, Field
 from manager.errors import Conflict, Invalid, NotFound
 from manager.hub import files
 from manager.hub.model_location import engine_cache, is_local_path
-from manager.launch.secrets import MARKER
 from manager.planner.model_files import hub_cache_dir
+from manager.schemas.common import MARKER
 from manager.supervisor.lifecycle import ACTIVE
 from manager.supervisor.view import WorkerView
 

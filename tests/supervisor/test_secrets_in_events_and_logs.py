@@ -22,7 +22,8 @@ from fastapi.testclient import TestClient
 
 from manager.app import create_app
 from manager.host import process
-from manager.launch.secrets import MARKER, Redactor
+from manager.launch.secrets import Redactor
+from manager.schemas.common import MARKER
 from manager.supervisor.logs import LogTail, new_log_file
 from tests.frontdoor.conftest import served
 

@@ -10,8 +10,8 @@ import pynvml
 
 from manager.host import process
 from manager.host.gpu_cleanup import end_gpu_orphans
-from manager.launch.secrets import MARKER
 from manager.metrics.gpu import Nvml
+from manager.schemas.common import MARKER
 from tests.support.nvml import MIB, FakeNvml
 
 
