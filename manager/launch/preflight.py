@@ -18,6 +18,7 @@ from typing import Any
 
 from manager import processes
 from manager.errors import Invalid, ManagerError
+from manager.hub import source
 from manager.launch.command import (
     adds_enforce_eager,
     eager_by_choice,
@@ -109,7 +110,7 @@ def sleep_host_bytes(
     if level >= 2:
         return 0
     try:
-        found = model_files.read_model(config.model, hub=False)
+        found = model_files.read_model(config.model)
         weights = estimate_weights(found.config, found.weights, config.dtype)
         request = plan_request(config, profile, "detected")
     except (model_files.ModelNotFound, OSError, ValueError, KeyError):
@@ -262,8 +263,8 @@ def plan_now(request: PlanRequest, claims: HostClaims) -> Plan:
     """The plan as a start now would see it: this machine's host RAM less what the workers hold,
     unless the request plans another machine's RAM (``host_ram_gib``)."""
     if request.host_ram_gib:
-        return make_plan(request, hub=True)
-    return make_plan(request, host=host_now(claims), hub=True)
+        return make_plan(request, read_files=source.read_model)
+    return make_plan(request, host=host_now(claims), read_files=source.read_model)
 
 
 def refuse_if_it_cannot_fit(
@@ -300,7 +301,7 @@ def refuse_if_it_cannot_fit(
     host = host_now(claims, machine)
     request = plan_request(config, profile, "cpu" if gpu is None else "detected")
     try:
-        model = model_files.read_model(config.model, hub=hub, env=config.env)
+        model = source.read_model(config.model, env=config.env) if hub else model_files.read_model(config.model)
         plan: Plan | None = make_plan(request, gpu=gpu, host=host, files=model)
     except (PlanError, OSError, ValueError, ManagerError):
         plan = None  # the planner cannot read this model; vLLM (or the download) will say what it thinks
