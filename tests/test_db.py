@@ -17,7 +17,7 @@ from sqlmodel import create_engine, select
 
 from manager.db import MIGRATIONS, CommitWatch, make_engine, migrate, session
 from manager.errors import Conflict
-from manager.lora.records import LoraAdapter
+from manager.schemas.lora_adapter import LoraAdapter
 from manager.schemas.model_config import ModelConfig, ModelConfigCreate
 from manager.schemas.offload_profile import OffloadProfile
 from manager.schemas.routing_name import RoutingName
