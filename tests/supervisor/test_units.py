@@ -12,7 +12,8 @@ from pathlib import Path
 
 from manager import processes
 from manager.host import process
-from manager.supervisor.lifecycle import backoff_delay
+from manager.schemas.worker import ENDED_STATES
+from manager.supervisor.lifecycle import ACTIVE, State, backoff_delay
 from manager.supervisor.logs import LogTail, meaningful_error, new_log_file
 
 VLLM_FAILURE = """\
@@ -30,6 +31,11 @@ RuntimeError: Engine core initialization failed. See root cause above. Failed co
 def test_backoff_doubles_from_ten_seconds_up_to_five_minutes():
     assert [backoff_delay(n) for n in range(1, 8)] == [10, 20, 40, 80, 160, 300, 300]
     assert backoff_delay(3, base_s=1, cap_s=3) == 3
+
+
+def test_a_stored_worker_holds_its_config_in_every_active_state():
+    # Deleting a model config reads the stored states; the supervisor's ACTIVE set must say the same.
+    assert {s.value for s in State if s not in ACTIVE} == set(ENDED_STATES)
 
 
 def test_error_line_is_the_root_cause_not_the_summary():
