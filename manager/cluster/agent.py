@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from manager import processes
-from manager.cluster.hosts import Spawned, read_chunk
 from manager.errors import Invalid, ManagerError
 from manager.host import gpu_cleanup, process
+from manager.host.local import Spawned, read_chunk
 from manager.launch.engine_key import ENV_NAME
 from manager.launch.preflight import HostClaims, Refused, refuse_if_it_cannot_fit
 from manager.metrics.gpu import GpuCollector, GpuReport

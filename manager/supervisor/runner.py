@@ -21,9 +21,10 @@ from pathlib import Path
 import httpx
 from sqlalchemy.engine import Engine as DbEngine
 
-from manager.cluster.hosts import LocalHost, ProcessHost, node_folders
+from manager.cluster.node_folders import node_folders
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound, Unavailable
+from manager.host.local import LocalHost, ProcessHost
 from manager.hub.fetching import Fetcher, FetchFailed
 from manager.launch.command import LaunchCommand
 from manager.launch.secrets import Redactor

@@ -16,12 +16,13 @@ import httpx
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from manager.cluster.hosts import LocalHost, ProcessHost, node_folders
+from manager.cluster.node_folders import node_folders
 from manager.cluster.nodes import NodeState, spans_nodes
 from manager.cluster.views import NodeView, node_view, this_box
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.host import process
+from manager.host.local import LocalHost, ProcessHost
 from manager.hub.fetching import Fetcher
 from manager.hub.model_location import check_startable, download_note
 from manager.launch.command import build_command, downloads_first, needs_download, served_name, sleep_pool_on

@@ -1,8 +1,8 @@
 """Where a worker's engine process runs: the one interface the supervisor's runner carries out its
 process effects through (start, recognise, stop, clean up, read its log), and the local host.
 
-The Ray host (``ray_host.py``) runs the same local code on another node through that node's agent;
-nothing above the runner knows which one a worker has.
+The Ray host (``manager.cluster.ray_cluster``) runs the same local code on another node through that
+node's agent; nothing above the runner knows which one a worker has.
 """
 
 from __future__ import annotations
@@ -94,12 +94,6 @@ class LocalHost:
 
     def read_log(self, path: Path, offset: int) -> bytes:
         return read_chunk(path, offset)
-
-
-def node_folders(data_dir: Path, node: str, worker_id: int) -> tuple[Path, Path]:
-    """A worker's run folder and log folder on another node: under the same data dir path there."""
-    root = data_dir / "nodes" / node
-    return root / "run" / f"worker-{worker_id}", root / "logs" / f"worker-{worker_id}"
 
 
 def read_chunk(path: Path, offset: int) -> bytes:
