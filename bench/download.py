@@ -28,7 +28,7 @@ folder that is removed (and the disk synced) after it, untimed; one untimed snap
 
 Plan: a 10-file repo (config, generation config, tokenizer files, the index and 4 safetensors shards of
 a 32-layer Llama shape: 291 tensors, headers of about 8.6 kB each) and ``make_plan(...,
-hub=True)`` in this process, each time with a new empty cache; the first call, which opens the
+read_files=manager.hub.source.read_model)`` in this process, each time with a new empty cache; the first call, which opens the
 connections, is counted apart. The hub's request log says what each plan asked and how many bytes went
 out. Then ``vllm-manager plan REPO`` as a process (Python's start and the CLI's imports included, and
 measured alone with ``vllm-manager --help``).
@@ -416,6 +416,7 @@ def time_download_plan(hub: HubProcess, scratch: Path, repeats: int) -> dict[str
 
 # ---- the plan --------------------------------------------------------------------------------------------
 def time_plans(hub: HubProcess, scratch: Path, repeats: int, name: str) -> dict[str, Any]:
+    from manager.hub import source
     from manager.planner import PlanRequest, make_plan
 
     calls: list[dict[str, Any]] = []
@@ -424,7 +425,7 @@ def time_plans(hub: HubProcess, scratch: Path, repeats: int, name: str) -> dict[
         os.environ["HF_ENDPOINT"] = hub.url
         os.environ["HF_HUB_CACHE"] = str(scratch / f"plan-cache-{name}-{i}")
         started = time.perf_counter()
-        plan = make_plan(PlanRequest(model=PLAN_REPO, gpu="h100-80", max_model_len=4096), hub=True)
+        plan = make_plan(PlanRequest(model=PLAN_REPO, gpu="h100-80", max_model_len=4096), read_files=source.read_model)
         seconds = time.perf_counter() - started
         requests, served = hub.log()
         if plan.source.kind != "hub":
@@ -578,9 +579,9 @@ def tables(result: dict[str, Any]) -> str:
         lib, first = plan[key], plan[key]["first_call"]
         t = lib["seconds"]
         lines += [
-            f"| make_plan(hub=True), first call{label} | {first['seconds']:.3f} | {first['requests']} "
+            f"| make_plan from the hub, first call{label} | {first['seconds']:.3f} | {first['requests']} "
             f"| {first['bytes_served']:,} |",
-            f"| make_plan(hub=True), later calls{label} | {t['min']:.3f} / {t['median']:.3f} / {t['max']:.3f} "
+            f"| make_plan from the hub, later calls{label} | {t['min']:.3f} / {t['median']:.3f} / {t['max']:.3f} "
             f"| {lib['requests']['median']:.0f} | {lib['bytes_served']['median']:,.0f} |",
         ]
     cli = plan["cli"]

@@ -122,7 +122,7 @@ def engine_processes(folder: Path) -> list[dict[str, Any]]:
     """vLLM API servers of this run (their argv names its model folder) and the rest of their groups."""
     import psutil
 
-    from manager.supervisor import process
+    from manager.host import process
 
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
@@ -135,12 +135,18 @@ def engine_processes(folder: Path) -> list[dict[str, Any]]:
 
 def gone(pid: int | None) -> dict[str, Any]:
     """Whether an engine and every process of its group (it leads its own session) have exited."""
-    from manager.supervisor import process
+    from manager import processes
+    from manager.host import process
 
     if pid is None:
         return {"pid": None}
     left = process.group_members(pid)
-    return {"pid": pid, "alive": process.alive(pid), "group_left": left, "gone": not process.alive(pid) and not left}
+    return {
+        "pid": pid,
+        "alive": processes.alive(pid),
+        "group_left": left,
+        "gone": not processes.alive(pid) and not left,
+    }
 
 
 class DashboardPoller(threading.Thread):
@@ -697,7 +703,7 @@ class Run:
             self.poller.halt.set()
         import psutil
 
-        from manager.supervisor import process
+        from manager.host import process
 
         for pid in sorted(set().union(*self.engine_pids.values())):
             with contextlib.suppress(OSError, psutil.Error):

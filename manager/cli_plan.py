@@ -57,6 +57,8 @@ def plan(
     """What fits on the GPU for MODEL, why, and what would extend it."""
     from pydantic import ValidationError
 
+    from manager.hub import source
+
     try:
         request = PlanRequest(
             model=model,
@@ -84,7 +86,7 @@ def plan(
         typer.echo(f"error: {'.'.join(str(p) for p in first['loc']) or 'input'}: {first['msg']}", err=True)
         raise typer.Exit(2) from exc
     try:
-        result = make_plan(request, hub=True)
+        result = make_plan(request, read_files=source.read_model)
     except (PlanError, ManagerError) as exc:  # ManagerError: the hub refused or did not answer
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -25,17 +25,16 @@ from manager.db import make_engine, migrate, session
 from manager.frontdoor.front_door import FrontDoor
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.usage import UsageRecorder
-from manager.hub.downloads import Downloads, public
+from manager.hub.downloads import Downloads
 from manager.launch.preflight import refuse_if_it_cannot_fit
 from manager.lora.pin_keeper import PinKeeper
 from manager.metrics import HistoryStore, ManagerExposition, MetricsCollector, WorkerInfo
 from manager.schemas.common import expand_home, utcnow
 from manager.schemas.model_config import ModelConfig
-from manager.services import inference_keys, models, tokens
+from manager.services import inference_keys, tokens
 from manager.settings import Settings, is_loopback
 from manager.supervisor.supervisor import Supervisor
 from manager.supervisor.view import WorkerView
-from manager.web.live import LiveViews
 
 log = logging.getLogger("vllm_manager")
 
@@ -48,7 +47,6 @@ class Runtime:
     supervisor: Supervisor
     metrics: MetricsCollector
     exposition: ManagerExposition
-    live_views: LiveViews
     pin_keeper: PinKeeper
     front_door: FrontDoor
     wrong_tokens: WrongTokenThrottle  # guesses at the admin token, wherever they are sent
@@ -85,10 +83,6 @@ class Runtime:
             history=HistoryStore(engine, retention_days=settings.metrics_retention_days),
         )
 
-        def model_names() -> list[str]:
-            with session(engine) as db:
-                return [m.name for m in models.list_models(db)]
-
         exposition = ManagerExposition(lambda: collector.latest)
         usage = UsageRecorder(engine)
         runtime = cls(
@@ -98,7 +92,6 @@ class Runtime:
             supervisor=supervisor,
             metrics=collector,
             exposition=exposition,
-            live_views=LiveViews(model_names, lambda: downloads_shown(downloads)),
             pin_keeper=PinKeeper(engine, supervisor, http),
             front_door=FrontDoor(settings, engine, supervisor, http, FrontDoorMetrics(exposition.registry), usage),
             usage=usage,
@@ -143,10 +136,6 @@ def open_cluster(settings: Settings) -> RayCluster | None:
     if not ray.is_initialized():
         connect(settings.ray_address)
     return RayCluster(settings.ray_address)
-
-
-def downloads_shown(downloads: Downloads) -> tuple[int, list[dict]]:
-    return downloads.version, [public(row, downloads.rate(row.id or 0)) for row in downloads.list()]
 
 
 def end_sessions_of_tokens_gone(settings: Settings, engine: Engine) -> None:

@@ -17,10 +17,11 @@ from sqlmodel import create_engine, select
 
 from manager.db import MIGRATIONS, CommitWatch, make_engine, migrate, session
 from manager.errors import Conflict
-from manager.lora.records import LoraAdapter
+from manager.schemas.lora_adapter import LoraAdapter
 from manager.schemas.model_config import ModelConfig, ModelConfigCreate
 from manager.schemas.offload_profile import OffloadProfile
 from manager.schemas.routing_name import RoutingName
+from manager.schemas.worker import Worker
 from manager.services.models import create_model, delete_model
 
 
@@ -147,4 +148,25 @@ def test_a_deleted_config_lets_go_of_its_names(tmp_path):
         delete_model(db, "a")
         assert db.exec(select(RoutingName)).all() == []
         create_model(db, ModelConfigCreate(name="b", model="org/m", served_model_name="org/a", aliases=["x", "a"]))
+    engine.dispose()
+
+
+def test_a_config_is_not_deleted_while_a_worker_of_it_is_active(tmp_path):
+    engine = make_engine(tmp_path / "manager.db")
+    migrate(engine)
+    with session(engine) as db:
+        create_model(db, ModelConfigCreate(name="a", model="org/m"))
+        worker = Worker(model_name="a")
+        db.add(worker)
+        db.commit()
+        for state in ("downloading", "starting", "ready", "stopping", "crashed", "sleeping", "waking", "lost"):
+            worker.state = state
+            db.add(worker)
+            db.commit()
+            with pytest.raises(Conflict, match=r"model config 'a' is running in worker\(s\) 1; stop them first"):
+                delete_model(db, "a")
+        worker.state = "failed"
+        db.add(worker)
+        db.commit()
+        delete_model(db, "a")
     engine.dispose()

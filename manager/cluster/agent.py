@@ -15,8 +15,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from manager.cluster.hosts import Spawned, read_chunk
+from manager import processes
 from manager.errors import Invalid, ManagerError
+from manager.host import gpu_cleanup, process
+from manager.host.local import Spawned, read_chunk
 from manager.launch.engine_key import ENV_NAME
 from manager.launch.preflight import HostClaims, Refused, refuse_if_it_cannot_fit
 from manager.metrics.gpu import GpuCollector, GpuReport
@@ -24,7 +26,6 @@ from manager.metrics.host import HostCollector, HostSample, ProcessTreeSample
 from manager.metrics.pools import PoolReport, PoolsReader
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
-from manager.supervisor import gpu_cleanup, process
 
 # What Ray puts in its worker processes' environment that must not reach an engine: the agent's own
 # device mask (an actor without GPUs sees none) and the worker's identity.
@@ -92,7 +93,7 @@ class NodeAgent:
         return Spawned(int(answer["pid"]), answer["create_time"], tuple(answer["cmdline"]))
 
     def alive(self, pid: int, create_time: float | None, cmdline: tuple[str, ...]) -> bool:
-        return process.matches(pid, create_time, cmdline)
+        return processes.matches(pid, create_time, cmdline)
 
     def stop_group(self, pid: int, grace_s: float) -> process.StopReport:
         return process.stop_group(pid, grace_s)
@@ -101,7 +102,7 @@ class NodeAgent:
         return gpu_cleanup.end_gpu_orphans(gpus, pids)
 
     def remove_stale_offload_files(self) -> list[str]:
-        return process.remove_stale_offload_files()
+        return processes.remove_stale_offload_files()
 
     def check_fit(self, config: dict, profile: dict | None, claims: HostClaims) -> Refused | None:
         """The planner's pre-start check with this node's GPUs and RAM: None when the config fits, else

@@ -13,7 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from manager.supervisor import process
+from manager import processes
+from manager.host import process
 
 
 def main() -> int:
@@ -23,7 +24,7 @@ def main() -> int:
     except (OSError, ValueError) as exc:
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
         return 0
-    found = process.identity(popen.pid)
+    found = processes.identity(popen.pid)
     print(
         json.dumps(
             {

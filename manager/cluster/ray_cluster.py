@@ -20,10 +20,10 @@ from typing import Any
 
 from manager.cluster import nodes as n
 from manager.cluster.agent import AGENT_VERSION, NodeAgent, NodeSample
-from manager.cluster.hosts import LocalHost, ProcessHost, Spawned
 from manager.errors import Invalid
+from manager.host import process
+from manager.host.local import LocalHost, ProcessHost, Spawned
 from manager.metrics.collector import RemoteReading
-from manager.supervisor import process
 
 log = logging.getLogger("vllm_manager.cluster")
 

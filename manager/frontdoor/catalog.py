@@ -12,7 +12,7 @@ from manager.db import CommitWatch, ReadAfterCommits, session
 from manager.frontdoor import names
 from manager.frontdoor.access import ANYONE, Caller, Credentials, caller_for, read_credentials
 from manager.frontdoor.errors import ModelNotFound
-from manager.lora.records import LoraAdapter
+from manager.schemas.lora_adapter import LoraAdapter
 from manager.schemas.model_config import ModelConfig
 from manager.settings import Settings
 

@@ -24,11 +24,9 @@ from pydantic import BaseModel, Field
 
 from manager.errors import Conflict, Invalid, NotFound
 from manager.hub import files
-from manager.launch.model_location import engine_cache, is_local_path
-from manager.launch.secrets import MARKER
+from manager.hub.model_location import engine_cache, is_local_path
 from manager.planner.model_files import hub_cache_dir
-from manager.supervisor.view import WorkerView
-from manager.supervisor.worker_state import ACTIVE
+from manager.schemas.common import MARKER
 
 # An id on the Hub: owner and name, each of letters, digits, '.', '_' and '-'. Nothing is deleted by a path
 # made from it: it is compared with the ids huggingface_hub reads off the cache's folders.
@@ -42,6 +40,19 @@ class StoredConfig(Protocol):
     name: str
     model: str
     env: dict[str, str]
+
+
+class WorkerOfConfig(Protocol):
+    """What this module reads of a worker (``manager.supervisor.view.WorkerView``)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def active(self) -> bool: ...
 
 
 class DownloadUnderWay(Protocol):
@@ -262,7 +273,7 @@ def _revisions_to_delete(repo: CachedRepoInfo, revision: str | None, cache: Path
 def delete(
     repo: str,
     configs: Sequence[StoredConfig],
-    workers: Iterable[WorkerView],
+    workers: Iterable[WorkerOfConfig],
     *,
     revision: str | None = None,
     cache: str | None = None,
@@ -275,9 +286,9 @@ def delete(
     path, readers, info, repo_info = _pick_cache(repo, cache, caches_of(configs))
     refuse_while_downloading(repo, path, downloads)
     users = set(_used_by(repo_info, configs, readers))
-    busy = sorted((w for w in workers if w.state in ACTIVE and w.model in users), key=lambda w: w.id)
+    busy = sorted((w for w in workers if w.active and w.model in users), key=lambda w: w.id)
     if busy:
-        shown = ", ".join(f"worker {w.id} ({w.model}, {w.state.value})" for w in busy)
+        shown = ", ".join(f"worker {w.id} ({w.model}, {w.state})" for w in busy)
         raise Conflict(f"{repo} is in use by {shown}: stop the worker before deleting the model from {path}")
     chosen = _revisions_to_delete(repo_info, revision, path)
     # huggingface_hub finds revisions by commit across the whole cache, and a duplicated repo shares its

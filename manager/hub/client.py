@@ -19,7 +19,7 @@ from typing import Any
 
 from manager.errors import Conflict, Forbidden, Invalid, ManagerError, NotFound
 from manager.hub.files import RepoFile
-from manager.launch.model_location import downloads_forbidden
+from manager.hub.model_location import downloads_forbidden
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 

@@ -31,7 +31,7 @@ from manager.errors import Conflict, ManagerError, NotFound
 from manager.hub import client
 from manager.hub.download_plan import plan_download, refuse_if_no_room
 from manager.hub.fetching import FetchFailed, Progress
-from manager.launch.model_location import engine_cache, not_cached
+from manager.hub.model_location import engine_cache, not_cached
 from manager.schemas.common import utcnow
 from manager.schemas.download import UNFINISHED, Download, DownloadState
 

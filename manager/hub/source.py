@@ -6,10 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from manager.hub import client
+from manager.hub import client, files
 from manager.hub.download_plan import plan_download
-from manager.launch.model_location import engine_cache
-from manager.planner.model_files import ModelFiles, sizes_from_headers
+from manager.hub.model_location import engine_cache
+from manager.planner.model_files import (
+    ModelFiles,
+    ModelNotFound,
+    find_model_folder,
+    in_hub_cache,
+    is_hub_id,
+    read_folder,
+    sizes_from_headers,
+)
 from manager.planner.records import ModelSource
 
 
@@ -35,3 +43,19 @@ def read_from_hub(repo: str, revision: str | None = None, env: Mapping[str, str]
         fits_on_disk=plan.fits,
     )
     return ModelFiles(None, config, weights, source)
+
+
+def read_model(model: str, env: Mapping[str, str] | None = None) -> ModelFiles:
+    """The model's config and weight sizes: from a local folder, a snapshot in the Hugging Face cache, or
+    (for a hub id in neither, or a download cut short) the hub itself, by its config.json and safetensors
+    headers alone. ``env``: the environment of the engine it is read for (its HF_TOKEN reads a gated
+    model, its cache is the one whose disk a download would fill)."""
+    try:
+        folder = find_model_folder(model)
+    except ModelNotFound:
+        if not is_hub_id(model):
+            raise
+        return read_from_hub(model, env=env)
+    if in_hub_cache(folder) and files.missing(folder):
+        return read_from_hub(model, env=env)
+    return read_folder(folder)

@@ -10,10 +10,10 @@ from pathlib import Path
 from engine_patches.settings import PatchSettings
 from manager.errors import Invalid
 from manager.hub.fetching import Fetcher
+from manager.hub.model_location import download_note, downloads_forbidden, is_local_path
 from manager.launch.allowed_env import env_notes
 from manager.launch.engine_key import ENV_NAME, key_through_env
 from manager.launch.flags import flag_value, managed_argv, quiet_paths
-from manager.launch.model_location import download_note, downloads_forbidden, is_local_path
 from manager.launch.refusals import check_engine_argv, check_launch
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile

@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sqlmodel import Session
-
+from manager import processes
 from manager.errors import Invalid, ManagerError
+from manager.hub import source
 from manager.launch.command import (
     adds_enforce_eager,
     eager_by_choice,
@@ -37,8 +37,6 @@ from manager.planner.scheduling import parse_transfer_config
 from manager.planner.weights import estimate_weights
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
-from manager.supervisor import process
-from manager.supervisor.process import stale_offload_files
 
 GIB = 1 << 30
 SHM = Path("/dev/shm")
@@ -112,7 +110,7 @@ def sleep_host_bytes(
     if level >= 2:
         return 0
     try:
-        found = model_files.read_model(config.model, hub=False)
+        found = model_files.read_model(config.model)
         weights = estimate_weights(found.config, found.weights, config.dtype)
         request = plan_request(config, profile, "detected")
     except (model_files.ModelNotFound, OSError, ValueError, KeyError):
@@ -265,8 +263,8 @@ def plan_now(request: PlanRequest, claims: HostClaims) -> Plan:
     """The plan as a start now would see it: this machine's host RAM less what the workers hold,
     unless the request plans another machine's RAM (``host_ram_gib``)."""
     if request.host_ram_gib:
-        return make_plan(request, hub=True)
-    return make_plan(request, host=host_now(claims), hub=True)
+        return make_plan(request, read_files=source.read_model)
+    return make_plan(request, host=host_now(claims), read_files=source.read_model)
 
 
 def refuse_if_it_cannot_fit(
@@ -303,7 +301,7 @@ def refuse_if_it_cannot_fit(
     host = host_now(claims, machine)
     request = plan_request(config, profile, "cpu" if gpu is None else "detected")
     try:
-        model = model_files.read_model(config.model, hub=hub, env=config.env)
+        model = source.read_model(config.model, env=config.env) if hub else model_files.read_model(config.model)
         plan: Plan | None = make_plan(request, gpu=gpu, host=host, files=model)
     except (PlanError, OSError, ValueError, ManagerError):
         plan = None  # the planner cannot read this model; vLLM (or the download) will say what it thinks
@@ -334,7 +332,7 @@ def engine_memory(pid: int, create_time: float | None, cmdline: tuple[str, ...])
     file-backed ones, which the node counts as available already); 0 when it is not that engine."""
     import psutil
 
-    if not process.matches(pid, create_time, cmdline):
+    if not processes.matches(pid, create_time, cmdline):
         return 0
     try:
         root = psutil.Process(pid)
@@ -383,7 +381,7 @@ def shm_room(shm: Path = SHM, usage: Callable[[str], Any] = shutil.disk_usage) -
     except OSError:
         return None
     stale = 0
-    for path in stale_offload_files(shm):
+    for path in processes.stale_offload_files(shm):
         try:
             stale += path.stat().st_blocks * 512  # what tmpfs gives back: a region may be sparse
         except OSError:
@@ -436,13 +434,3 @@ def plan_mismatch(config: ModelConfig, profile: OffloadProfile | None, log_text:
     if comparison is None or message is None:
         return None
     return f"{config.name}: {message}", {"config": config.name, **comparison.model_dump()}
-
-
-def worker_kv_check(db: Session, model_name: str, log_path: Path | None) -> dict:
-    """For a worker: vLLM's KV figures from its current log beside the plan for its config."""
-    from manager.services import models
-
-    text = log_path.read_text(errors="replace") if log_path and log_path.exists() else ""
-    config = models.get_model(db, model_name)
-    result = prediction_vs_engine(config, models.profile_of(db, config), text)
-    return result or {"reported": None, "note": "vLLM has not logged its KV cache size for this start yet"}

@@ -19,9 +19,8 @@ from manager.errors import Invalid
 from manager.launch.command import LaunchCommand
 from manager.launch.engine_key import ENV_NAME
 from manager.launch.flags import flag_name
+from manager.schemas.common import MARKER
 from manager.schemas.model_config import ModelConfigFields
-
-MARKER = "<hidden>"
 
 # vLLM 0.32's flags that carry a credential: --api-key takes one or more keys, --hf-token one (or none:
 # then the cached login is used).

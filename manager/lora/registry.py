@@ -7,8 +7,8 @@ from sqlmodel import Session, select
 
 from manager.errors import Conflict, NotFound
 from manager.lora.checks import AdapterCheck, check_adapter
-from manager.lora.records import LoraAdapter, LoraAdapterCreate, LoraAdapterPublic
 from manager.schemas.common import expand_home, utcnow
+from manager.schemas.lora_adapter import LoraAdapter, LoraAdapterCreate, LoraAdapterPublic
 from manager.services import models, routing_names
 
 

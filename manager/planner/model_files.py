@@ -13,7 +13,7 @@ import json
 import os
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,10 @@ class ModelFiles:
     config: dict[str, Any]
     weights: WeightFiles | None  # None when the model has no safetensors files
     source: ModelSource
+
+
+# Reads a model's files by its name: ``read_model`` (this machine), or the hub's, which also asks the hub.
+ModelReader = Callable[[str], ModelFiles]
 
 
 def hub_cache_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -139,37 +143,26 @@ def sizes_from_headers(headers: list[dict[str, Any]]) -> WeightFiles:
     return WeightFiles(total, experts, by_dtype, len(headers))
 
 
-def read_model(model: str, *, hub: bool = False, env: Mapping[str, str] | None = None) -> ModelFiles:
-    """The model's config and weight sizes: from a local folder, a snapshot in the Hugging Face cache, or
-    (``hub``, for a hub id in neither) the hub itself, by its config.json and safetensors headers alone.
-    ``env``: the environment of the engine it is read for (its HF_TOKEN reads a gated model, its cache
-    is the one whose disk a download would fill)."""
-    try:
-        folder = find_model_folder(model)
-    except ModelNotFound:
-        if not hub or not is_hub_id(model):
-            raise
-        folder = None
-    in_cache = (
-        folder is not None and folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--")
-    )
-    if hub and (folder is None or (in_cache and missing_files(folder))):  # none, or a download cut short
-        from manager.hub.source import read_from_hub
+def read_model(model: str) -> ModelFiles:
+    """The model's config and weight sizes from a local folder or a snapshot in the Hugging Face cache:
+    this machine alone (``manager.hub.source.read_model`` also reads the hub)."""
+    return read_folder(find_model_folder(model))
 
-        return read_from_hub(model, env=env)
-    assert folder is not None
+
+def in_hub_cache(folder: Path) -> bool:
+    """Whether ``folder`` is a snapshot in a Hugging Face cache (not a model folder of the user's own)."""
+    return folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--")
+
+
+def read_folder(folder: Path) -> ModelFiles:
+    """The config and weight sizes of the model in ``folder``."""
+    in_cache = in_hub_cache(folder)
     try:
         config = json.loads((folder / "config.json").read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{folder / 'config.json'} is not valid JSON: {exc}") from exc
     source = ModelSource(kind="cache" if in_cache else "folder", cache_dir=str(folder) if in_cache else None)
     return ModelFiles(folder, config, weight_files(folder), source)
-
-
-def missing_files(folder: Path) -> list[str]:
-    from manager.hub.files import missing
-
-    return missing(folder)
 
 
 def is_hub_id(model: str) -> bool:

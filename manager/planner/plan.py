@@ -17,7 +17,7 @@ from manager.planner.gpus import GPU, NoGPU, measured_gpu, resolve_gpu
 from manager.planner.hf_config import text_config
 from manager.planner.host import HostMemory, planned_host, read_host_memory
 from manager.planner.kv import offload_prefix_tokens
-from manager.planner.model_files import ModelFiles, read_model
+from manager.planner.model_files import ModelFiles, ModelReader, read_model
 from manager.planner.records import ModelSource, Plan, PlanLine, PlanRequest, Verdict, WayOut
 from manager.planner.weights import WeightEstimate, estimate_weights
 
@@ -39,12 +39,12 @@ class _Model:
     source: ModelSource
 
 
-def _load_model(req: PlanRequest, hub: bool, found: ModelFiles | None = None) -> _Model:
+def _load_model(req: PlanRequest, read_files: ModelReader, found: ModelFiles | None = None) -> _Model:
     if req.hf_config is not None:
         config, folder, files, source = req.hf_config, None, None, ModelSource(kind="config")
     else:
         try:
-            found = found if found is not None else read_model(req.model, hub=hub)
+            found = found if found is not None else read_files(req.model)
         except (FileNotFoundError, ValueError) as exc:
             raise PlanError(str(exc)) from exc
         except OSError as exc:  # a name too long for a path, a folder this user cannot read, ...
@@ -294,14 +294,15 @@ def make_plan(
     *,
     gpu: GPU | NoGPU | None = None,
     host: HostMemory | None = None,
-    hub: bool = False,
+    read_files: ModelReader = read_model,
     files: ModelFiles | None = None,
 ) -> Plan:
     """The plan for ``req``; anything that cannot be planned is a PlanError with a message, never a crash.
-    ``hub``: a hub id neither local nor cached is read from the Hugging Face Hub (headers only); without it
-    the planner reads this machine alone. ``files``: the model's, read already (``read_model``)."""
+    ``read_files``: how the model's files are read; by default from this machine alone
+    (``manager.hub.source.read_model`` also reads a hub id from the Hugging Face Hub, headers only).
+    ``files``: the model's, read already."""
     try:
-        return _make_plan(req, gpu=gpu, host=host, hub=hub, files=files)
+        return _make_plan(req, gpu=gpu, host=host, read_files=read_files, files=files)
     except PlanError:
         raise
     except (ValueError, ZeroDivisionError, OverflowError, KeyError, TypeError) as exc:
@@ -313,11 +314,11 @@ def _make_plan(
     *,
     gpu: GPU | NoGPU | None = None,
     host: HostMemory | None = None,
-    hub: bool = False,
+    read_files: ModelReader = read_model,
     files: ModelFiles | None = None,
 ) -> Plan:
     """The whole plan for ``req``. ``gpu``/``host`` replace detection (tests, other machines)."""
-    model = _load_model(req, hub, files)
+    model = _load_model(req, read_files, files)
     device, device_text = _resolve_device(req, gpu)
     if host is None:
         host = planned_host(req.host_ram_gib, req.host_shm_gib) if req.host_ram_gib else read_host_memory()

@@ -7,9 +7,9 @@ from pydantic import BaseModel, field_validator
 
 from manager.deps import EngineHttpDep, PinKeeperDep, SessionDep, SupervisorDep, WorkerId
 from manager.lora import registry, workers
-from manager.lora.records import LoraAdapterCreate, LoraAdapterPublic
 from manager.openapi import errors
 from manager.schemas.common import keep_bools_and_numbers_apart
+from manager.schemas.lora_adapter import LoraAdapterCreate, LoraAdapterPublic
 
 router = APIRouter(prefix="/api", tags=["loras"])
 

@@ -11,10 +11,10 @@ from pydantic import BaseModel, Field, field_validator
 from sse_starlette.sse import EventSourceResponse
 
 from manager.deps import MAX_EVENTS, MAX_ROW_ID, LogTail, Pid, SessionDep, SupervisorDep, WorkerId
-from manager.launch.preflight import worker_kv_check
 from manager.launch.secrets import hide_flag_values
 from manager.openapi import EVENT_STREAM, errors
 from manager.schemas.common import MAX_GPUS, UNIQUE_ITEMS, GpuId, Name, ShortText, keep_bools_and_numbers_apart
+from manager.services.kv_check import worker_kv_check
 from manager.supervisor.view import WorkerView
 
 router = APIRouter(prefix="/api", tags=["workers"])

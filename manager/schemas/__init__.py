@@ -4,6 +4,7 @@ from manager.schemas.browser_session import BrowserSession
 from manager.schemas.download import Download
 from manager.schemas.event import Event
 from manager.schemas.inference_key import InferenceAccess, InferenceKey
+from manager.schemas.lora_adapter import LoraAdapter
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.schemas.routing_name import RoutingName
@@ -18,6 +19,7 @@ __all__ = [
     "Event",
     "InferenceAccess",
     "InferenceKey",
+    "LoraAdapter",
     "ModelConfig",
     "OffloadProfile",
     "RoutingName",

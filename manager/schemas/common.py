@@ -16,6 +16,9 @@ SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 SLUG_RULE = "1-63 characters: lowercase letters, digits, '.', '_' or '-', starting with a letter or digit"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ENV_NAME_RULE = "letters, digits and '_', not starting with a digit"
+# What a reader without the token sees in place of a secret (an env value, a credential flag's value, a
+# cache path from a config's env); sent back unchanged, it keeps the stored value.
+MARKER = "<hidden>"
 
 
 # Text limits: roomy for real use, and small enough that a stored config always makes a command line

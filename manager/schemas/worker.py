@@ -9,6 +9,10 @@ from sqlmodel import Field, SQLModel
 
 from manager.schemas.common import utcnow
 
+# A worker stored in one of these states holds no engine, GPUs or config; in any other it holds them, or is
+# about to (the supervisor's ``ACTIVE`` states).
+ENDED_STATES = ("stopped", "failed")
+
 
 class Worker(SQLModel, table=True):
     __tablename__ = "worker"

@@ -10,7 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from manager.errors import Conflict, NotFound
-from manager.launch.model_location import check_path_exists
+from manager.hub.model_location import check_path_exists
 from manager.launch.refusals import check_launch_fields
 from manager.launch.secrets import keep_stored
 from manager.schemas.common import utcnow
@@ -22,7 +22,6 @@ from manager.schemas.model_config import (
 )
 from manager.schemas.offload_profile import OffloadProfile
 from manager.services import profiles, routing_names
-from manager.supervisor.worker_state import ACTIVE
 
 if TYPE_CHECKING:
     from manager.settings import Settings
@@ -136,12 +135,11 @@ def replace_model(
 
 
 def delete_model(db: Session, name: str) -> None:
-    from manager.schemas.worker import Worker
+    from manager.schemas.worker import ENDED_STATES, Worker
 
     config = get_model(db, name)
     # A worker that holds (or will soon hold) an engine needs its config.
-    active = [state.value for state in ACTIVE]
-    busy = db.exec(select(Worker.id).where(Worker.model_name == name, col(Worker.state).in_(active))).all()
+    busy = db.exec(select(Worker.id).where(Worker.model_name == name, col(Worker.state).not_in(ENDED_STATES))).all()
     if busy:
         ids = ", ".join(str(i) for i in busy)
         raise Conflict(f"model config {name!r} is running in worker(s) {ids}; stop them first", workers=list(busy))

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from sqlmodel import Session, col, delete, select
 
 from manager.errors import Conflict
-from manager.lora.records import LoraAdapter
+from manager.schemas.lora_adapter import LoraAdapter
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.routing_name import RoutingName
 

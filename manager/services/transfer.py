@@ -10,7 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from manager.errors import Conflict, Invalid
-from manager.launch.model_location import check_path_exists
+from manager.hub.model_location import check_path_exists
 from manager.launch.refusals import check_launch_fields
 from manager.schemas.model_config import ModelConfig, ModelConfigCreate
 from manager.schemas.offload_profile import OffloadProfile, OffloadProfileCreate

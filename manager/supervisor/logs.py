@@ -12,17 +12,13 @@ from collections import deque
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO
 
+from manager.host.private_files import PRIVATE_DIR, open_private
 from manager.launch.secrets import Redactor
 
 KEEP_STARTS = 10  # log files kept per worker; older starts are deleted
 MAX_LOG_BYTES = 64 << 20  # one start's file is rotated (copied to .1, then emptied) past this size
 RING_LINES = 5000
-# An engine's log holds whatever it prints (a token in a traceback, a URL with its password): its
-# files are for the manager's user alone.
-PRIVATE_FILE = 0o600
-PRIVATE_DIR = 0o700
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # vLLM's prefix: "(EngineCore pid=123) ERROR 11-21 03:40:01 [core.py:123] message"
@@ -48,18 +44,6 @@ def new_log_file(worker_dir: Path) -> Path:
     path = worker_dir / f"start-{stamp}.log"
     open_private(path, os.O_WRONLY).close()
     return path
-
-
-def open_private(path: Path, flags: int = os.O_WRONLY | os.O_TRUNC) -> BinaryIO:
-    """``path`` opened for writing (``flags``), created if need be, and readable by its owner only
-    (also when it existed with a wider mode)."""
-    fd = os.open(path, flags | os.O_CREAT, PRIVATE_FILE)
-    try:
-        os.fchmod(fd, PRIVATE_FILE)
-    except OSError:
-        os.close(fd)
-        raise
-    return os.fdopen(fd, "ab" if flags & os.O_APPEND else "wb")
 
 
 def clean(line: str) -> str:

@@ -8,12 +8,12 @@ import asyncio
 from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
-from manager.cluster.hosts import LocalHost, ProcessHost
 from manager.cluster.nodes import NodeState
 from manager.cluster.views import NodeView, node_view, this_box
+from manager.host import process
+from manager.host.local import LocalHost, ProcessHost
 from manager.metrics.gpu import GpuReport
 from manager.metrics.host import HostSample
-from manager.supervisor import process
 from manager.supervisor.events import EventLog
 from manager.supervisor.runner import WorkerRunner
 from manager.supervisor.worker_events import NodeLost

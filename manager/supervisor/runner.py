@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from manager.cluster.hosts import LocalHost, ProcessHost, node_folders
+from manager.cluster.node_folders import node_folders
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound, Unavailable
+from manager.host.local import LocalHost, ProcessHost
 from manager.hub.fetching import FetchFailed
 from manager.launch.secrets import Redactor
 from manager.launch.validation import cannot_run

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import httpx
 from sqlalchemy.engine import Engine as DbEngine
 
-from manager.cluster.hosts import LocalHost, ProcessHost
+from manager.host.local import LocalHost, ProcessHost
 from manager.hub.fetching import Fetcher
 from manager.launch.command import LaunchCommand
 from manager.launch.secrets import Redactor

@@ -15,16 +15,18 @@ import httpx
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
-from manager.cluster.hosts import LocalHost, ProcessHost, node_folders
+from manager.cluster.node_folders import node_folders
 from manager.cluster.nodes import NodeState, spans_nodes
 from manager.cluster.views import NodeView
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
+from manager.host import process
+from manager.host.local import LocalHost, ProcessHost
 from manager.hub.fetching import Fetcher
+from manager.hub.model_location import check_startable, download_note
 from manager.launch.command import build_command, downloads_first, needs_download, served_name
 from manager.launch.engine_key import ENV_NAME
 from manager.launch.flags import flag_value
-from manager.launch.model_location import check_startable, download_note
 from manager.launch.preflight import (
     HostClaims,
     plan_mismatch,
@@ -41,7 +43,6 @@ from manager.schemas.model_config import ModelConfig
 from manager.schemas.worker import Worker
 from manager.services import models
 from manager.settings import Settings
-from manager.supervisor import process
 from manager.supervisor.events import EventLog
 from manager.supervisor.found_engine import found_engine_secrets
 from manager.supervisor.node_news import NodeNews, node_views

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from manager.hub.fetching import Progress, about
-from manager.supervisor.worker_state import State
+from manager.supervisor.worker_state import ACTIVE, State
 
 
 class DownloadProgress(BaseModel):
@@ -75,6 +75,11 @@ class WorkerView(BaseModel):
     @property
     def ready(self) -> bool:
         return self.state == State.READY
+
+    @property
+    def active(self) -> bool:
+        """Holds (or is about to hold) its engine, its GPUs and its config."""
+        return self.state in ACTIVE
 
     @property
     def run_path(self) -> Path:

@@ -9,13 +9,11 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from manager.web import disk_pages, key_pages, login, lora_pages, metrics_api, model_pages, node_pages, pages
 from manager.web.paths import static_dir
 
 
 def install(app: FastAPI) -> None:
-    # Imported here: the pages depend on manager.deps, which imports manager.web.live through the runtime.
-    from manager.web import disk_pages, key_pages, login, lora_pages, metrics_api, model_pages, node_pages, pages
-
     for module in (metrics_api, pages, model_pages, disk_pages, lora_pages, key_pages, node_pages):
         app.include_router(module.router)
     login.install(app)

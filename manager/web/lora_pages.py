@@ -17,9 +17,9 @@ from fastapi.responses import HTMLResponse
 from manager.deps import EngineHttpDep, PinKeeperDep, SessionDep, SupervisorDep, WorkerId
 from manager.errors import Conflict, Invalid, ManagerError, NotFound
 from manager.lora import engine_api, registry, workers
-from manager.lora.records import LoraAdapterCreate
 from manager.lora.workers import WorkerLoras
 from manager.metrics.pools import PoolsReader
+from manager.schemas.lora_adapter import LoraAdapterCreate
 from manager.services import models
 from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, validate
 from manager.web.render import latency, render

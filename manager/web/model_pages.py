@@ -17,8 +17,9 @@ from pydantic import BaseModel
 from manager.deps import SessionDep, SettingsDep, SupervisorDep, is_authorized
 from manager.errors import ManagerError, NotFound
 from manager.launch.command import preview_command
-from manager.launch.secrets import MARKER, Redactor, without_secrets
+from manager.launch.secrets import Redactor, without_secrets
 from manager.launch.validation import validate_engine_argv
+from manager.schemas.common import MARKER
 from manager.schemas.model_config import ModelConfigCreate, ModelConfigUpdate
 from manager.schemas.offload_profile import (
     EVICTION_POLICIES,

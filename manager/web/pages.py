@@ -11,10 +11,11 @@ from fastapi.responses import HTMLResponse
 
 from manager.deps import MAX_ROW_ID, FrontDoorDep, MetricsDep, SessionDep, SupervisorDep, WorkerId
 from manager.errors import ManagerError, NotFound
-from manager.launch.preflight import plan_now, worker_kv_check
+from manager.launch.preflight import plan_now
 from manager.planner import PlanError, PlanRequest
 from manager.planner.gpus import CATALOGUE, NoGPU, detect_gpu
 from manager.services import models
+from manager.services.kv_check import worker_kv_check
 from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, validate
 from manager.web.live_dep import LiveViewsDep
 from manager.web.render import render

@@ -115,7 +115,7 @@ def token(request) -> str | None:
 def quiet_machine(tmp_path) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch, TestHub() as hub:
         # The vLLM servers other people run on this machine are not this test's to stop or adopt.
-        patch.setattr("manager.supervisor.process.find_engines", lambda exclude: [])
+        patch.setattr("manager.host.process.find_engines", lambda exclude: [])
         # A hub that holds no model: plans and downloads of a hub id get its answers (no such repo).
         patch.setenv("HF_ENDPOINT", hub.url)
         patch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))

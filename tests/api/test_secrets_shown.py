@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from manager.app import create_app
-from manager.launch.secrets import MARKER
+from manager.schemas.common import MARKER
 
 TOKEN = "admin-token-for-tests-" + "t" * 20
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from manager.supervisor import process
+from manager import processes
 from tests.cli.test_cli import _serve as serve_cli
 from tests.support.engine import free_port, stop_leftover_engines, tiny_config, wait_for_state
 
@@ -48,21 +48,21 @@ def test_a_clean_stop_stops_the_workers_and_keep_workers_leaves_them_for_the_nex
         manager = _serve(data, port)
         pid = _ready_worker(port, tiny_llama)["pid"]
         _stop(manager)  # as Ctrl-C or `systemctl stop` would
-        assert not process.alive(pid), "the engine outlived a clean stop of its manager"
+        assert not processes.alive(pid), "the engine outlived a clean stop of its manager"
 
         manager = _serve(data, port, "--keep-workers")
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
         wid = client.post("/api/workers", json={"model": "tiny"}).json()["id"]
         pid = wait_for_state(client, wid, {"ready", "failed"})["pid"]
         _stop(manager)
-        assert process.alive(pid), "--keep-workers stopped the engine"
+        assert processes.alive(pid), "--keep-workers stopped the engine"
 
         manager = _serve(data, port)
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
         adopted = wait_for_state(client, wid, {"ready", "failed", "stopped"}, timeout=60)
         assert adopted["state"] == "ready" and adopted["pid"] == pid
         _stop(manager)
-        assert not process.alive(pid)
+        assert not processes.alive(pid)
     finally:
         stop_leftover_engines(data)
 

@@ -8,8 +8,8 @@ import time
 
 import psutil
 
+from manager import processes
 from manager.cluster.agent import NodeAgent, engine_env
-from manager.supervisor import process
 
 
 def test_an_engine_gets_the_nodes_environment_without_rays_worker_settings():
@@ -41,7 +41,7 @@ def test_an_engine_started_by_the_agent_is_not_its_child_and_its_log_is_read_bac
         assert sample.trees[spawned.pid].alive and sample.host.ram_total_bytes > 0
     finally:
         report = agent.stop_group(spawned.pid, 5.0)
-    assert report.graceful and not process.alive(spawned.pid)
+    assert report.graceful and not processes.alive(spawned.pid)
     assert not agent.alive(spawned.pid, spawned.create_time, spawned.cmdline)
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from manager.cluster.hosts import LocalHost
 from manager.db import make_engine, migrate, session
 from manager.errors import Invalid
+from manager.host.local import LocalHost
 from manager.launch.preflight import HostRamHeldBySleepers, Refused, Sleeper
 from manager.schemas.model_config import ModelConfig
 from manager.supervisor.supervisor import Supervisor

@@ -14,10 +14,10 @@ from fastapi.testclient import TestClient
 from openai import OpenAI
 from ray.cluster_utils import Cluster
 
+from manager import processes
 from manager.app import create_app
 from manager.cluster.nodes import NODE_LABEL
 from manager.cluster.ray_cluster import LOST_AFTER_S
-from manager.supervisor import process
 from tests.frontdoor.test_engine_v1 import metric
 from tests.support.engine import tiny_config, wait_for_state
 
@@ -157,15 +157,15 @@ def test_a_worker_runs_on_the_second_node_and_moves_when_that_node_is_lost(engin
         assert moved["state"] == "ready" and moved["node"] == "head" and moved["address"] == "127.0.0.1"
         assert _answer(c, "tiny-a")
         # The engine left on box2 outlived its raylet; when box2 comes back, it is ended, not duplicated.
-        assert process.alive(first_pid)
+        assert processes.alive(first_pid)
         cluster.add_node(num_cpus=1, labels={NODE_LABEL: "box2"})
         _wait_event(c, "orphan_stopped", timeout=60)
-        assert not process.alive(first_pid)
+        assert not processes.alive(first_pid)
 
         c.post(f"/api/workers/{wid}/stop")
         stopped = wait_for_state(c, wid, {"stopped"}, timeout=60)
         assert stopped["pid"] is None
-    assert not process.alive(moved["pid"])
+    assert not processes.alive(moved["pid"])
 
 
 def test_a_model_with_two_replicas_runs_one_on_each_node_and_both_answer(engine_settings, tiny_llama, two_nodes):

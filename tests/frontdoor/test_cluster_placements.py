@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 import httpx
 
-from manager.cluster.hosts import LocalHost
 from manager.cluster.nodes import NodeState
 from manager.db import make_engine, migrate, session
 from manager.errors import Invalid
 from manager.frontdoor.front_door import FrontDoor
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.usage import UsageRecorder
+from manager.host.local import LocalHost
 from manager.metrics.gpu import GpuReport, GpuSample
 from manager.metrics.host import HostSample
 from manager.planner.gpus import NoGPU

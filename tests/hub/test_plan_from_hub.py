@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from manager.cli import app as cli
+from manager.hub.source import read_model
 from manager.planner import PlanRequest, make_plan
-from manager.planner.model_files import read_model
 from tests.support.hub_server import TestHub
 from tests.support.tiny_hub_model import NOT_LOADED, SERVED_FILES, SHARDS
 
@@ -38,8 +38,8 @@ def test_a_model_not_downloaded_is_planned_from_its_headers_as_it_is_once_downlo
 ) -> None:
     from huggingface_hub import snapshot_download
 
-    from_hub = make_plan(_request(), hub=True)
-    sizes_from_hub = read_model(REPO, hub=True).weights
+    from_hub = make_plan(_request(), read_files=read_model)
+    sizes_from_hub = read_model(REPO).weights
 
     source = from_hub.source
     assert source.kind == "hub" and source.repo == REPO and source.hub == test_hub.url
@@ -54,10 +54,10 @@ def test_a_model_not_downloaded_is_planned_from_its_headers_as_it_is_once_downlo
     assert any("a download takes" in w for w in from_hub.warnings)
 
     snapshot_download(REPO, cache_dir=hub_env, endpoint=test_hub.url, allow_patterns=list(SERVED_FILES))
-    on_disk = make_plan(_request(), hub=True)
+    on_disk = make_plan(_request(), read_files=read_model)
 
     assert on_disk.source.kind == "cache"
-    assert read_model(REPO, hub=True).weights == sizes_from_hub  # every byte, per dtype, from the headers alone
+    assert read_model(REPO).weights == sizes_from_hub  # every byte, per dtype, from the headers alone
     assert on_disk.line("weights_total").model_dump() == from_hub.line("weights_total").model_dump()
     assert [line.model_dump() for line in on_disk.lines] == [line.model_dump() for line in from_hub.lines]
     assert on_disk.kv_cache_tokens == from_hub.kv_cache_tokens

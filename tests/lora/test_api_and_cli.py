@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from manager.app import create_app
 from manager.cli_loras import loras_app
-from manager.lora.records import LoraAdapter
 from manager.routes import loras
+from manager.schemas.lora_adapter import LoraAdapter
 from tests.lora.peft_adapters import make_llama_adapter
 
 MIGRATION = Path(__file__).parents[2] / "manager/migrations/versions/0003_lora_adapters.py"

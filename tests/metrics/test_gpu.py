@@ -7,10 +7,10 @@ from __future__ import annotations
 import pynvml
 import pytest
 
+from manager.host.gpu_cleanup import end_gpu_orphans
 from manager.metrics import gpu
 from manager.metrics.gpu import NO_GPU, GpuCollector, GpuDevice, GpuProcess, Nvml, NvmlUnavailable, worker_gpu_memory
 from manager.planner.gpus import GPU, detect_gpu
-from manager.supervisor.gpu_cleanup import end_gpu_orphans
 from tests.support.nvml import GIB, FakeNvml
 
 

@@ -14,14 +14,15 @@ import time
 
 import pytest
 
+from manager import processes
 from manager.errors import Invalid
+from manager.host import process
 from manager.launch import preflight
 from manager.planner import PlanRequest, make_plan
 from manager.planner.cpu_host import CPU_STARTUP_BYTES
 from manager.planner.engine_report import parse_engine_kv_report
 from manager.planner.host import HostMemory, read_node_memory
 from manager.schemas.model_config import ModelConfig
-from manager.supervisor import process
 from tests.support.engine import free_port, running_engine, tiny_engine_argv
 
 G = 1 << 30
@@ -129,7 +130,7 @@ def test_a_switch_counts_the_memory_of_the_engine_it_replaces_as_available(tiny_
         deadline = time.monotonic() + 30
         while "ready" not in (tmp_path / "holder.log").read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
-        found = process.identity(holder.pid)
+        found = processes.identity(holder.pid)
         assert found is not None
         running = (holder.pid, found.create_time, tuple(found.cmdline))
         assert preflight.engine_memory(*running) >= 400 << 20

@@ -12,9 +12,10 @@ import psutil
 import pytest
 from fastapi.testclient import TestClient
 
+from manager import processes
 from manager.app import create_app
+from manager.host import process
 from manager.launch.flags import flag_value
-from manager.supervisor import process
 from tests.support.engine import START_TIMEOUT
 from tests.support.engine import tiny_config as _config
 from tests.support.engine import wait_for_state as _wait
@@ -42,7 +43,7 @@ def _engine_pids(model_dir) -> list[int]:
 
 
 def _assert_gone(pid: int) -> None:
-    assert not process.alive(pid), f"pid {pid} is still alive"
+    assert not processes.alive(pid), f"pid {pid} is still alive"
     assert process.group_members(pid) == [], "a process of the engine's group survived the stop"
 
 
@@ -180,7 +181,7 @@ def test_concurrent_starts_make_one_engine_and_a_restarted_manager_adopts_it(eng
         pid = worker["pid"]
 
     # The manager is gone; its engine is not.
-    assert process.alive(pid)
+    assert processes.alive(pid)
     with TestClient(create_app(engine_settings)) as c:
         worker = _wait(c, wid, {"ready", "failed", "stopped"}, timeout=60)
         assert worker["state"] == "ready" and worker["pid"] == pid

@@ -21,8 +21,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from manager.app import create_app
-from manager.launch.secrets import MARKER, Redactor
-from manager.supervisor import process
+from manager.host import process
+from manager.launch.secrets import Redactor
+from manager.schemas.common import MARKER
 from manager.supervisor.logs import LogTail, new_log_file
 from tests.frontdoor.conftest import served
 

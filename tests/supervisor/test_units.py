@@ -10,9 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-from manager.supervisor import process
+from manager import processes
+from manager.host import process
+from manager.schemas.worker import ENDED_STATES
 from manager.supervisor.logs import LogTail, meaningful_error, new_log_file
 from manager.supervisor.policy import backoff_delay
+from manager.supervisor.worker_state import ACTIVE, State
 
 VLLM_FAILURE = """\
 (APIServer pid=15879) INFO 11-21 03:41:33 [api_server.py:1] vLLM API server version 0.32.0
@@ -29,6 +32,11 @@ RuntimeError: Engine core initialization failed. See root cause above. Failed co
 def test_backoff_doubles_from_ten_seconds_up_to_five_minutes():
     assert [backoff_delay(n) for n in range(1, 8)] == [10, 20, 40, 80, 160, 300, 300]
     assert backoff_delay(3, base_s=1, cap_s=3) == 3
+
+
+def test_a_stored_worker_holds_its_config_in_every_active_state():
+    # Deleting a model config reads the stored states; the supervisor's ACTIVE set must say the same.
+    assert {s.value for s in State if s not in ACTIVE} == set(ENDED_STATES)
 
 
 def test_error_line_is_the_root_cause_not_the_summary():
@@ -91,7 +99,7 @@ def test_stop_group_kills_a_tree_that_ignores_sigterm(tmp_path):
     assert not report.graceful
     assert set(report.killed) >= {popen.pid, child}
     assert report.leftover == []
-    assert not process.alive(child) and popen.poll() == -signal.SIGKILL
+    assert not processes.alive(child) and popen.poll() == -signal.SIGKILL
 
 
 def test_stop_group_is_graceful_when_the_engine_listens(tmp_path):
@@ -104,13 +112,13 @@ def test_stop_group_is_graceful_when_the_engine_listens(tmp_path):
 def test_identity_matches_only_the_same_process(tmp_path):
     popen = process.spawn([sys.executable, "-c", "import time; time.sleep(600)"], {}, tmp_path / "l.log")
     try:
-        me = process.identity(popen.pid)
-        assert process.matches(me.pid, me.create_time, me.cmdline)
-        assert not process.matches(me.pid, me.create_time + 5, me.cmdline)  # a reused pid
-        assert not process.matches(me.pid, me.create_time, [*me.cmdline, "--other"])
+        me = processes.identity(popen.pid)
+        assert processes.matches(me.pid, me.create_time, me.cmdline)
+        assert not processes.matches(me.pid, me.create_time + 5, me.cmdline)  # a reused pid
+        assert not processes.matches(me.pid, me.create_time, [*me.cmdline, "--other"])
     finally:
         process.stop_group(popen.pid, 5, popen)
-    assert not process.matches(me.pid, me.create_time, me.cmdline)
+    assert not processes.matches(me.pid, me.create_time, me.cmdline)
 
 
 def test_engine_command_lines_are_recognised():
@@ -135,7 +143,7 @@ def test_stale_offload_files_are_the_unmapped_ones(tmp_path):
     )
     try:
         assert holder.stdout.readline().strip() == "ok"
-        assert process.stale_offload_files(tmp_path) == [stale]
+        assert processes.stale_offload_files(tmp_path) == [stale]
     finally:
         holder.kill()
         holder.wait()

@@ -8,10 +8,10 @@ import time
 
 import pynvml
 
-from manager.launch.secrets import MARKER
+from manager.host import process
+from manager.host.gpu_cleanup import end_gpu_orphans
 from manager.metrics.gpu import Nvml
-from manager.supervisor import process
-from manager.supervisor.gpu_cleanup import end_gpu_orphans
+from manager.schemas.common import MARKER
 from tests.support.nvml import MIB, FakeNvml
 
 

@@ -15,7 +15,8 @@ import httpx
 import psutil
 import pytest
 
-from manager.supervisor import process
+from manager import processes
+from manager.host import process
 
 
 def free_port() -> int:
@@ -92,7 +93,7 @@ def stop_leftover_engines(data_dir: Path) -> None:
         rows = list(db.exec(select(Worker)))
     engine.dispose()
     for row in rows:
-        if row.pid and process.matches(row.pid, row.pid_create_time, row.cmdline):
+        if row.pid and processes.matches(row.pid, row.pid_create_time, row.cmdline):
             process.stop_group(row.pid, 10)
     # An engine no row holds any more (left on a node that was lost, when its worker moved) still runs
     # in one of the data folder's run folders.

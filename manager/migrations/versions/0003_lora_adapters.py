@@ -14,7 +14,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # Mirrors manager.lora.records.LoraAdapter.
+    # Mirrors manager.schemas.lora_adapter.LoraAdapter.
     op.create_table(
         "lora_adapter",
         sa.Column("id", sa.Integer(), primary_key=True),

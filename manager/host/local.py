@@ -1,8 +1,8 @@
 """Where a worker's engine process runs: the one interface the supervisor's runner carries out its
 process effects through (start, recognise, stop, clean up, read its log), and the local host.
 
-The Ray host (``ray_host.py``) runs the same local code on another node through that node's agent;
-nothing above the runner knows which one a worker has.
+The Ray host (``manager.cluster.ray_cluster``) runs the same local code on another node through that
+node's agent; nothing above the runner knows which one a worker has.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from manager.supervisor import gpu_cleanup, process
+from manager import processes
+from manager.host import gpu_cleanup, process
 
 LOOPBACK = "127.0.0.1"
 LOG_CHUNK = 1 << 20  # the most a log read returns at once
@@ -67,7 +68,7 @@ class LocalHost:
         for pid in ended[: max(0, len(ended) - KEEP_ENDED)]:
             del self._popens[pid]
         self._popens[popen.pid] = popen
-        found = process.identity(popen.pid)
+        found = processes.identity(popen.pid)
         if found is None:
             return Spawned(popen.pid, None, tuple(argv))
         return Spawned(popen.pid, found.create_time, found.cmdline)
@@ -76,7 +77,7 @@ class LocalHost:
         popen = self._popens.get(pid)
         if popen is not None:
             return popen.poll() is None
-        return process.matches(pid, create_time, cmdline)
+        return processes.matches(pid, create_time, cmdline)
 
     def exit_code(self, pid: int) -> int | None:
         popen = self._popens.get(pid)
@@ -89,16 +90,10 @@ class LocalHost:
         return gpu_cleanup.end_gpu_orphans(gpus, pids)
 
     def remove_stale_offload_files(self) -> list[str]:
-        return process.remove_stale_offload_files()
+        return processes.remove_stale_offload_files()
 
     def read_log(self, path: Path, offset: int) -> bytes:
         return read_chunk(path, offset)
-
-
-def node_folders(data_dir: Path, node: str, worker_id: int) -> tuple[Path, Path]:
-    """A worker's run folder and log folder on another node: under the same data dir path there."""
-    root = data_dir / "nodes" / node
-    return root / "run" / f"worker-{worker_id}", root / "logs" / f"worker-{worker_id}"
 
 
 def read_chunk(path: Path, offset: int) -> bytes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from manager.errors import Invalid
-from manager.launch.model_location import check_startable, download_note, not_cached
+from manager.hub.model_location import check_startable, download_note, not_cached
 from manager.planner.model_files import find_model_folder
 from tests.support.hub_cache import complete_model, put_revision
 
