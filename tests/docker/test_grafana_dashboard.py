@@ -148,7 +148,8 @@ def test_a_query_naming_a_metric_nobody_exports_is_caught(dashboard, known_names
     requests = next(t for t in targets if "vllm_manager_proxy_requests_total" in t["expr"])
     # The family's name: a counter's series end in _total.
     requests["expr"] = requests["expr"].replace("vllm_manager_proxy_requests_total", "vllm_manager_proxy_requests")
-    broken["templating"]["list"][1]["query"]["query"] = "label_values(vllm:num_requests_runnin, model_name)"
+    variable = next(v for v in broken["templating"]["list"] if v["name"] == "model_name")
+    variable["query"]["query"] = "label_values(vllm:num_requests_runnin, model_name)"
     found = unknown_metrics(broken, known_names)
     assert sorted(name for names in found.values() for name in names) == [
         "vllm:gpu_cache_usage_perc",
