@@ -58,7 +58,7 @@ def published(service: dict) -> dict[int, tuple[str, int]]:
 
 def test_the_example_env_file_gives_a_valid_configuration(docker_compose, tmp_path):
     config = resolved(docker_compose, tmp_path, ENV_EXAMPLE.read_text().splitlines())
-    assert set(config["services"]) == {"manager", "manager-cpu", "ray-head", "ray-worker"}
+    assert set(config["services"]) == {"manager", "manager-cpu", "ray-head", "ray-worker", "prometheus", "grafana"}
 
 
 def test_the_ray_profiles_start_the_head_with_the_manager_and_join_workers_to_it(docker_compose, tmp_path):
