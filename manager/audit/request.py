@@ -23,7 +23,7 @@ ACTIONS = frozenset({"import", "plan", "login", "logout"})
 TARGET_FIELDS = ("name", "model", "repo")
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 SECRET_FIELD = re.compile(r"token|key|secret|password|credential|auth", re.IGNORECASE)
-SECRET_SHAPES = re.compile(r"\b(?:vmt|vmk|hf|sk)_[A-Za-z0-9_-]{8,}|\b[Bb]earer\s+\S+")
+SECRET_SHAPES = re.compile(r"\b(?:vmt|vmk|hf|sk)_[A-Za-z0-9_-]{8,}|\b[Bb]earer\s+[A-Za-z0-9._~+/=-]{16,}")
 SHORTEST_SECRET = 4  # shorter values are not hidden from messages: they would hide words instead
 
 

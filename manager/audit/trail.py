@@ -100,7 +100,7 @@ class AuditTrail:
 def entry_for(
     scope: Scope, route: BaseRoute, note: Note, body: bytes, content_type: str, answer: dict[str, Any], complete: bool
 ) -> AuditEntry:
-    template = getattr(route, "path_format", None) or getattr(route, "path", scope["path"])
+    template = str(getattr(route, "path_format", None) or getattr(route, "path", None) or scope["path"])
     data = read.parse_body(body, content_type) if complete else None
     status = int(answer["status"])
     message = note.message

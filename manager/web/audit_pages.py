@@ -36,11 +36,12 @@ router = APIRouter(include_in_schema=False, dependencies=[Depends(require_login)
 
 def _chosen(request: Request) -> dict[str, str]:
     asked = request.query_params
+    period, outcome = asked.get("range") or "", asked.get("outcome") or ""
     return {
-        "range": asked.get("range") if asked.get("range") in RANGES else "7d",
+        "range": period if period in RANGES else "7d",
         "who": (asked.get("who") or "").strip()[:256],
         "action": (asked.get("action") or "").strip()[:256],
-        "outcome": asked.get("outcome") if asked.get("outcome") in OUTCOMES else "",
+        "outcome": outcome if outcome in OUTCOMES else "",
     }
 
 
