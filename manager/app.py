@@ -11,7 +11,7 @@ from fastapi import Depends, FastAPI
 from manager import __version__, error_responses, openapi, web
 from manager.audit.trail import AuditTrail
 from manager.deps import InferenceRoute, require_admin_access
-from manager.inference_endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS
+from manager.inference_endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS, is_front_door
 from manager.middleware import BodyLimit, FramingForbidden, HeadAsGet, TrustedHosts
 from manager.routes import (
     audit,
@@ -72,7 +72,10 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
 
     # The innermost: it sees each request after routing, and every answer, refusals of the routes included.
     app.add_middleware(
-        AuditTrail, skip=(InferenceRoute,), max_body=max(settings.max_body_bytes, settings.max_import_bytes)
+        AuditTrail,
+        skip=(InferenceRoute,),
+        skip_path=is_front_door,
+        max_body=max(settings.max_body_bytes, settings.max_import_bytes),
     )
     app.add_middleware(TrustedHosts, allowed_hosts=settings.trusted_hosts())
     app.add_middleware(

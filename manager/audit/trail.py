@@ -10,6 +10,7 @@ cannot be written is logged, and the request it records is answered all the same
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -31,17 +32,26 @@ MAX_ERROR_BODY = 64 * 1024  # an error answer is read this far for its message
 
 
 class AuditTrail:
-    """``engine``: the store to write to, looked up per request (the app's runtime opens it at start).
-    ``skip``: routes that are not admin changes (/v1's); ``max_body``: the most of a body that is read
-    for its field names (the largest body the app takes)."""
+    """The store written to is the app's runtime's (opened at start). ``skip``: routes that are not admin
+    changes (/v1's), and ``skip_path``: their paths, told before routing so that a /v1 request costs
+    nothing here; ``max_body``: the most of a body that is read for its field names (the largest body
+    the app takes)."""
 
-    def __init__(self, app: ASGIApp, *, skip: tuple[type[BaseRoute], ...] = (), max_body: int = 16 << 20) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        skip: tuple[type[BaseRoute], ...] = (),
+        skip_path: Callable[[str], bool] = lambda _path: False,
+        max_body: int = 16 << 20,
+    ) -> None:
         self.app = app
         self.skip = skip
+        self.skip_path = skip_path
         self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in RECORDED_METHODS:
+        if scope["type"] != "http" or scope["method"] not in RECORDED_METHODS or self.skip_path(scope["path"]):
             await self.app(scope, receive, send)
             return
         note = scope[NOTE] = Note()

@@ -1,5 +1,5 @@
 """Every change asked of the manager over HTTP leaves exactly one audit row naming its route, whatever
-came of it; reads leave none; logging in and out are recorded with the session they made or ended."""
+came of it; reads and inference leave none; logging in and out are recorded with the session they made or ended."""
 
 from __future__ import annotations
 
@@ -74,6 +74,9 @@ def test_every_form_post_of_the_dashboard_leaves_one_row_naming_it(client):
 def test_reads_leave_no_row_and_refusals_are_recorded_with_their_outcome(client):
     client.get("/api/models", headers=BEARER)
     client.get("/", headers=BEARER)
+    # Inference is not an admin change: /v1 leaves no row, answered or refused.
+    client.post("/v1/chat/completions", json={"model": "none", "messages": []}, headers=BEARER)
+    client.post("/v1/not-a-path", json={})
     assert audit_rows(client) == []
     refused = client.post("/api/models", json={"name": "a", "model": "org/a"})  # no token
     assert refused.status_code == 401
