@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl
 
+from manager.launch.secrets import Redactor
 from manager.schemas.audit import MAX_FIELDS, MAX_TARGET
 from manager.schemas.common import MARKER
 
@@ -99,11 +100,12 @@ def secrets_in(data: Any, secret: bool = False) -> Iterator[str]:
 
 
 def scrub(message: str, secrets: set[str]) -> str:
-    """The message with each of these values, and anything shaped like a token or key, as <hidden>."""
+    """The message with each of these values, anything shaped like a token or key, any secret flag's
+    value however short (--api-key abc) and the user part of any URL as <hidden>."""
     for secret in sorted(secrets, key=len, reverse=True):
         if len(secret) >= SHORTEST_SECRET:
             message = message.replace(secret, MARKER)
-    return SECRET_SHAPES.sub(MARKER, message)
+    return Redactor().text(SECRET_SHAPES.sub(MARKER, message))
 
 
 def error_message(body: bytes, content_type: str) -> str | None:

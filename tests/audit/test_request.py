@@ -34,6 +34,8 @@ def test_a_message_that_quotes_a_secret_keeps_its_words_not_the_secret():
     message = "rejected: --api-key 'k3y-value' and HF_TOKEN=abcd-secret, wandb-value; also vmt_0123456789abcdef"
     assert scrub(message, found) == "rejected: --api-key '<hidden>' and HF_TOKEN=<hidden>, <hidden>; also <hidden>"
     assert scrub("send 'Authorization: Bearer <token>'", set()) == "send 'Authorization: Bearer <token>'"
+    assert scrub("--api-key abc is refused", set()) == "--api-key <hidden> is refused"
+    assert scrub("cannot reach https://user:pw@hub.example/x", set()) == "cannot reach https://<hidden>@hub.example/x"
 
 
 def test_only_field_names_and_a_target_are_kept_of_a_body():
