@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlmodel import Session, select
@@ -27,6 +27,7 @@ class Note:
     token: str | None = None  # the admin token behind ``who``: token:<id> or env-token
     token_name: str | None = None
     message: str | None = None  # what went wrong, where the answer is a page rather than an error body
+    changed: set[str] = field(default_factory=set)  # stored fields whose value it changed (manager.audit.changes)
 
 
 def note_of(scope: MutableMapping[str, Any]) -> Note | None:

@@ -94,6 +94,7 @@ def to_public(row: AuditEntry) -> AuditEntryPublic:
         action=row.action,
         target=row.target,
         fields=list(row.fields),
+        changed=list(row.changed),
         status=row.status,
         outcome="ok" if row.status < 400 else "failed",
         message=row.message,

@@ -19,11 +19,11 @@ from starlette.datastructures import Headers
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from manager.audit import changes, store
 from manager.audit import request as read
-from manager.audit import store
 from manager.audit.caller import NOTE, Note
 from manager.db import session
-from manager.schemas.audit import AuditEntry
+from manager.schemas.audit import MAX_FIELDS, AuditEntry
 
 log = logging.getLogger("vllm_manager.audit")
 
@@ -76,6 +76,7 @@ class AuditTrail:
                 answer["body"].extend(message.get("body", b""))
             await send(message)
 
+        watching = changes.CURRENT.set(note)
         try:
             await self.app(scope, reading, sending)
         except Exception as exc:
@@ -83,6 +84,7 @@ class AuditTrail:
             note.message = note.message or f"the manager failed: {type(exc).__name__}"
             raise
         finally:
+            changes.CURRENT.reset(watching)
             route = scope.get("route")
             if (
                 route is not None
@@ -132,6 +134,7 @@ def entry_for(
         action=read.action_of(scope["method"], template),
         target=read.target_of(dict(scope.get("path_params") or {}), data),
         fields=read.fields_of(data),
+        changed=sorted(note.changed)[:MAX_FIELDS],
         status=status,
         message=message,
     )

@@ -51,6 +51,7 @@ class AuditEntry(SQLModel, table=True):
     action: str  # such as models.update or workers.stop
     target: str | None = None  # the id or name acted on
     fields: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))  # names only
+    changed: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))  # names only
     status: int  # the HTTP status it was answered with (the CLI: 200 done, 4xx refused)
     message: str | None = None  # what was wrong, for a failure
 
@@ -70,6 +71,9 @@ class AuditEntryPublic(BaseModel):
     action: str = Described(description="What was asked, such as models.update or workers.stop")
     target: str | None = Described(description="The id or name acted on")
     fields: list[str] = Described(description="The names of the fields the request sent (never their values)")
+    changed: list[str] = Described(
+        description="The stored fields whose value it changed, such as extra_args for an update (never the values)"
+    )
     status: int = Described(description="The HTTP status it was answered with")
     outcome: str = Described(description="ok (below 400) or failed")
     message: str | None = Described(description="What was wrong, for a failure")

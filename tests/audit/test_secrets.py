@@ -58,5 +58,7 @@ def test_no_secret_appears_anywhere_in_the_audit_table(client, settings):
         "tokens.create", "tokens.rotate", "models.delete",
     ]  # fmt: skip
     assert rows[0]["fields"] == '["env", "extra_args", "model", "name"]'
+    # The update sent every field; it changed two, and the row names those (an empty list for a create).
+    assert rows[1]["changed"] == '["extra_args", "max_num_seqs"]' and rows[0]["changed"] == "[]"
     assert rows[2]["message"] and rows[2]["status"] == 422  # the refusal's reason is kept
     assert rows[-1]["who"].startswith("token:") and rows[-1]["token_name"] == "ci"

@@ -28,6 +28,7 @@ def upgrade() -> None:
         sa.Column("action", sa.String(), nullable=False),
         sa.Column("target", sa.String(), nullable=True),
         sa.Column("fields", sa.JSON(), nullable=False),
+        sa.Column("changed", sa.JSON(), nullable=False),
         sa.Column("status", sa.Integer(), nullable=False),
         sa.Column("message", sa.String(), nullable=True),
         sqlite_autoincrement=True,
