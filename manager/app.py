@@ -9,10 +9,12 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from manager import __version__, error_responses, openapi, web
-from manager.deps import require_admin_access
-from manager.inference_endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS
+from manager.audit.trail import AuditTrail
+from manager.deps import InferenceRoute, require_admin_access
+from manager.inference_endpoints import JSON_ENDPOINTS, MULTIPART_ENDPOINTS, is_front_door
 from manager.middleware import BodyLimit, FramingForbidden, HeadAsGet, TrustedHosts
 from manager.routes import (
+    audit,
     cache,
     docs,
     downloads,
@@ -68,6 +70,13 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
         redoc_url=None,
     )
 
+    # The innermost: it sees each request after routing, and every answer, refusals of the routes included.
+    app.add_middleware(
+        AuditTrail,
+        skip=(InferenceRoute,),
+        skip_path=is_front_door,
+        max_body=max(settings.max_body_bytes, settings.max_import_bytes),
+    )
     app.add_middleware(TrustedHosts, allowed_hosts=settings.trusted_hosts())
     app.add_middleware(
         BodyLimit,
@@ -98,6 +107,7 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
         sessions,
         usage,
         downloads,
+        audit,
     ):
         app.include_router(module.router)
     app.include_router(cache.router)

@@ -377,3 +377,12 @@ def _register_download_commands() -> None:
 
 
 _register_download_commands()
+
+
+def _register_audit_command() -> None:
+    from manager.cli_audit import audit
+
+    app.command("audit")(audit)
+
+
+_register_audit_command()

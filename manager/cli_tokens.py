@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from manager.cli_common import DataDir, fail, open_db, run, settings_for
+from manager.cli_audit import audited
+from manager.cli_common import DataDir, fail, open_db, settings_for
 
 token_app = typer.Typer(help="Admin API tokens.", no_args_is_help=True)
 sessions_app = typer.Typer(help="Browser sessions from the login page.", no_args_is_help=True)
@@ -28,7 +29,7 @@ def create(
     from manager.services import tokens
 
     with open_db(settings_for(data_dir)) as db:
-        token = tokens.create_token(db, name)
+        token = audited(db, "token create", "tokens.create", name, tokens.create_token, db, name)
     typer.echo(token)
     typer.secho(STORE_IT, err=True)
 
@@ -56,7 +57,7 @@ def revoke(
     from manager.services import tokens
 
     with open_db(settings_for(data_dir)) as db:
-        gone, ended = run(tokens.revoke_token, db, token, last)
+        gone, ended = audited(db, "token revoke", "tokens.revoke", token, tokens.revoke_token, db, token, last)
     typer.echo(f"revoked token {gone.id} ({gone.name}); {_sessions(ended)} ended")
 
 
@@ -67,7 +68,7 @@ def rotate(token: TokenRef, data_dir: DataDir = None) -> None:
     from manager.services import tokens
 
     with open_db(settings_for(data_dir)) as db:
-        new, old, ended = run(tokens.rotate_token, db, token)
+        new, old, ended = audited(db, "token rotate", "tokens.rotate", token, tokens.rotate_token, db, token)
     typer.echo(new)
     typer.secho(f"Token {old.id} ({old.name}) no longer works; {_sessions(ended)} ended. {STORE_IT}", err=True)
 
@@ -106,9 +107,9 @@ def sessions_revoke(
         fail("name one session by its id, or pass --all (not both)")
     with open_db(settings_for(data_dir)) as db:
         if all_:
-            ended = sessions.end_all(db)
+            ended = audited(db, "sessions revoke --all", "sessions.delete", None, sessions.end_all, db)
         else:
-            run(sessions.end_by_id, db, session_id)
+            audited(db, "sessions revoke", "sessions.delete", str(session_id), sessions.end_by_id, db, session_id)
             ended = 1
     typer.echo(f"{_sessions(ended)} ended")
 

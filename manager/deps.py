@@ -12,6 +12,7 @@ from fastapi.routing import APIRoute
 from sqlmodel import Session
 from starlette.responses import Response
 
+from manager.audit import caller
 from manager.auth import sessions
 from manager.auth.throttle import WrongTokenThrottle
 from manager.db import session as open_session
@@ -222,14 +223,17 @@ def has_credentials(request: Request, db: Session, settings: Settings) -> bool:
     inference key sent here counts against the keys' limit, not the admin token's."""
     token = bearer(request)
     if token is None:
-        if not has_valid_session(request, db, settings):
+        found = current_session(request, db, settings)
+        if found is None:
             return False
         refuse_unproven_origin(request)
+        caller.by_session(request.scope, db, found, settings.env_token)
         return True
     kind = kind_of(token)
     throttles = runtime_of(request).throttles
     refuse_while_throttled(request, kind, throttles)
     if tokens.token_is_valid(db, token, settings.env_token):
+        caller.by_token(request.scope, db, token, settings.env_token)
         return True
     record_wrong_token(request, kind, throttles)
     raise Unauthorized("the bearer token is not valid")
@@ -271,7 +275,10 @@ def _check_admin_access(request: Request) -> None:
     if isinstance(request.scope.get("route"), OpenRoute):
         return
     with open_session(runtime.engine) as db:
-        if not tokens.auth_required(db, settings.env_token) or has_credentials(request, db, settings):
+        if not tokens.auth_required(db, settings.env_token):
+            caller.anonymous(request.scope)
+            return
+        if has_credentials(request, db, settings):
             return
     if request.method not in SAFE_METHODS:
         raise Unauthorized(

@@ -2,8 +2,8 @@
 
 The store, the HTTP client to the engines, the supervisor (with the planner's pre-start check), the
 metrics collector and the views of it that the pages stream, the keeper of pinned LoRA adapters, the
-front door (/v1: the scheduler and the proxy) and the recorder of its usage, and the limit on wrong
-tokens (browser sessions live in the store: manager.auth.sessions).
+front door (/v1: the scheduler and the proxy) and the recorder of its usage, the audit log's retention,
+and the limit on wrong tokens (browser sessions live in the store: manager.auth.sessions).
 The app's lifespan opens one ``Runtime``; routes reach its parts through ``manager.deps``.
 """
 
@@ -18,6 +18,7 @@ import httpx
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
+from manager.audit.retention import AuditRetention
 from manager.auth import sessions
 from manager.auth.throttle import ADMIN_TOKEN, INFERENCE_KEY, WrongTokenThrottle
 from manager.cluster.ray_cluster import RayCluster
@@ -53,6 +54,7 @@ class Runtime:
     wrong_keys: WrongTokenThrottle  # inference keys that are not (any more), sent anywhere
     usage: UsageRecorder
     downloads: Downloads
+    audit_retention: AuditRetention
 
     @property
     def throttles(self) -> dict[str, WrongTokenThrottle]:
@@ -98,11 +100,13 @@ class Runtime:
             downloads=downloads,
             wrong_tokens=WrongTokenThrottle(),
             wrong_keys=WrongTokenThrottle(),
+            audit_retention=AuditRetention(engine, settings.audit_retention_days),
         )
         collector.start()
         runtime.pin_keeper.start()
         runtime.front_door.start()
         usage.start()
+        runtime.audit_retention.start()
         log_inference_access(settings, engine)
         if settings.open_reads and not is_loopback(settings.host):
             log.warning("pages and reads are open to anyone who reaches %s (VLLM_MANAGER_OPEN_READS)", settings.host)
@@ -115,6 +119,7 @@ class Runtime:
         await self.front_door.stop()
         await self.downloads.close()
         await self.usage.stop()
+        await self.audit_retention.stop()
         await self.pin_keeper.stop()
         await self.metrics.stop()
         await self.supervisor.shut_down()

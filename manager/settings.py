@@ -59,6 +59,8 @@ class Settings(BaseSettings):
     backoff_cap_s: float = 300.0
     healthy_reset_s: float = 600.0
     metrics_retention_days: float = 7.0
+    # Rows of the audit log older than this are deleted (at start, then daily).
+    audit_retention_days: float = Field(default=90.0, gt=0)
     validation_timeout_s: float = 180.0
     # Request bodies larger than this are refused (413). An export file of every config is far smaller
     # than the import limit; a config alone is at most a few hundred KiB.

@@ -14,7 +14,9 @@ from urllib.parse import quote, urlsplit
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from sqlmodel import Session
 
+from manager.audit import caller
 from manager.auth import sessions
 from manager.auth.throttle import WRONG
 from manager.deps import (
@@ -71,6 +73,7 @@ async def log_in(request: Request, db: SessionDep, settings: SettingsDep, thrott
     token = str(form.get("token") or "").strip()
     next_path = safe_next(str(form.get("next") or ""))
     if not await run_in_threadpool(tokens.auth_required, db, settings.env_token):
+        caller.anonymous(request.scope)
         return RedirectResponse(next_path, 303)  # nothing to log in to: every page is open
     address = client_address(request)
     kind = kind_of(token)
@@ -78,15 +81,19 @@ async def log_in(request: Request, db: SessionDep, settings: SettingsDep, thrott
     wait_s = throttle.retry_after(address)
     if wait_s is not None:
         message = f"Too many {WRONG[kind]} from {address}: try again in {wait_s} s."
+        caller.failed(request.scope, message)
         return _page(429, {"Retry-After": str(wait_s)}, state="form", next=next_path, error=message)
     if not token:
+        caller.failed(request.scope, "no token was entered")
         return _page(401, state="form", next=next_path, error="Enter the API token.")
     digest = await run_in_threadpool(tokens.digest_if_valid, db, token, settings.env_token)
     if digest is None:
         throttle.record_failure(address)
+        caller.failed(request.scope, "the token entered is not a valid API token")
         return _page(401, state="form", next=next_path, error="That is not a valid API token.")
     user_agent = request.headers.get("user-agent", "")
     value = await run_in_threadpool(sessions.start, db, digest, address, user_agent, utcnow())
+    await run_in_threadpool(_note_session, request, db, value, settings.env_token)
     response = RedirectResponse(next_path, 303)
     response.set_cookie(
         SESSION_COOKIE,
@@ -101,15 +108,23 @@ async def log_in(request: Request, db: SessionDep, settings: SettingsDep, thrott
 
 
 @router.post("/logout")
-def log_out(request: Request, db: SessionDep) -> Response:
+def log_out(request: Request, db: SessionDep, settings: SettingsDep) -> Response:
     value = request.cookies.get(SESSION_COOKIE)
     if value:
+        _note_session(request, db, value, settings.env_token)
         sessions.end(db, value)  # the cookie the browser deletes stops working everywhere else too
     response = RedirectResponse("/login", 303)
     response.delete_cookie(
         SESSION_COOKIE, path="/", secure=request.url.scheme == "https", httponly=True, samesite="strict"
     )
     return response
+
+
+def _note_session(request: Request, db: Session, value: str, env_token: str | None) -> None:
+    """The audit log names the session logging in or out (by its id, never its cookie)."""
+    found = sessions.find(db, value, utcnow())
+    if found is not None:
+        caller.by_session(request.scope, db, found, env_token)
 
 
 def to_login_page(_request: Request, exc: LoginNeeded) -> Response:

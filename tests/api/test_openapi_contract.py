@@ -38,6 +38,7 @@ CANNOT_STATE = {
     "GET /api/metrics/history": "a window longer than 0 and no longer than the history kept",
     "POST /api/keys": "each model a key names must be a stored model config",
     "GET /api/usage": "since before until, and a span no longer than the bucket size allows",
+    "GET /api/audit": "since before until",
 }
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # schemathesis' default, for a valid request
 
