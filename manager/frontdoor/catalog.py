@@ -1,6 +1,6 @@
 """What /v1 reads of the store on every request: the names that route to each model config, who may
-call (inference keys, admin token digests), and each config's max_concurrent. Both are read again only once something was
-committed to the store (by this process, another one or the CLI), not per request.
+call (inference keys, admin token digests), and each config's max_concurrent. Each is read again only
+once something was committed to the store (by this process, another one or the CLI), not per request.
 """
 
 from __future__ import annotations

@@ -4,7 +4,11 @@ Per model config: a request is served at once when the config's worker is ready 
 one ``replica_choice`` picks); when it is starting, the request joins that start (one start per config,
 however many requests wait for it); when it is stopped or asleep, ``room`` makes room for it (the
 workers ``manager.placement`` names are put to sleep or stopped), the supervisor starts (or wakes)
-it, and every waiting request goes on when it is ready. A model that must be downloaded first is
+it, and every waiting request goes on when it is ready. Requests that wait (for a start, a swap, a
+drain, or a place among the config's ``max_concurrent`` in flight) go in ``fair_queue``'s order:
+interactive keys before batch ones, the keys taking turns; each waits at most the queue timeout for its
+turn at a ready model (504), a key may have only so many waiting (429), and one whose client leaves
+leaves the queue. A model that must be downloaded first is
 started without evicting anyone (its download holds no GPU, and may take minutes): room is made when
 the download is over and its engine is about to start (the supervisor asks, ``make_room_with``).
 

@@ -45,9 +45,8 @@ class Slot:
     in_flight: int = 0  # requests forwarded to its workers, not yet answered in full
     # Requests waiting for it (a start, a swap, a drain, their turn), in the order they are let through.
     waiting: FairQueue = field(default_factory=FairQueue)
-    joined: set[Ticket] = field(
-        default_factory=set
-    )  # of those, the ones waiting for its start: they count as in flight
+    # Of those, the ones waiting for its start: they count as in flight.
+    joined: set[Ticket] = field(default_factory=set)
     # Set (and replaced) whenever one of its requests ends or stops waiting: the next one may go.
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     last_done: float | None = None  # when its last response ended
