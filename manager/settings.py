@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     proxy_max_queue: int = Field(default=64, ge=0)
     # Of those, the requests one inference key may have waiting for one model (429 beyond); requests
     # without a key share the limit above only.
-    max_queue_per_key: int = Field(default=32, ge=0)
+    max_queue_per_key: int = Field(default=32, ge=1)
     # How long a request waits for its turn at a ready model (its max_concurrent, the fair queue), then 504.
     queue_timeout_s: float = Field(default=600.0, gt=0)
     proxy_retry_after_s: int = Field(default=5, ge=1)
