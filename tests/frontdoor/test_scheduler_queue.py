@@ -66,6 +66,23 @@ def test_max_concurrent_holds_a_request_until_one_in_flight_ends():
     run(body)
 
 
+def test_max_concurrent_counts_the_requests_of_every_replica():
+    async def body():
+        workers = FakeWorkers()
+        workers.add_ready("a", gpus=(0,))
+        workers.add_ready("a", gpus=(1,))
+        scheduler = make(workers, limit=2)
+        first, second = await scheduler.acquire("a"), await scheduler.acquire("a")
+        assert {first.worker_id, second.worker_id} == {1, 2}  # one on each replica
+        third = asyncio.create_task(scheduler.acquire("a"))
+        await asyncio.sleep(0.05)
+        assert not third.done()  # each replica could take more, but the model has its two
+        second.release()
+        assert (await asyncio.wait_for(third, 1)).worker_id == second.worker_id
+
+    run(body)
+
+
 def test_without_max_concurrent_nothing_waits_at_a_ready_model():
     async def body():
         workers = FakeWorkers()
