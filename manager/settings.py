@@ -68,8 +68,13 @@ class Settings(BaseSettings):
     max_import_bytes: int = Field(default=16 * 1024**2, ge=1024)
     # The front door (/v1). Bodies over this size get 413 (audio uploads are the big ones).
     proxy_max_body_bytes: int = Field(default=64 << 20, gt=0)
-    # Requests that may wait for one model (its start, a swap, a drain) before 429 with Retry-After.
+    # Requests that may wait for one model (its start, a swap, a drain, their turn) before 429 with Retry-After.
     proxy_max_queue: int = Field(default=64, ge=0)
+    # Of those, the requests one inference key may have waiting for one model (429 beyond); requests
+    # without a key share the limit above only.
+    max_queue_per_key: int = Field(default=32, ge=1)
+    # How long a request waits for its turn at a ready model (its max_concurrent, the fair queue), then 504.
+    queue_timeout_s: float = Field(default=600.0, gt=0)
     proxy_retry_after_s: int = Field(default=5, ge=1)
     # How long a swap waits for the busy models it must evict to finish their requests, then 503.
     proxy_drain_timeout_s: float = Field(default=60.0, gt=0)

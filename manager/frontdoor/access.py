@@ -39,6 +39,8 @@ class Caller:
     key_id: int = NO_KEY
     key_name: str | None = None
     models: frozenset[str] | None = None  # the model configs it may use; None: all
+    # Its requests' place in a model's queue: "interactive" ones go before "batch" ones (fair_queue).
+    priority: str = "interactive"
 
     def may_use(self, config: str) -> bool:
         return self.models is None or config in self.models

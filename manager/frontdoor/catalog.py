@@ -1,6 +1,6 @@
-"""What /v1 reads of the store on every request: the names that route to each model config, and who
-may call (inference keys, admin token digests). Both are read again only once something was
-committed to the store (by this process, another one or the CLI), not per request.
+"""What /v1 reads of the store on every request: the names that route to each model config, who may
+call (inference keys, admin token digests), and each config's max_concurrent. Each is read again only
+once something was committed to the store (by this process, another one or the CLI), not per request.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ class Catalog:
         self._commits = CommitWatch(engine)
         self._names = ReadAfterCommits(self._commits, self._read_names)
         self._credentials = ReadAfterCommits(self._commits, self._read_credentials)
+        self._max_concurrent = ReadAfterCommits(self._commits, self._read_max_concurrent)
 
     def close(self) -> None:
         self._commits.close()
@@ -41,6 +42,15 @@ class Catalog:
             return self.name_table(caller).resolve(requested)
         except names.UnknownModel as exc:
             raise ModelNotFound(str(exc), param="model") from None
+
+    def max_concurrent(self, config: str) -> int | None:
+        """The most requests ``config`` may have in flight (its max_concurrent); None: no limit."""
+        return self._max_concurrent.get().get(config)
+
+    def _read_max_concurrent(self) -> dict[str, int]:
+        with session(self.engine) as db:
+            rows = db.exec(select(ModelConfig.name, ModelConfig.max_concurrent))
+            return {name: limit for name, limit in rows if limit is not None}
 
     def _read_credentials(self) -> Credentials:
         with session(self.engine) as db:

@@ -118,6 +118,14 @@ class StartTimeout(FrontDoorError):
     code = "model_start_timeout"
 
 
+class QueueTimeout(FrontDoorError):
+    """The request waited for its turn at a busy model (its max_concurrent) longer than the queue timeout."""
+
+    status = 504
+    type = "server_error"
+    code = "queue_timeout"
+
+
 class EngineUnreachable(FrontDoorError):
     status = 502
     type = "server_error"

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from starlette.requests import Request
 
 from manager.frontdoor import names, proxy
-from manager.frontdoor.access import Caller
+from manager.frontdoor.access import ANYONE, Caller
 from manager.frontdoor.errors import EngineUnreachable, FrontDoorError
 from manager.frontdoor.metering import Meter, Tokens, stream_options_to_send
 from manager.frontdoor.replica_choice import affinity_of
@@ -38,11 +38,16 @@ class Held(Protocol):
 
 class LeaseSource(Protocol):
     async def acquire(
-        self, config: str, adapter: str | None, affinity: str | None = None, avoid: tuple[int, ...] = ()
+        self,
+        config: str,
+        adapter: str | None,
+        affinity: str | None = None,
+        avoid: tuple[int, ...] = (),
+        caller: Caller = ANYONE,
     ) -> Held:
         """A lease on a ready worker of ``config`` with ``adapter`` loaded; FrontDoorError when none can be had.
         Of several replicas: the one ``affinity`` (the request's conversation) and the load say, passing
-        over the workers in ``avoid``."""
+        over the workers in ``avoid``. While it waits, ``caller``'s key and priority set its place in line."""
         ...
 
     def adapter_missing(self, lease: Held, adapter: str) -> None:
@@ -133,7 +138,7 @@ class Forwarding:
         added: proxy.AddedTime,
         affinity: str | None = None,
     ) -> proxy.UpstreamResponse:
-        lease, upstream = await self._send(request, path, target, encoded, added, affinity)
+        lease, upstream = await self._send(request, path, target, encoded, added, affinity, caller)
         try:
             status = upstream.status_code
             if target.adapter and status == 404:
@@ -162,6 +167,7 @@ class Forwarding:
         encoded: Callable[[], tuple[bytes, str]],
         added: proxy.AddedTime,
         affinity: str | None,
+        caller: Caller,
     ) -> tuple[Held, EngineAnswer]:
         """The request sent to a ready worker, and its lease. An engine that does not answer at all (it
         just crashed or stopped) is passed over once for another replica of the model, when there is one:
@@ -170,7 +176,7 @@ class Forwarding:
         unanswered: EngineUnreachable | None = None
         while True:
             asked = time.perf_counter()
-            lease = await self.leases.acquire(target.config, target.adapter, affinity, avoid)
+            lease = await self.leases.acquire(target.config, target.adapter, affinity, avoid, caller)
             if lease.queued:
                 added.waited += time.perf_counter() - asked
             if unanswered is not None and lease.worker_id in avoid:  # no other replica is ready

@@ -127,12 +127,15 @@ class FrontDoor:
         self.usage = usage
         self._detect_gpu = gpu
         self._gpu: GPU | NoGPU | None = None
+        self.catalog = Catalog(engine)
         self.scheduler = Scheduler(
             supervisor,
             self.placements,
             self.gpu_capacity,
             SchedulerOptions(
                 max_queue=settings.proxy_max_queue,
+                max_queue_per_key=settings.max_queue_per_key,
+                queue_timeout_s=settings.queue_timeout_s,
                 retry_after_s=settings.proxy_retry_after_s,
                 drain_timeout_s=settings.proxy_drain_timeout_s,
                 idle_check_s=settings.idle_check_s,
@@ -140,13 +143,13 @@ class FrontDoor:
             metrics,
             host_available=self.host_available,
             sleep_pool_held=supervisor.sleep_pool_held,
+            max_concurrent=self.catalog.max_concurrent,
         )
         # What each config's sleep keeps in host RAM, by (config, when it was last changed).
         self._sleep_bytes: dict[tuple[str, object, object, bool], int | None] = {}
         # Adapters known to be loaded, per engine process (worker id, pid): a restart forgets them.
         self._adapters: dict[tuple[int, int | None], set[str]] = {}
         self._adapter_locks: dict[tuple[int, str], asyncio.Lock] = {}
-        self.catalog = Catalog(engine)
         self.forwarding = Forwarding(
             self.upstream, settings.proxy_max_body_bytes, self.catalog.resolve, leases=self, tally=self
         )
@@ -243,11 +246,17 @@ class FrontDoor:
     # ---- leases, and what each request is counted as (LeaseSource and Tally, for this process and the
     # forwarders': manager.frontdoor.lease_channel) ---------------------------------------------------------
     async def acquire(
-        self, config: str, adapter: str | None, affinity: str | None = None, avoid: tuple[int, ...] = ()
+        self,
+        config: str,
+        adapter: str | None,
+        affinity: str | None = None,
+        avoid: tuple[int, ...] = (),
+        caller: Caller = ANYONE,
     ) -> Lease:
         """A lease on a ready worker of ``config`` with ``adapter`` loaded into it (of its replicas, the
-        one ``affinity`` and the load say, passing over ``avoid``)."""
-        lease = await self.scheduler.acquire(config, affinity, avoid)
+        one ``affinity`` and the load say, passing over ``avoid``); ``caller``'s key and priority set its
+        place among the requests that wait for it."""
+        lease = await self.scheduler.acquire(config, affinity, avoid, caller.key_id, caller.priority)
         if adapter:
             try:
                 if await self._ensure_adapter(lease, adapter):

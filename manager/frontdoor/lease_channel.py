@@ -6,7 +6,7 @@ the rest (reading the request, sending it to the engine, streaming the answer ba
 forwarder's own work, which is what one process could not do fast enough for many clients.
 
 One JSON object per line, each way. A forwarder sends
-  {"op": "acquire", "id": N, "config": C, "adapter": A|null}
+  {"op": "acquire", "id": N, "config": C, "adapter": A|null, "key": K, "priority": P}
   {"op": "release", "lease": L}
   {"op": "done", "lease": L|null, "key": K, "config": C|null, "status": S, "tokens": [P, C]|null, "added": X|null}
   {"op": "adapter_missing", "lease": L, "adapter": A}
@@ -38,9 +38,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from manager.auth.throttle import KINDS, WrongTokenThrottle
+from manager.frontdoor.access import ANYONE, Caller
 from manager.frontdoor.errors import FrontDoorError, ModelUnavailable
 from manager.frontdoor.forwarding import Held, LeaseSource, Outcome, Tally
 from manager.frontdoor.metering import Tokens
+from manager.schemas.usage import NO_KEY
 
 log = logging.getLogger("vllm_manager.frontdoor")
 
@@ -148,7 +150,13 @@ class LeaseServer:
         asked = message["id"]
         try:
             avoid = tuple(int(w) for w in message.get("avoid") or ())
-            lease = await self.door.acquire(message["config"], message.get("adapter"), message.get("affinity"), avoid)
+            # The caller's key and priority place the request in line; its models were checked by the forwarder.
+            caller = Caller(
+                key_id=int(message.get("key", NO_KEY)), priority=str(message.get("priority", "interactive"))
+            )
+            lease = await self.door.acquire(
+                message["config"], message.get("adapter"), message.get("affinity"), avoid, caller
+            )
         except FrontDoorError as exc:
             answer: dict[str, Any] = {
                 "id": asked,
@@ -293,7 +301,12 @@ class LeaseClient:
             self.lost.set()
 
     async def acquire(
-        self, config: str, adapter: str | None, affinity: str | None = None, avoid: tuple[int, ...] = ()
+        self,
+        config: str,
+        adapter: str | None,
+        affinity: str | None = None,
+        avoid: tuple[int, ...] = (),
+        caller: Caller = ANYONE,
     ) -> Held:
         if self.lost.is_set():
             raise ModelUnavailable("the manager's main process is not answering this forwarder; retry")
@@ -301,7 +314,16 @@ class LeaseClient:
         answer_of: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._asked[number] = answer_of
         self.send(
-            {"op": "acquire", "id": number, "config": config, "adapter": adapter, "affinity": affinity, "avoid": avoid}
+            {
+                "op": "acquire",
+                "id": number,
+                "config": config,
+                "adapter": adapter,
+                "affinity": affinity,
+                "avoid": avoid,
+                "key": caller.key_id,
+                "priority": caller.priority,
+            }
         )
         try:
             answer = await answer_of

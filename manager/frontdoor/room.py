@@ -128,7 +128,7 @@ class Room:
                     gpu_share=placement.gpu_share if placement else None,
                     last_request_at=slot.last_request_at,
                     # Requests waiting for its start count as in flight: evicting it would strand them.
-                    in_flight=slot.in_flight + slot.joined,
+                    in_flight=slot.in_flight + len(slot.joined),
                     persistent=placement.persistent if placement else False,
                     may_sleep=self.may_sleep(placement, view.id, view.node),
                     node=view.node,

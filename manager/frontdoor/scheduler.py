@@ -4,7 +4,11 @@ Per model config: a request is served at once when the config's worker is ready 
 one ``replica_choice`` picks); when it is starting, the request joins that start (one start per config,
 however many requests wait for it); when it is stopped or asleep, ``room`` makes room for it (the
 workers ``manager.placement`` names are put to sleep or stopped), the supervisor starts (or wakes)
-it, and every waiting request goes on when it is ready. A model that must be downloaded first is
+it, and every waiting request goes on when it is ready. Requests that wait (for a start, a swap, a
+drain, or a place among the config's ``max_concurrent`` in flight) go in ``fair_queue``'s order:
+interactive keys before batch ones, the keys taking turns; each waits at most the queue timeout for its
+turn at a ready model (504), a key may have only so many waiting (429), and one whose client leaves
+leaves the queue. A model that must be downloaded first is
 started without evicting anyone (its download holds no GPU, and may take minutes): room is made when
 the download is over and its engine is about to start (the supervisor asks, ``make_room_with``).
 
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from manager.errors import ManagerError
-from manager.frontdoor.errors import ModelDownloading, ModelUnavailable, QueueFull, StartTimeout
+from manager.frontdoor.errors import ModelDownloading, ModelUnavailable, QueueFull, QueueTimeout, StartTimeout
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.placements import Placement
 from manager.frontdoor.replica_scale import Add, Remove
@@ -33,13 +37,16 @@ from manager.frontdoor.slots import Leaving, Slot, Slots, Swap, SwapKind
 from manager.frontdoor.upkeep import Upkeep
 from manager.frontdoor.workers import CURRENT, Workers
 from manager.placement import MakeRoom, Place
+from manager.schemas.usage import NO_KEY
 from manager.supervisor.view import WorkerView
 from manager.supervisor.worker_state import State
 
 
 @dataclass(frozen=True)
 class SchedulerOptions:
-    max_queue: int = 64  # requests waiting for one model (its start, a swap, a drain) before 429
+    max_queue: int = 64  # requests waiting for one model (its start, a swap, a drain, their turn) before 429
+    max_queue_per_key: int = 32  # of those, from one inference key
+    queue_timeout_s: float = 600.0  # how long a request waits for its turn at a ready model, then 504
     retry_after_s: int = 5
     drain_timeout_s: float = 60.0  # how long a swap waits for busy workers to finish, then 503
     poll_s: float = 0.2  # how often a start is checked for readiness
@@ -102,12 +109,15 @@ class Scheduler:
         host_available: Callable[[str | None], int | None] = lambda node: None,
         clock: Callable[[], float] = time.monotonic,
         sleep_pool_held: Callable[[int], int] = lambda worker_id: 0,
+        # The most requests a config may have in flight over all its workers (its max_concurrent); None: no limit.
+        max_concurrent: Callable[[str], int | None] = lambda config: None,
     ) -> None:
         self.workers = workers
         self.options = options or SchedulerOptions()
         self.metrics = metrics
         self._placements = placements
         self._clock = clock
+        self._max_concurrent = max_concurrent
         self.slots = Slots(clock)
         self.replicas = Replicas(clock)
         self.room = Room(
@@ -127,48 +137,91 @@ class Scheduler:
         workers.place_replicas_with(self.room.place_replica)
 
     # ---- requests ---------------------------------------------------------------------------
-    async def acquire(self, config: str, affinity: str | None = None, avoid: tuple[int, ...] = ()) -> Lease:
+    async def acquire(
+        self,
+        config: str,
+        affinity: str | None = None,
+        avoid: tuple[int, ...] = (),
+        key: int = NO_KEY,
+        priority: str = "interactive",
+    ) -> Lease:
         """A lease on a ready worker of ``config``, starting it (and making room) when needed. With
         replicas, the one ``replica_choice`` picks: ``affinity`` names the request's conversation, and
-        ``avoid`` the workers that just failed to answer it."""
+        ``avoid`` the workers that just failed to answer it. A request that cannot be served at once
+        waits in the config's fair queue: by ``priority``, then taking turns with the other inference
+        keys (``key``), and it goes only while the config has fewer than its max_concurrent in flight."""
         started = self._clock()
         slot = self.slots.of(config)
-        if slot.leaving is None:
+        limit = self._max_concurrent(config)
+        if slot.leaving is None and not slot.waiting and _has_room(slot, limit):
             ready = self._pick(config, affinity, avoid)
             if ready is not None:
                 return self._lease(config, slot, ready, started)
+        self._refuse_when_full(config, slot, key)
+        ticket = slot.waiting.join(key, priority)
+        deadline: float | None = None  # set once it waits for its turn at a ready model
+        try:
+            while True:
+                limit = self._max_concurrent(config)
+                # A request that waited for this very start is served even if another model already
+                # waits for this one to drain (it counts as in flight until it is served). A replica is
+                # picked only for a request that is served now: picking counts a request on it.
+                turn = slot.waiting.next(None if slot.leaving is None else slot.joined.__contains__)
+                if turn is ticket and _has_room(slot, limit):
+                    ready = self._pick(config, affinity, avoid)
+                    if ready is not None:
+                        slot.waiting.release(ticket)
+                        return self._lease(config, slot, ready, started, queued=True)
+                if slot.leaving is not None and ticket not in slot.joined:
+                    await slot.leaving.done.wait()
+                    continue
+                if not self.workers.ready_workers(config):
+                    if slot.start is None or slot.start.done():
+                        slot.start = asyncio.create_task(self._bring_up(config), name=f"start {config}")
+                        slot.start.add_done_callback(_retrieve)
+                    slot.joined.add(ticket)
+                    # Shielded: a waiter that gives up (its client left) must not cancel the start for the others.
+                    await asyncio.shield(slot.start)
+                    continue
+                # Its model is ready: it waits for the requests ahead of it, or for a place among max_concurrent.
+                if deadline is None:
+                    deadline = self._clock() + self.options.queue_timeout_s
+                await self._until_changed(config, slot, deadline, limit)
+        finally:
+            slot.waiting.drop(ticket)  # (when it was not let through)
+            slot.joined.discard(ticket)
+            slot.notify()
+
+    def _refuse_when_full(self, config: str, slot: Slot, key: int) -> None:
+        """QueueFull (429) when the config's queue, or this key's share of it, is full."""
         if slot.queued >= self.options.max_queue:
             raise QueueFull(
                 f"{slot.queued} requests are already waiting for {config!r} (the limit is "
                 f"{self.options.max_queue}); retry in a few seconds",
                 self.options.retry_after_s,
             )
-        slot.queued += 1
-        joined = False
+        # Requests without a key (the admin token, or /v1 open) are one caller: the limit above is theirs.
+        mine = slot.waiting.waiting(key) if key != NO_KEY else 0
+        if mine >= self.options.max_queue_per_key:
+            raise QueueFull(
+                f"this key already has {mine} requests waiting for {config!r} (the limit per key is "
+                f"{self.options.max_queue_per_key}); retry in a few seconds",
+                self.options.retry_after_s,
+            )
+
+    async def _until_changed(self, config: str, slot: Slot, deadline: float, limit: int | None) -> None:
+        """Until a request of ``config`` ends or stops waiting; QueueTimeout (504) past ``deadline``."""
+        left = deadline - self._clock()
         try:
-            while True:
-                # A request that waited for this very start is served even if another model already
-                # waits for this one to drain (it counts as in flight until it is served). A replica is
-                # picked only for a request that is served now: picking counts a request on it.
-                if slot.leaving is None or joined:
-                    ready = self._pick(config, affinity, avoid)
-                    if ready is not None:
-                        return self._lease(config, slot, ready, started, queued=True)
-                if slot.leaving is not None:
-                    await slot.leaving.done.wait()
-                    continue
-                if slot.start is None or slot.start.done():
-                    slot.start = asyncio.create_task(self._bring_up(config), name=f"start {config}")
-                    slot.start.add_done_callback(_retrieve)
-                if not joined:
-                    joined = True
-                    slot.joined += 1
-                # Shielded: a waiter that gives up (its client left) must not cancel the start for the others.
-                await asyncio.shield(slot.start)
-        finally:
-            slot.queued -= 1
-            if joined:
-                slot.joined -= 1
+            if left <= 0:
+                raise TimeoutError
+            await asyncio.wait_for(slot.changed.wait(), timeout=left)
+        except TimeoutError:
+            busy = f"{slot.in_flight} requests in flight" + (f" (max_concurrent {limit})" if limit else "")
+            raise QueueTimeout(
+                f"{config!r} did not take this request within {self.options.queue_timeout_s:g} s "
+                f"(VLLM_MANAGER_QUEUE_TIMEOUT_S): {busy}, {slot.queued - 1} more waiting; retry later"
+            ) from None
 
     def _pick(self, config: str, affinity: str | None, avoid: tuple[int, ...]) -> WorkerView | None:
         ready = self.workers.ready_workers(config)
@@ -391,6 +444,10 @@ _MODEL_STATE: dict[State, ModelState] = {
     State.STOPPING: "stopping",
     State.FAILED: "failed",
 }
+
+
+def _has_room(slot: Slot, limit: int | None) -> bool:
+    return limit is None or slot.in_flight < limit
 
 
 def _retrieve(task: asyncio.Task[WorkerView]) -> None:

@@ -1,9 +1,11 @@
-"""The front door's count for each model config: requests in flight and waiting, when it last answered
-or was first seen ready, its last swap, the one start under way, and whether it is leaving (being
-stopped, or drained before a stop: its new requests wait until that is done).
+"""The front door's count for each model config: requests in flight, the requests waiting (in their
+fair order, ``fair_queue``), when it last answered or was first seen ready, its last swap, the one
+start under way, and whether it is leaving (being stopped, or drained before a stop: its new requests
+wait until that is done).
 
 One ``Slots`` holds every config's slot; the scheduler, the room-making and the idle unload read and
-change them there. A request's end is told to whoever waits for a busy worker to drain.
+change them there. A request's end is told to whoever waits for a busy worker to drain, and to the
+requests waiting for a place among a config's ``max_concurrent``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable, ItemsView
 from dataclasses import dataclass, field
 from typing import Literal
 
+from manager.frontdoor.fair_queue import FairQueue, Ticket
 from manager.supervisor.view import WorkerView
 
 SwapKind = Literal["cold", "wake"]
@@ -39,9 +42,13 @@ class Leaving:
 class Slot:
     """The bookkeeping for one model config."""
 
-    in_flight: int = 0  # requests forwarded to its worker, not yet answered in full
-    queued: int = 0  # requests waiting for it (a start, a swap, a drain)
-    joined: int = 0  # of those, the ones waiting for its start: they count as in flight
+    in_flight: int = 0  # requests forwarded to its workers, not yet answered in full
+    # Requests waiting for it (a start, a swap, a drain, their turn), in the order they are let through.
+    waiting: FairQueue = field(default_factory=FairQueue)
+    # Of those, the ones waiting for its start: they count as in flight.
+    joined: set[Ticket] = field(default_factory=set)
+    # Set (and replaced) whenever one of its requests ends or stops waiting: the next one may go.
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
     last_done: float | None = None  # when its last response ended
     ready_seen: float | None = None  # when the scheduler first saw its current worker ready
     start: asyncio.Task[WorkerView] | None = None  # the one start under way, joined by every waiter
@@ -50,6 +57,15 @@ class Slot:
     # Started for requests while its model downloads, without evicting anyone: room for it is made
     # when its engine is about to start.
     room_at_launch: bool = False
+
+    @property
+    def queued(self) -> int:
+        return len(self.waiting)
+
+    def notify(self) -> None:
+        """Wake the requests waiting for their turn: a place among max_concurrent, or the one ahead, is free."""
+        self.changed.set()
+        self.changed = asyncio.Event()
 
     @property
     def last_request_at(self) -> float | None:
@@ -82,6 +98,7 @@ class Slots:
         slot = self.of(config)
         slot.in_flight -= 1
         slot.last_done = self._clock()
+        slot.notify()
         self._released.set()
         self._released = asyncio.Event()
 

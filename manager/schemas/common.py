@@ -41,6 +41,7 @@ MAX_ENGINE_GPUS = 1024
 # and NaN: counts and seconds up to MAX_INT, sizes in GiB up to MAX_GIB.
 MAX_INT = 2**31 - 1
 MAX_REPLICAS = 16  # workers of one model: more is a typo, and each takes a start and a port
+MAX_CONCURRENT = 4096  # requests in flight for one model at once (its max_concurrent)
 MAX_GIB = 1 << 20  # a mebibyte of GiB: larger than any machine, small enough to stay exact in bytes
 MAX_BYTES = MAX_GIB << 30
 

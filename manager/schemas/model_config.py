@@ -16,6 +16,7 @@ from manager.schemas.common import (
     ENV_NAMES,
     MAX_ARGS,
     MAX_COMMAND_BYTES,
+    MAX_CONCURRENT,
     MAX_ENGINE_GPUS,
     MAX_ENV,
     MAX_GPUS,
@@ -144,6 +145,14 @@ class ModelConfigFields(SQLModel):
         ge=1,
         le=MAX_INT,
         description="A replica above min_replicas without a request for this long is stopped",
+    )
+    max_concurrent: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_CONCURRENT,
+        description="The most /v1 requests this model answers at once, over all its replicas; more wait in the "
+        "front door's queue, interactive keys before batch ones and taking turns between keys. Empty: no limit "
+        "(the engines queue them)",
     )
     sleep_level: int | None = Field(
         default=None,

@@ -56,6 +56,8 @@ HELP = {
     "max_replicas": "add replicas up to this many while requests queue; empty: no scaling",
     "scale_up_after_s": "seconds requests must queue before a replica is added",
     "scale_down_after_s": "seconds without a request before a replica above min replicas is stopped",
+    "max_concurrent": "the most /v1 requests it answers at once (all replicas); more wait their turn, "
+    "taking turns between keys; empty: no limit",
 }
 TEXTAREAS = {"extra_args", "env", "description"}
 

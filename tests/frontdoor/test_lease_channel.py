@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from manager.auth.throttle import ADMIN_TOKEN, INFERENCE_KEY, WrongTokenThrottle
+from manager.frontdoor.access import ANYONE, Caller
 from manager.frontdoor.errors import ModelUnavailable, QueueFull
 from manager.frontdoor.forwarding import Held, Outcome
 from manager.frontdoor.lease_channel import LeaseClient, LeaseServer, Refused
@@ -39,10 +40,17 @@ class Door:
     missing: list[str] = field(default_factory=list)
     open: asyncio.Event = field(default_factory=asyncio.Event)
     refuse: Exception | None = None
+    callers: list[Caller] = field(default_factory=list)  # whom each acquire was for
 
     async def acquire(
-        self, config: str, adapter: str | None, affinity: str | None = None, avoid: tuple[int, ...] = ()
+        self,
+        config: str,
+        adapter: str | None,
+        affinity: str | None = None,
+        avoid: tuple[int, ...] = (),
+        caller: Caller = ANYONE,
     ) -> Held:
+        self.callers.append(caller)
         await self.open.wait()
         if self.refuse is not None:
             raise self.refuse
@@ -104,6 +112,19 @@ async def test_a_lease_is_the_managers_and_ends_when_the_request_is_done(tmp_pat
     client.record(Outcome(7, None, 404))
     await until(lambda: len(door.outcomes) == 2)
     assert door.outcomes[1] == (Outcome(7, None, 404), None)
+    await client.close()
+    await server.close()
+
+
+@on_a_loop
+async def test_the_callers_key_and_priority_reach_the_managers_queue(tmp_path):
+    door = Door()
+    door.open.set()
+    server, client = await channel(tmp_path, door)
+    await client.acquire("a", None, caller=Caller(key_id=7, key_name="nightly", priority="batch"))
+    await client.acquire("a", None)
+    # Only what places the request in line crosses; the models a key may use were checked by the forwarder.
+    assert door.callers == [Caller(key_id=7, priority="batch"), ANYONE]
     await client.close()
     await server.close()
 
