@@ -1,14 +1,14 @@
 """A model config's max_concurrent: the most /v1 requests it answers at once; more wait in the front door.
 
 Revision ID: 0014_max_concurrent
-Revises: 0011_replicas
+Revises: 0013_audit
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0014_max_concurrent"
-down_revision = "0011_replicas"
+down_revision = "0013_audit"
 branch_labels = None
 depends_on = None
 
