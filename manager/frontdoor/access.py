@@ -21,7 +21,7 @@ from starlette.requests import Request
 
 from manager.errors import ManagerError, TooManyAttempts
 from manager.frontdoor.errors import KeyExpired, NoCredentials, NotAllowed, TooManyWrongKeys
-from manager.frontdoor.limits import KeyLimits
+from manager.frontdoor.limits import BudgetPeriod, KeyLimits
 from manager.request_checks import (
     Throttles,
     bearer,
@@ -72,7 +72,8 @@ def read_credentials(db: Session) -> Credentials:
     for key in inference_keys.active_keys(db):
         if key.id is None:
             continue
-        limits = KeyLimits(key.rpm, key.tpm, key.max_concurrent, key.token_budget, key.budget_period)  # type: ignore[arg-type]
+        period: BudgetPeriod = "day" if key.budget_period == "day" else "month"
+        limits = KeyLimits(key.rpm, key.tpm, key.max_concurrent, key.token_budget, period)
         expires = key.expires_at.replace(tzinfo=key.expires_at.tzinfo or UTC).timestamp() if key.expires_at else None
         keys[key.sha256] = Caller(
             key.id,

@@ -156,6 +156,10 @@ class Limiter:
             state.tokens += tokens
         state.budget_used += tokens
 
+    def in_flight(self, key_id: int) -> int:
+        state = self._keys.get(key_id)
+        return 0 if state is None else state.in_flight
+
     def headers(self, key_id: int, limits: KeyLimits, now: float) -> dict[str, str]:
         """OpenAI's x-ratelimit headers for the key's minute limits (those it has)."""
         state = self._keys.get(key_id) or _KeyState()
