@@ -78,7 +78,7 @@ class Admissions(Protocol):
 
 def asked_tokens(payload: dict[str, Any]) -> int:
     """The most tokens a request may generate, as it says (for the budget); 1 when it does not."""
-    for field in ("max_completion_tokens", "max_tokens"):
+    for field in ("max_completion_tokens", "max_tokens", "max_output_tokens"):  # the last: /v1/responses
         value = payload.get(field)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
