@@ -111,7 +111,7 @@ class Forwarding:
     async def forward_json(self, request: Request, path: str, caller: Caller) -> proxy.UpstreamResponse:
         added = proxy.AddedTime()
         config: str | None = None
-        limits: dict[str, str] | None = None
+        rate_headers: dict[str, str] | None = None
         try:
             body = await proxy.read_body(request, self.max_body_bytes)
             payload, requested = proxy.json_model(body)
@@ -128,38 +128,41 @@ class Forwarding:
             content_type = request.headers.get("content-type") or "application/json"
             meter = Meter(take_usage_event=options is not None)
             if caller.limits is not None:
-                limits = await self.admissions.admit(caller, asked_tokens(payload))
+                rate_headers = await self.admissions.admit(caller, asked_tokens(payload))
+
+            def encoded() -> tuple[bytes, str]:
+                return forwarded, content_type
+
             return await self._forward(
-                request, path, target, lambda: (forwarded, content_type), caller, meter, added, limits,
-                affinity_of(payload),
-            )  # fmt: skip
+                request, path, target, encoded, caller, meter, added, rate_headers, affinity_of(payload)
+            )
         except FrontDoorError as exc:
-            self._refused(caller, config, exc, limits is not None)
+            self._refused(caller, config, exc, rate_headers is not None)
             raise
         except BaseException:
-            if limits is not None:
+            if rate_headers is not None:
                 self.admissions.let_go(caller.key_id)
             raise
 
     async def forward_multipart(self, request: Request, path: str, caller: Caller) -> proxy.UpstreamResponse:
         added = proxy.AddedTime()
         config: str | None = None
-        limits: dict[str, str] | None = None
+        rate_headers: dict[str, str] | None = None
         try:
             body = await proxy.read_body(request, self.max_body_bytes)
             requested, rewrite = await proxy.multipart_model(request, body)
             target = self.resolve(requested, caller)
             config = target.config
             if caller.limits is not None:
-                limits = await self.admissions.admit(caller, 1)
+                rate_headers = await self.admissions.admit(caller, 1)
             return await self._forward(
-                request, path, target, lambda: rewrite(target.upstream_model), caller, Meter(), added, limits
+                request, path, target, lambda: rewrite(target.upstream_model), caller, Meter(), added, rate_headers
             )
         except FrontDoorError as exc:
-            self._refused(caller, config, exc, limits is not None)
+            self._refused(caller, config, exc, rate_headers is not None)
             raise
         except BaseException:
-            if limits is not None:
+            if rate_headers is not None:
                 self.admissions.let_go(caller.key_id)
             raise
 
@@ -179,7 +182,7 @@ class Forwarding:
         caller: Caller,
         meter: Meter,
         added: proxy.AddedTime,
-        limits: dict[str, str] | None,
+        rate_headers: dict[str, str] | None,  # None: not admitted (its key has no limits)
         affinity: str | None = None,
     ) -> proxy.UpstreamResponse:
         lease, upstream = await self._send(request, path, target, encoded, added, affinity)
@@ -194,13 +197,13 @@ class Forwarding:
                 added_s = before_engine + (after_engine or 0.0)
                 tokens = meter.tokens if ok else None
                 outcome = Outcome(
-                    caller.key_id, target.config, status, tokens, added_s, caller.key_name, limits is not None
+                    caller.key_id, target.config, status, tokens, added_s, caller.key_name, rate_headers is not None
                 )
                 self.tally.record(outcome, lease)
 
             # Only a successful answer is read for its usage (an error passes on as the engine wrote it).
             content = meter.watch(upstream.chunks()) if ok and meter.readable(upstream.headers) else None
-            return proxy.UpstreamResponse(upstream, ended, content, limits)
+            return proxy.UpstreamResponse(upstream, ended, content, rate_headers)
         except BaseException:  # the response that would end the lease and the answer was not made
             upstream.close()
             lease.release()
