@@ -15,7 +15,7 @@ from manager.app import create_app
 from manager.db import make_engine, session
 from manager.schemas.inference_key import InferenceKey
 from manager.services import usage
-from tests.frontdoor.conftest import served
+from tests.frontdoor.conftest import served, two_models
 from tests.frontdoor.test_keys_v1 import bearer, chat
 from tests.frontdoor.test_v1_routes import assert_openai_error
 
@@ -165,3 +165,11 @@ def test_max_concurrent_refuses_while_its_requests_are_in_flight(slow_url):
             time.sleep(0.1)
         assert answer.status_code == 200
         assert metric(client, 'vllm_manager_proxy_limited_total{key="app",limit="concurrent"}') >= 1
+
+
+def test_a_full_queue_is_counted_per_key_with_the_limits(door_settings):
+    with TestClient(create_app(door_settings.model_copy(update={"proxy_max_queue": 0}))) as client:
+        two_models(client)
+        key = make_key(client, "app")
+        assert_openai_error(chat(client, "a", key), 429, "queue_full")
+        assert metric(client, 'vllm_manager_proxy_limited_total{key="app",limit="queue"}') == 1
