@@ -1,11 +1,12 @@
-"""`vllm-manager keys create|list|revoke|open-v1` and `vllm-manager usage`: inference keys for /v1 and what
-they used, straight in the store (as `token create`), so keys can be made before the manager runs."""
+"""`vllm-manager keys create|list|set|revoke|open-v1` and `vllm-manager usage`: inference keys for /v1 (and
+their limits) and what they used, straight in the store (as `token create`), so keys can be made before
+the manager runs; a running manager counts by a key's new limits from its next request on."""
 
 from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -17,23 +18,76 @@ RELATIVE = re.compile(r"^(\d+)([mhd])$")
 UNITS = {"m": "minutes", "h": "hours", "d": "days"}
 
 
+NO_LIMIT = "none"
+Rpm = Annotated[str | None, typer.Option("--rpm", help="Requests per minute ('none': no limit).")]
+Tpm = Annotated[str | None, typer.Option("--tpm", help="Tokens (prompt and completion) per minute.")]
+MaxConcurrent = Annotated[str | None, typer.Option("--max-concurrent", help="Requests in flight at once.")]
+TokenBudget = Annotated[str | None, typer.Option("--token-budget", help="Tokens per --budget-period.")]
+BudgetPeriod = Annotated[str | None, typer.Option("--budget-period", help="day or month (UTC; default month).")]
+Expires = Annotated[
+    str | None, typer.Option("--expires", help="When the key stops working: 30d, 12h, or an ISO date/time (UTC).")
+]
+Priority = Annotated[
+    str | None, typer.Option("--priority", help="interactive (default), or batch: waits behind interactive requests.")
+]
+
+
+def _limits(**given: str | None) -> dict[str, Any]:
+    """The limit options given, as the API takes them: 'none' is no limit; the schema checks the rest."""
+    out: dict[str, Any] = {}
+    for field, text in given.items():
+        if text is None:
+            continue
+        value = text.strip()
+        if value.lower() == NO_LIMIT:
+            out[field] = None
+        elif field == "expires_at":
+            out[field] = _expiry(value)
+        else:
+            out[field] = value
+    return out
+
+
+def _expiry(text: str) -> str:
+    found = RELATIVE.match(text)
+    if found:
+        return (datetime.now(UTC) + timedelta(**{UNITS[found.group(2)]: int(found.group(1))})).isoformat()
+    return text
+
+
 @keys_app.command("create")
 def create(
     name: Annotated[str, typer.Argument(help="A label: who or what uses the key.")],
     models: Annotated[
         str | None, typer.Option("--models", help="Model configs it may use, comma separated (default: all).")
     ] = None,
+    rpm: Rpm = None,
+    tpm: Tpm = None,
+    max_concurrent: MaxConcurrent = None,
+    token_budget: TokenBudget = None,
+    budget_period: BudgetPeriod = None,
+    expires: Expires = None,
+    priority: Priority = None,
     data_dir: DataDir = None,
 ) -> None:
-    """Make a key. It is printed once; only its hash is stored."""
+    """Make a key, with limits if given (none by default). It is printed once; only its hash is stored."""
     from pydantic import ValidationError
 
     from manager.schemas.inference_key import InferenceKeyCreate
     from manager.services import inference_keys
 
     names = [m.strip() for m in (models or "").split(",") if m.strip()]
+    limits = _limits(
+        rpm=rpm,
+        tpm=tpm,
+        max_concurrent=max_concurrent,
+        token_budget=token_budget,
+        budget_period=budget_period,
+        expires_at=expires,
+        priority=priority,
+    )
     try:
-        data = InferenceKeyCreate(name=name, models=names)
+        data = InferenceKeyCreate(name=name, models=names, **{k: v for k, v in limits.items() if v is not None})
     except ValidationError as exc:
         fail(validation_message(exc))
     with open_db(settings_for(data_dir)) as db:
@@ -57,11 +111,71 @@ def list_(data_dir: DataDir = None) -> None:
     for k in keys:
         used = _when(k.last_used_at) if k.last_used_at else "never used"
         state = f"revoked {_when(k.revoked_at)}" if k.revoked_at else "active"
+        if k.expired and not k.revoked_at:
+            state = "expired"
         typer.echo(
             f"{k.name:<20} {k.prefix}...  {','.join(k.models) or 'all models':<24} "
-            f"made {_when(k.created_at)}  {used:<16}  {state}"
+            f"made {_when(k.created_at)}  {used:<16}  {state:<8}  {_limits_line(k)}"
         )
     typer.secho(access.message, err=True)
+
+
+def _limits_line(key) -> str:
+    parts = [
+        f"{label} {value}"
+        for label, value in (
+            ("rpm", key.rpm),
+            ("tpm", key.tpm),
+            ("max_concurrent", key.max_concurrent),
+            (f"tokens/{key.budget_period}", key.token_budget),
+        )
+        if value is not None
+    ]
+    if key.expires_at is not None:
+        parts.append(f"expires {_when(key.expires_at)}")
+    if key.priority != "interactive":
+        parts.append(key.priority)
+    return ", ".join(parts) or "no limits"
+
+
+@keys_app.command("set")
+def set_(
+    name: Annotated[str, typer.Argument(help="The active key's name.")],
+    rpm: Rpm = None,
+    tpm: Tpm = None,
+    max_concurrent: MaxConcurrent = None,
+    token_budget: TokenBudget = None,
+    budget_period: BudgetPeriod = None,
+    expires: Expires = None,
+    priority: Priority = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Change a key's limits, expiry or priority: the options given change ('none': no limit), the others stay."""
+    from pydantic import ValidationError
+
+    from manager.schemas.inference_key import KeyLimitsUpdate
+    from manager.services import inference_keys
+
+    limits = _limits(
+        rpm=rpm,
+        tpm=tpm,
+        max_concurrent=max_concurrent,
+        token_budget=token_budget,
+        budget_period=budget_period,
+        expires_at=expires,
+        priority=priority,
+    )
+    if not limits:
+        fail(
+            "give at least one of --rpm, --tpm, --max-concurrent, --token-budget, --budget-period, --expires, --priority"
+        )
+    try:
+        data = KeyLimitsUpdate(**limits)
+    except ValidationError as exc:
+        fail(validation_message(exc))
+    with open_db(settings_for(data_dir)) as db:
+        key = run(inference_keys.set_limits, db, name, data)
+        typer.echo(f"{key.name}: {_limits_line(inference_keys.to_public(key))}")
 
 
 @keys_app.command("revoke")

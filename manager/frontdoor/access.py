@@ -4,19 +4,24 @@ Inference keys, once any is made, are needed on every bind, even after the last 
 the admin opens /v1 again (`vllm-manager keys open-v1`); the admin token also works, so the owner can
 try a model. Before any key, /v1 is open on a loopback bind; on a public bind it takes the admin token,
 unless the operator opened it (VLLM_MANAGER_OPEN_INFERENCE). A revoked key is refused everywhere. A key
-made for some model configs sees only those: the others are answered as names that do not exist.
+made for some model configs sees only those: the others are answered as names that do not exist. A key
+past its expires_at is refused, saying so; its other limits (``Caller.limits``) are counted as its
+requests are forwarded (``manager.frontdoor.limits``).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Protocol
 
 from sqlmodel import Session
 from starlette.requests import Request
 
 from manager.errors import ManagerError, TooManyAttempts
-from manager.frontdoor.errors import NoCredentials, NotAllowed, TooManyWrongKeys
+from manager.frontdoor.errors import KeyExpired, NoCredentials, NotAllowed, TooManyWrongKeys
+from manager.frontdoor.limits import BudgetPeriod, KeyLimits
 from manager.request_checks import (
     Throttles,
     bearer,
@@ -41,6 +46,8 @@ class Caller:
     models: frozenset[str] | None = None  # the model configs it may use; None: all
     # Its requests' place in a model's queue: "interactive" ones go before "batch" ones (fair_queue).
     priority: str = "interactive"
+    limits: KeyLimits | None = None  # None: none
+    expires_at: float | None = None  # unix time; None: never
 
     def may_use(self, config: str) -> bool:
         return self.models is None or config in self.models
@@ -62,10 +69,21 @@ class Credentials:
 
 
 def read_credentials(db: Session) -> Credentials:
-    keys = {
-        digest: Caller(key_id, name, frozenset(models) if models else None)
-        for digest, key_id, name, models in inference_keys.active_digests(db)
-    }
+    keys = {}
+    for key in inference_keys.active_keys(db):
+        if key.id is None:
+            continue
+        period: BudgetPeriod = "day" if key.budget_period == "day" else "month"
+        limits = KeyLimits(key.rpm, key.tpm, key.max_concurrent, key.token_budget, period)
+        expires = key.expires_at.replace(tzinfo=key.expires_at.tzinfo or UTC).timestamp() if key.expires_at else None
+        keys[key.sha256] = Caller(
+            key.id,
+            key.name,
+            frozenset(key.models) if key.models else None,
+            key.priority,
+            limits if limits.any() else None,
+            expires,
+        )
     return Credentials(
         keys,
         frozenset(tokens.valid_digests(db, None)),
@@ -80,6 +98,12 @@ def caller_for(credentials: Credentials, bearer: str | None, settings: Settings)
         digest = tokens.digest(bearer) if bearer.startswith(inference_keys.KEY_START) else None
         key = credentials.keys.get(digest) if digest is not None else None
         if key is not None:
+            if key.expires_at is not None and time.time() >= key.expires_at:
+                when = datetime.fromtimestamp(key.expires_at, UTC)
+                raise KeyExpired(
+                    f"the key sent ({key.key_name}) expired at {when:%Y-%m-%d %H:%M:%S} UTC: ask the owner of this "
+                    "server for a new one, or to extend it (`vllm-manager keys set NAME --expires ...`)"
+                )
             return key
         if tokens.matches(bearer, settings.env_token, credentials.admin_digests):
             return ANYONE
@@ -134,6 +158,8 @@ def inference_caller(request: Request, door: CallerSource, settings: Settings, t
         raise TooManyWrongKeys(exc.message, int(exc.detail["retry_after_s"])) from None
     try:
         return door.caller(sent, settings)
+    except KeyExpired:
+        raise  # a real key, not a guess
     except NoCredentials:
         record_wrong_token(request, kind, throttles)
         raise

@@ -55,6 +55,10 @@ class NoCredentials(FrontDoorError):
     code = "invalid_api_key"
 
 
+class KeyExpired(NoCredentials):
+    """A real key, past its expires_at."""
+
+
 class NotAllowed(FrontDoorError):
     status = 403
     type = "permission_error"
@@ -74,6 +78,19 @@ class QueueFull(FrontDoorError):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message, headers={"Retry-After": str(max(1, retry_after_s))})
         self.retry_after_s = retry_after_s
+
+
+class OverKeyLimit(FrontDoorError):
+    """A request over one of its key's limits (requests or tokens per minute, in flight, its budget)."""
+
+    status = 429
+    type = "rate_limit_error"
+
+    def __init__(self, message: str, limit: str, headers: dict[str, str]) -> None:
+        super().__init__(message, headers=headers)
+        self.limit = limit
+        # OpenAI's codes: a rate limit, or a quota (the budget) used up.
+        self.code = "insufficient_quota" if limit == "budget" else "rate_limit_exceeded"
 
 
 class TooManyWrongKeys(FrontDoorError):

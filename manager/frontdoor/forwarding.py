@@ -3,8 +3,9 @@ its caller may use, a lease on a ready worker taken, the request sent and the an
 
 The same path runs in the manager's process and in its forwarder processes
 (``manager.frontdoor.forwarders``): what differs is where leases come from (``LeaseSource``: the
-scheduler itself, or the manager's process over a socket) and where each request's outcome is
-counted (``Tally``: the metrics and the usage table, here or there).
+scheduler itself, or the manager's process over a socket), where a key's limits are counted
+(``Admissions``) and where each request's outcome is counted (``Tally``: the metrics, the usage table
+and the limits, here or there). A request of a key without limits is not admitted at all: no cost.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from starlette.requests import Request
 
 from manager.frontdoor import names, proxy
 from manager.frontdoor.access import ANYONE, Caller
-from manager.frontdoor.errors import EngineUnreachable, FrontDoorError
+from manager.frontdoor.errors import EngineUnreachable, FrontDoorError, QueueFull
 from manager.frontdoor.metering import Meter, Tokens, stream_options_to_send
 from manager.frontdoor.replica_choice import affinity_of
 from manager.frontdoor.upstream import EngineAnswer, Upstream
@@ -64,6 +65,29 @@ class Outcome:
     status: int
     tokens: Tokens | None = None
     added_s: float | None = None  # the manager's own time in it; None when it never reached an engine
+    key_name: str | None = None
+    admitted: bool = False  # counted by its key's limits (in flight until now)
+    queue_full: bool = False  # refused because its model's queue was full
+
+
+class Admissions(Protocol):
+    async def admit(self, caller: Caller, asked_tokens: int) -> dict[str, str]:
+        """Count a request of a key with limits (OverKeyLimit when it is over one); the x-ratelimit
+        headers to answer with. The request stays in flight until its Outcome (admitted) is recorded."""
+        ...
+
+    def let_go(self, key_id: int) -> None:
+        """An admitted request ended with no outcome recorded (its client left before an answer)."""
+        ...
+
+
+def asked_tokens(payload: dict[str, Any]) -> int:
+    """The most tokens a request may generate, as it says (for the budget); 1 when it does not."""
+    for field in ("max_completion_tokens", "max_tokens", "max_output_tokens"):  # the last: /v1/responses
+        value = payload.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 1
 
 
 class Tally(Protocol):
@@ -80,16 +104,19 @@ class Forwarding:
         resolve: Callable[[str, Caller], names.Target],
         leases: LeaseSource,
         tally: Tally,
+        admissions: Admissions,
     ) -> None:
         self.upstream = upstream
         self.max_body_bytes = max_body_bytes
         self.resolve = resolve
         self.leases = leases
         self.tally = tally
+        self.admissions = admissions
 
     async def forward_json(self, request: Request, path: str, caller: Caller) -> proxy.UpstreamResponse:
         added = proxy.AddedTime()
         config: str | None = None
+        rate_headers: dict[str, str] | None = None
         try:
             body = await proxy.read_body(request, self.max_body_bytes)
             payload, requested = proxy.json_model(body)
@@ -105,27 +132,51 @@ class Forwarding:
             forwarded = proxy.with_changes(payload, body, changes)
             content_type = request.headers.get("content-type") or "application/json"
             meter = Meter(take_usage_event=options is not None)
+            if caller.limits is not None:
+                rate_headers = await self.admissions.admit(caller, asked_tokens(payload))
+
+            def encoded() -> tuple[bytes, str]:
+                return forwarded, content_type
+
             return await self._forward(
-                request, path, target, lambda: (forwarded, content_type), caller, meter, added, affinity_of(payload)
+                request, path, target, encoded, caller, meter, added, rate_headers, affinity_of(payload)
             )
         except FrontDoorError as exc:
-            self.tally.record(Outcome(caller.key_id, config, exc.status))
+            self._refused(caller, config, exc, rate_headers is not None)
+            raise
+        except BaseException:
+            if rate_headers is not None:
+                self.admissions.let_go(caller.key_id)
             raise
 
     async def forward_multipart(self, request: Request, path: str, caller: Caller) -> proxy.UpstreamResponse:
         added = proxy.AddedTime()
         config: str | None = None
+        rate_headers: dict[str, str] | None = None
         try:
             body = await proxy.read_body(request, self.max_body_bytes)
             requested, rewrite = await proxy.multipart_model(request, body)
             target = self.resolve(requested, caller)
             config = target.config
+            if caller.limits is not None:
+                rate_headers = await self.admissions.admit(caller, 1)
             return await self._forward(
-                request, path, target, lambda: rewrite(target.upstream_model), caller, Meter(), added
+                request, path, target, lambda: rewrite(target.upstream_model), caller, Meter(), added, rate_headers
             )
         except FrontDoorError as exc:
-            self.tally.record(Outcome(caller.key_id, config, exc.status))
+            self._refused(caller, config, exc, rate_headers is not None)
             raise
+        except BaseException:
+            if rate_headers is not None:
+                self.admissions.let_go(caller.key_id)
+            raise
+
+    def _refused(self, caller: Caller, config: str | None, exc: FrontDoorError, admitted: bool) -> None:
+        queue_full = isinstance(exc, QueueFull) or getattr(exc, "code", None) == QueueFull.code
+        outcome = Outcome(
+            caller.key_id, config, exc.status, key_name=caller.key_name, admitted=admitted, queue_full=queue_full
+        )
+        self.tally.record(outcome)
 
     async def _forward(
         self,
@@ -136,6 +187,7 @@ class Forwarding:
         caller: Caller,
         meter: Meter,
         added: proxy.AddedTime,
+        rate_headers: dict[str, str] | None,  # None: not admitted (its key has no limits)
         affinity: str | None = None,
     ) -> proxy.UpstreamResponse:
         lease, upstream = await self._send(request, path, target, encoded, added, affinity, caller)
@@ -149,11 +201,14 @@ class Forwarding:
             def ended(after_engine: float | None) -> None:
                 added_s = before_engine + (after_engine or 0.0)
                 tokens = meter.tokens if ok else None
-                self.tally.record(Outcome(caller.key_id, target.config, status, tokens, added_s), lease)
+                outcome = Outcome(
+                    caller.key_id, target.config, status, tokens, added_s, caller.key_name, rate_headers is not None
+                )
+                self.tally.record(outcome, lease)
 
             # Only a successful answer is read for its usage (an error passes on as the engine wrote it).
             content = meter.watch(upstream.chunks()) if ok and meter.readable(upstream.headers) else None
-            return proxy.UpstreamResponse(upstream, ended, content)
+            return proxy.UpstreamResponse(upstream, ended, content, rate_headers)
         except BaseException:  # the response that would end the lease and the answer was not made
             upstream.close()
             lease.release()

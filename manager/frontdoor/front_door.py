@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -30,8 +31,9 @@ from manager.errors import Conflict, Invalid, ManagerError
 from manager.frontdoor import names, proxy
 from manager.frontdoor.access import ANYONE, Caller
 from manager.frontdoor.catalog import Catalog
-from manager.frontdoor.errors import ModelUnavailable
+from manager.frontdoor.errors import ModelUnavailable, OverKeyLimit
 from manager.frontdoor.forwarding import Forwarding, Held, Outcome
+from manager.frontdoor.limits import Limited, Limiter
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.placements import Placement
 from manager.frontdoor.replica_scale import Scaling
@@ -150,8 +152,9 @@ class FrontDoor:
         # Adapters known to be loaded, per engine process (worker id, pid): a restart forgets them.
         self._adapters: dict[tuple[int, int | None], set[str]] = {}
         self._adapter_locks: dict[tuple[int, str], asyncio.Lock] = {}
+        self.limiter = Limiter(usage.tokens_since)
         self.forwarding = Forwarding(
-            self.upstream, settings.proxy_max_body_bytes, self.catalog.resolve, leases=self, tally=self
+            self.upstream, settings.proxy_max_body_bytes, self.catalog.resolve, leases=self, tally=self, admissions=self
         )
 
     def start(self) -> None:
@@ -270,17 +273,37 @@ class FrontDoor:
         assert isinstance(lease, Lease)
         self._adapters.get((lease.worker_id, lease.pid), set()).discard(adapter)
 
+    # ---- keys' limits (Admissions, for this process and the forwarders') -------------------------------
+    async def admit(self, caller: Caller, asked_tokens: int) -> dict[str, str]:
+        if caller.limits is None:
+            return {}
+        try:
+            return self.limiter.admit(caller.key_id, caller.key_name or "", caller.limits, asked_tokens, time.time())
+        except Limited as exc:
+            self.metrics.refused_by_limit(caller.key_name, exc.limit)
+            raise OverKeyLimit(exc.message, exc.limit, exc.headers) from None
+
+    def let_go(self, key_id: int) -> None:
+        self.limiter.ended(key_id, None, time.time())
+
     def record(self, outcome: Outcome, lease: Held | None = None) -> None:
         if lease is not None:
             lease.release()
+        ok = outcome.status < 400
+        tokens = outcome.tokens if ok else None
+        if outcome.admitted:
+            self.limiter.ended(outcome.key_id, tokens.prompt + tokens.completion if tokens else None, time.time())
+        if outcome.queue_full:
+            self.metrics.refused_by_limit(outcome.key_name, "queue")
+        if tokens is not None and outcome.config is not None:
+            self.metrics.used_tokens(outcome.key_name, outcome.config, tokens.prompt, tokens.completion)
         self.usage.key_used(outcome.key_id)
         self.metrics.answered(outcome.config, outcome.status)
         if outcome.added_s is not None:
             self.metrics.added_latency.observe(outcome.added_s)
         # A name that matched no model is not counted: clients choose those, and would grow the table.
         if outcome.config is not None:
-            ok = outcome.status < 400
-            self.usage.count(outcome.key_id, outcome.config, outcome.tokens if ok else None, error=not ok)
+            self.usage.count(outcome.key_id, outcome.config, tokens, error=not ok)
 
     async def _ensure_adapter(self, lease: Lease, adapter: str) -> bool:
         """Load the adapter into the lease's worker unless it is there (one load, however many ask);

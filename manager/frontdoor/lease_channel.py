@@ -8,12 +8,17 @@ forwarder's own work, which is what one process could not do fast enough for man
 One JSON object per line, each way. A forwarder sends
   {"op": "acquire", "id": N, "config": C, "adapter": A|null, "key": K, "priority": P}
   {"op": "release", "lease": L}
-  {"op": "done", "lease": L|null, "key": K, "config": C|null, "status": S, "tokens": [P, C]|null, "added": X|null}
+  {"op": "done", "lease": L|null, "key": K, "name": NAME|null, "config": C|null, "status": S,
+   "tokens": [P, C]|null, "added": X|null, "admitted": B, "queue_full": B}
+  {"op": "admit", "id": N, "key": K, "name": NAME, "limits": [RPM, TPM, CONCURRENT, BUDGET, PERIOD], "asked": T}
+  {"op": "let_go", "key": K}
   {"op": "adapter_missing", "lease": L, "adapter": A}
   {"op": "wrong_token", "kind": K, "address": A}
 and the manager answers an acquire with
   {"id": N, "lease": L, "port": P, "address": H, "queued": B, "engine_key": K|null}
   or   {"id": N, "refused": {"status", "body", "headers"}}
+and an admit (a request of a key with limits, counted here so that a limit is one for all processes) with
+  {"id": N, "headers": {...}}   or   {"id": N, "refused": {...}}
 (the engine's API key passes here: the socket lives in the manager's private run folder)
 and tells every forwarder when an address has sent too many wrong secrets of a kind (an admin token or
 an inference key, K: manager.auth.throttle.KINDS; to /v1 through any of them, to the API or to the
@@ -40,7 +45,8 @@ from typing import Any, Protocol
 from manager.auth.throttle import KINDS, WrongTokenThrottle
 from manager.frontdoor.access import ANYONE, Caller
 from manager.frontdoor.errors import FrontDoorError, ModelUnavailable
-from manager.frontdoor.forwarding import Held, LeaseSource, Outcome, Tally
+from manager.frontdoor.forwarding import Admissions, Held, LeaseSource, Outcome, Tally
+from manager.frontdoor.limits import KeyLimits
 from manager.frontdoor.metering import Tokens
 from manager.schemas.usage import NO_KEY
 
@@ -49,8 +55,8 @@ log = logging.getLogger("vllm_manager.frontdoor")
 MAX_THROTTLED = 10_000  # addresses a forwarder remembers as waiting, as the manager's own limit
 
 
-class Door(LeaseSource, Tally, Protocol):
-    """The manager's side: its LeaseSource and Tally (``FrontDoor``)."""
+class Door(LeaseSource, Tally, Admissions, Protocol):
+    """The manager's side: its LeaseSource, Tally and Admissions (``FrontDoor``)."""
 
 
 class Refused(FrontDoorError):
@@ -105,6 +111,7 @@ class LeaseServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         held: dict[int, Held] = {}
+        in_flight: dict[int, int] = {}  # admitted requests per key, given back if the forwarder goes away
         asking: set[asyncio.Task[None]] = set()
         self._writers.add(writer)
         try:
@@ -127,8 +134,16 @@ class LeaseServer:
                         message["status"],
                         Tokens(*tokens) if tokens else None,
                         message.get("added"),
+                        message.get("name"),
+                        _landed(in_flight, message["key"]) if message.get("admitted") else False,
+                        bool(message.get("queue_full")),
                     )
                     self.door.record(outcome, held.pop(message.get("lease"), None))
+                elif op == "admit":
+                    writer.write(_line(await self._admit(message, in_flight)))
+                elif op == "let_go":
+                    if _landed(in_flight, message["key"]):
+                        self.door.let_go(message["key"])
                 elif op == "wrong_token":
                     self.throttles[str(message["kind"])].record_failure(str(message["address"]))
                 elif op == "adapter_missing":
@@ -143,8 +158,22 @@ class LeaseServer:
             for lease in held.values():
                 lease.release()
             held.clear()
+            for key_id, count in in_flight.items():
+                for _ in range(count):  # at most the requests the forwarder had in flight
+                    self.door.let_go(key_id)
             self._writers.discard(writer)
             writer.close()
+
+    async def _admit(self, message: dict[str, Any], in_flight: dict[int, int]) -> dict[str, Any]:
+        rpm, tpm, concurrent, budget, period = message["limits"]
+        key_id = int(message["key"])
+        caller = Caller(key_id, message.get("name"), limits=KeyLimits(rpm, tpm, concurrent, budget, period))
+        try:
+            headers = await self.door.admit(caller, int(message["asked"]))
+        except FrontDoorError as exc:
+            return {"id": message["id"], "refused": {"status": exc.status, "body": exc.body(), "headers": exc.headers}}
+        in_flight[key_id] = in_flight.get(key_id, 0) + 1
+        return {"id": message["id"], "key": key_id, "headers": headers}
 
     async def _acquire(self, message: dict[str, Any], held: dict[int, Held], writer: asyncio.StreamWriter) -> None:
         asked = message["id"]
@@ -183,6 +212,18 @@ class LeaseServer:
             }
         if not writer.is_closing():
             writer.write(_line(answer))
+
+
+def _landed(in_flight: dict[int, int], key_id: int) -> bool:
+    """Take one of the key's admitted requests off; False when it had none here."""
+    count = in_flight.get(key_id, 0)
+    if count <= 0:
+        return False
+    if count == 1:
+        del in_flight[key_id]
+    else:
+        in_flight[key_id] = count - 1
+    return True
 
 
 # ---- a forwarder's side ---------------------------------------------------------------------------------
@@ -291,6 +332,8 @@ class LeaseClient:
                     asked.set_result(answer)
                 elif "lease" in answer:  # its request gave up waiting (the client left): not needed
                     self.send({"op": "release", "lease": answer["lease"]})
+                elif "headers" in answer:  # admitted for a client that left
+                    self.send({"op": "let_go", "key": answer["key"]})
         except (ConnectionError, ValueError, KeyError) as exc:
             log.error("the lease channel to the manager failed: %s", exc)
         finally:
@@ -299,6 +342,37 @@ class LeaseClient:
                     asked.set_exception(ChannelLost("the manager's process closed the lease channel"))
             self._asked.clear()
             self.lost.set()
+
+    async def admit(self, caller: Caller, asked_tokens: int) -> dict[str, str]:
+        limits = caller.limits
+        if limits is None:
+            return {}
+        if self.lost.is_set():
+            raise ModelUnavailable("the manager's main process is not answering this forwarder; retry")
+        number = next(self._numbers)
+        answer_of: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._asked[number] = answer_of
+        counts = [limits.rpm, limits.tpm, limits.max_concurrent, limits.token_budget, limits.budget_period]
+        self.send(
+            {"op": "admit", "id": number, "key": caller.key_id, "name": caller.key_name, "limits": counts,
+             "asked": asked_tokens}
+        )  # fmt: skip
+        try:
+            answer = await answer_of
+        except ChannelLost:
+            raise ModelUnavailable("the manager's main process stopped answering this forwarder; retry") from None
+        except asyncio.CancelledError:
+            # Admitted just now, for a client that left: not in flight after all.
+            if answer_of.done() and not answer_of.cancelled() and "headers" in answer_of.result():
+                self.let_go(caller.key_id)
+            raise
+        refused = answer.get("refused")
+        if refused is not None:
+            raise Refused(refused["status"], refused["body"], refused["headers"])
+        return dict(answer["headers"])
+
+    def let_go(self, key_id: int) -> None:
+        self.send({"op": "let_go", "key": key_id})
 
     async def acquire(
         self,
@@ -369,5 +443,8 @@ class LeaseClient:
                 "status": outcome.status,
                 "tokens": tokens,
                 "added": outcome.added_s,
+                "name": outcome.key_name,
+                "admitted": outcome.admitted,
+                "queue_full": outcome.queue_full,
             }
         )

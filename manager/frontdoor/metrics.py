@@ -1,7 +1,8 @@
 """The front door's Prometheus metrics, on the manager's own registry (served at GET /metrics).
 
 ``model`` is the model config a request reached (``-`` when its name matched none), so what a client
-writes in its requests cannot grow the number of series.
+writes in its requests cannot grow the number of series; ``key`` is an inference key's name (``-``
+without one): the admin makes those.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 P = "vllm_manager_proxy_"
 UNKNOWN_MODEL = "-"
+NO_KEY = "-"
 # From a request served at once (sub-millisecond) to a cold start of a big model (minutes).
 WAIT_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 # The manager's own share of a request: tens of microseconds when all is well, milliseconds when not.
@@ -50,6 +52,26 @@ class FrontDoorMetrics:
             buckets=ADDED_BUCKETS,
             registry=self.registry,
         )
+
+        self.limited = Counter(
+            P + "limited",
+            "Requests refused with 429 by their key's limits (rpm, tpm, concurrent, budget) or a full queue.",
+            ["key", "limit"],
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            P + "tokens",
+            "Tokens the engines' answers say they used, by inference key, model config and kind.",
+            ["key", "model", "kind"],
+            registry=self.registry,
+        )
+
+    def refused_by_limit(self, key: str | None, limit: str) -> None:
+        self.limited.labels(key or NO_KEY, limit).inc()
+
+    def used_tokens(self, key: str | None, model: str, prompt: int, completion: int) -> None:
+        self.tokens.labels(key or NO_KEY, model, "prompt").inc(prompt)
+        self.tokens.labels(key or NO_KEY, model, "completion").inc(completion)
 
     def answered(self, model: str | None, code: int) -> None:
         self.requests.labels(model or UNKNOWN_MODEL, str(code)).inc()

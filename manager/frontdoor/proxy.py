@@ -230,7 +230,8 @@ class UpstreamResponse(StreamingResponse):
     ``on_close`` is given, for a whole answer (not a stream of events) that reached its end, the
     seconds from the engine's last byte to the end being handed to the server; else None.
     ``content``: the answer's bytes as the client should get them, when something reads them on the
-    way (the usage meter); the engine's raw bytes otherwise.
+    way (the usage meter); the engine's raw bytes otherwise. ``extra_headers``: the manager's own (its
+    caller's rate limits).
     """
 
     def __init__(
@@ -238,8 +239,10 @@ class UpstreamResponse(StreamingResponse):
         upstream: EngineAnswer,
         on_close: Callable[[float | None], Awaitable[None] | None],
         content: AsyncIterator[bytes] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> None:
         headers = {name: upstream.headers[name] for name in RETURN_HEADERS if name in upstream.headers}
+        headers.update(extra_headers or {})
         body = content if content is not None else upstream.chunks()
         super().__init__(body, status_code=upstream.status_code, headers=headers)
         self._upstream = upstream

@@ -53,6 +53,20 @@ class UsageRecorder:
             counts.prompt_tokens += tokens.prompt
             counts.completion_tokens += tokens.completion
 
+    def pending_tokens(self, key_id: int, since: float) -> int:
+        """Tokens of the key counted from ``since`` on and not written yet."""
+        return sum(
+            c.prompt_tokens + c.completion_tokens
+            for (minute, key, _), c in self._counts.items()
+            if key == key_id and minute >= since
+        )
+
+    def tokens_since(self, key_id: int, since: float) -> int:
+        """What the key's requests used from ``since`` on: the stored usage and what is still to be written."""
+        with session(self.engine) as db:
+            stored = usage.tokens_since(db, key_id, int(since))
+        return stored + self.pending_tokens(key_id, since)
+
     async def flush(self) -> None:
         """Write what was counted since the last write; kept for the next one if the store refuses it."""
         async with self._writing:

@@ -11,6 +11,7 @@ from manager.schemas.inference_key import (
     InferenceKeyCreate,
     InferenceKeyCreated,
     InferenceKeyPublic,
+    KeyLimitsUpdate,
 )
 from manager.services import inference_keys
 
@@ -27,6 +28,13 @@ def list_keys(db: SessionDep) -> list[InferenceKeyPublic]:
 def create_key(body: InferenceKeyCreate, db: SessionDep) -> InferenceKeyCreated:
     """Make a key for /v1. The answer holds the key itself, this once: only its hash is stored."""
     return inference_keys.create_key(db, body)
+
+
+@router.patch("/keys/{name}", responses=errors(404, 422))
+def set_key_limits(name: str, body: KeyLimitsUpdate, db: SessionDep) -> InferenceKeyPublic:
+    """Change an active key's limits, expiry or priority: the fields sent change (null: no limit), the
+    others stay. /v1 counts by the new limits from its next request on."""
+    return inference_keys.to_public(inference_keys.set_limits(db, name, body))
 
 
 @router.get("/v1-access")

@@ -17,6 +17,7 @@ from manager.db import commit_or_conflict
 from manager.errors import Conflict, Invalid, NotFound
 from manager.schemas.common import utcnow
 from manager.schemas.inference_key import (
+    LIMIT_FIELDS,
     PREFIX_CHARS,
     InferenceAccess,
     InferenceAccessPublic,
@@ -24,6 +25,7 @@ from manager.schemas.inference_key import (
     InferenceKeyCreate,
     InferenceKeyCreated,
     InferenceKeyPublic,
+    KeyLimitsUpdate,
 )
 from manager.schemas.model_config import ModelConfig
 from manager.services import tokens
@@ -47,7 +49,11 @@ def create_key(db: Session, data: InferenceKeyCreate) -> InferenceKeyCreated:
         )
     secret = KEY_START + secrets.token_urlsafe(32)
     key = InferenceKey(
-        name=data.name, sha256=tokens.digest(secret), prefix=secret[:PREFIX_CHARS], models=list(data.models)
+        name=data.name,
+        sha256=tokens.digest(secret),
+        prefix=secret[:PREFIX_CHARS],
+        models=list(data.models),
+        **data.model_dump(include=set(LIMIT_FIELDS)),
     )
     db.add(key)
     _set_open_without_keys(db, False)  # a new key closes /v1 to callers without one
@@ -76,14 +82,22 @@ def revoke_key(db: Session, name: str) -> InferenceKey:
     return key
 
 
-def active_digests(db: Session) -> list[tuple[str, int, str, list[str]]]:
-    """(SHA-256 digest, id, name, models) of every active key: only the columns /v1's check needs."""
-    rows = db.exec(
-        select(InferenceKey.sha256, InferenceKey.id, InferenceKey.name, InferenceKey.models).where(
-            col(InferenceKey.revoked_at).is_(None)
-        )
-    )
-    return [(digest, key_id, name, list(models or [])) for digest, key_id, name, models in rows if key_id is not None]
+def set_limits(db: Session, name: str, data: KeyLimitsUpdate) -> InferenceKey:
+    """Change the limits sent (null: no limit) of the active key of this name; the others stay."""
+    key = _active(db, name)
+    if key is None:
+        raise NotFound(f"no active inference key named {name!r}")
+    for field, value in data.model_dump(include=data.model_fields_set).items():
+        setattr(key, field, value)
+    db.add(key)
+    db.commit()
+    db.refresh(key)
+    return key
+
+
+def active_keys(db: Session) -> list[InferenceKey]:
+    """Every active key: what /v1's check needs (its digest, models and limits)."""
+    return list(db.exec(select(InferenceKey).where(col(InferenceKey.revoked_at).is_(None))))
 
 
 def revoked_digests(db: Session) -> list[str]:
@@ -172,10 +186,17 @@ def to_public(key: InferenceKey) -> InferenceKeyPublic:
         prefix=key.prefix,
         models=list(key.models),
         active=key.revoked_at is None,
+        expired=is_expired(key, utcnow()),
+        **{field: getattr(key, field) for field in LIMIT_FIELDS if field != "expires_at"},
+        expires_at=_utc(key.expires_at) if key.expires_at else None,
         created_at=_utc(key.created_at),
         last_used_at=_utc(key.last_used_at) if key.last_used_at else None,
         revoked_at=_utc(key.revoked_at) if key.revoked_at else None,
     )
+
+
+def is_expired(key: InferenceKey, now: datetime) -> bool:
+    return key.expires_at is not None and _utc(key.expires_at) <= now
 
 
 def _active(db: Session, name: str) -> InferenceKey | None:

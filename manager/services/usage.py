@@ -229,3 +229,14 @@ def _by_name(keys: dict[int, InferenceKey]):
 
 def _utc(when: datetime) -> datetime:
     return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def tokens_since(db: Session, key_id: int, since: int) -> int:
+    """Prompt and completion tokens the key's requests used from the minute ``since`` (unix s) on."""
+    table = UsageMinute.__table__
+    total = db.execute(
+        select_columns(func.coalesce(func.sum(table.c.prompt_tokens + table.c.completion_tokens), 0)).where(
+            table.c.key_id == key_id, table.c.minute >= since
+        )
+    ).scalar_one()
+    return int(total)

@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse
 
 from manager.deps import SessionDep, UsageRecorderDep
 from manager.errors import ManagerError
-from manager.schemas.inference_key import InferenceKeyCreate
+from manager.schemas.inference_key import LIMIT_FIELDS, InferenceKeyCreate
 from manager.services import inference_keys, models, usage
 from manager.web.forms import FORM_LEVEL, FormErrors, validate
 from manager.web.render import render
@@ -61,7 +61,15 @@ def key_form(db: SessionDep) -> HTMLResponse:
 @router.post("/ui/keys", response_class=HTMLResponse)
 async def create_key(request: Request, db: SessionDep) -> HTMLResponse:
     form = await request.form()
-    values = {"name": str(form.get("name") or "").strip(), "models": [str(m) for m in form.getlist("models")]}
+    values: dict[str, Any] = {
+        "name": str(form.get("name") or "").strip(),
+        "models": [str(m) for m in form.getlist("models")],
+    }
+    # An empty limit is no limit: left out, as the API takes it.
+    for field in LIMIT_FIELDS:
+        given = str(form.get(field) or "").strip()
+        if given:
+            values[field] = given
     errors = FormErrors()
     data = validate(InferenceKeyCreate, values, errors)
     if data is None:

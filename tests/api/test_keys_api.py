@@ -10,6 +10,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from sqlalchemy import MetaData, create_engine
+from sqlmodel import select
 
 from manager.db import make_engine, migrate, session
 from manager.schemas.inference_key import InferenceKey
@@ -52,6 +53,56 @@ def test_what_a_key_may_be_is_checked(client):
     assert client.delete("/api/keys/app").status_code == 204
     assert client.delete("/api/keys/app").status_code == 404  # revoked already
     assert [k["active"] for k in client.get("/api/keys").json()] == [False]
+
+
+def test_a_key_takes_limits_checked_and_changed_later(client):
+    later = (datetime.now(UTC) + timedelta(days=30)).replace(microsecond=0)
+    limits = {
+        "rpm": 60,
+        "tpm": 100000,
+        "max_concurrent": 4,
+        "token_budget": 1000000,
+        "budget_period": "day",
+        "expires_at": later.isoformat(),
+        "priority": "batch",
+    }
+    made = client.post("/api/keys", json={"name": "app", **limits})
+    assert made.status_code == 201, made.text
+    shown = {k: made.json()[k] for k in limits}
+    assert shown == {**limits, "expires_at": later.isoformat().replace("+00:00", "Z")}
+    listed = client.get("/api/keys").json()[0]
+    assert (listed["rpm"], listed["priority"], listed["expired"]) == (60, "batch", False)
+
+    changed = client.patch("/api/keys/app", json={"rpm": None, "tpm": 5})
+    assert changed.status_code == 200, changed.text
+    # Only what was sent changes.
+    assert (changed.json()["rpm"], changed.json()["tpm"], changed.json()["max_concurrent"]) == (None, 5, 4)
+    assert client.patch("/api/keys/nobody", json={"rpm": 1}).status_code == 404
+
+
+def test_what_limits_a_key_may_have_is_checked(client):
+    for bad, field in (
+        ({"rpm": 0}, "rpm"),
+        ({"tpm": -5}, "tpm"),
+        ({"max_concurrent": 10**9}, "max_concurrent"),
+        ({"token_budget": True}, "token_budget"),
+        ({"rpm": "many"}, "rpm"),
+        ({"budget_period": "week"}, "budget_period"),
+        ({"priority": "urgent"}, "priority"),
+        ({"expires_at": "2020-01-01T00:00:00Z"}, "expires_at"),
+        ({"expires_at": "next tuesday"}, "expires_at"),
+    ):
+        refused = client.post("/api/keys", json={"name": "app", **bad})
+        assert refused.status_code == 422, (bad, refused.text)
+        assert field in {e["loc"][-1] for e in refused.json()["errors"]}, (bad, refused.text)
+    past = client.post("/api/keys", json={"name": "app", "expires_at": "2020-01-01T00:00:00Z"})
+    assert "has passed" in past.text
+    typo = client.post("/api/keys", json={"name": "app", "rpn": 5})
+    assert typo.status_code == 422 and "did you mean rpm?" in typo.text
+    client.post("/api/keys", json={"name": "app"})
+    assert "did you mean max_concurrent?" in client.patch("/api/keys/app", json={"max_concurent": 2}).text
+    assert client.patch("/api/keys/app", json={"rpm": 0}).status_code == 422
+    assert client.get("/api/keys").json()[0]["rpm"] is None
 
 
 def test_usage_reports_are_bounded_and_say_why(client):
@@ -122,10 +173,35 @@ def test_migration_creates_exactly_the_key_and_usage_tables(tmp_path):
     with engine.begin() as conn:
         with Operations.context(MigrationContext.configure(conn)):
             module.upgrade()
+            _limits_migration().upgrade()  # and the keys' limits, later
         model = MetaData()
         InferenceKey.__table__.to_metadata(model)
         UsageMinute.__table__.to_metadata(model)
         assert compare_metadata(MigrationContext.configure(conn), model) == []
+
+
+def _limits_migration():
+    spec = importlib.util.spec_from_file_location("m0012", MIGRATION.with_name("0012_key_limits.py"))
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (module.revision, module.down_revision) == ("0012_key_limits", "0011_replicas")
+    return module
+
+
+def test_migration_0012_gives_stored_keys_no_limits(tmp_path):
+    engine = make_engine(tmp_path / "store.db")
+    migrate(engine)
+    with session(engine) as db:
+        db.add(InferenceKey(name="old", sha256="x" * 64, prefix="vmk_abcdefgh"))
+        db.commit()
+    with engine.begin() as conn, Operations.context(MigrationContext.configure(conn)):
+        _limits_migration().downgrade()
+        _limits_migration().upgrade()
+    with session(engine) as db:
+        key = db.exec(select(InferenceKey)).one()
+        assert (key.rpm, key.tpm, key.max_concurrent, key.token_budget, key.expires_at) == (None,) * 5
+        assert (key.budget_period, key.priority) == ("month", "interactive")
 
 
 def test_migration_0009_creates_exactly_the_session_and_v1_access_tables(tmp_path):

@@ -36,9 +36,11 @@ CANNOT_STATE = {
     "POST /api/loras": "the folder must hold a LoRA adapter (adapter_config.json and weights)",
     "POST /api/plan": "the model folder must exist and hf_config be a model's config.json",
     "GET /api/metrics/history": "a window longer than 0 and no longer than the history kept",
-    "POST /api/keys": "each model a key names must be a stored model config",
+    "POST /api/keys": "each model a key names must be a stored model config; expires_at a time to come",
+    "PATCH /api/keys/{name}": "expires_at a time to come",
     "GET /api/usage": "since before until, and a span no longer than the bucket size allows",
     "GET /api/audit": "since before until",
+    "POST /api/downloads": "huggingface_hub's rules for a repo id: no '--' or '..', not ending in '-' or '.'",
 }
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # schemathesis' default, for a valid request
 

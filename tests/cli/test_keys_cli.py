@@ -74,3 +74,27 @@ def test_serve_warns_when_v1_is_opened_on_a_public_address(tmp_path):
         proc.terminate()
         output = proc.communicate(timeout=30)[0]
     assert "/v1 is open to anyone who reaches 0.0.0.0 (VLLM_MANAGER_OPEN_INFERENCE is set)" in output
+
+
+def test_keys_take_limits_on_create_and_set(tmp_path):
+    data = tmp_path / "data"
+    made = _run(["keys", "create", "app", "--rpm", "60", "--token-budget", "1000", "--budget-period", "day",
+                 "--expires", "30d", "--priority", "batch"], data)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    listed = _run(["keys", "list"], data).stdout
+    assert "rpm 60" in listed and "tokens/day 1000" in listed and "expires 20" in listed and "batch" in listed
+    changed = _run(["keys", "set", "app", "--rpm", "none", "--tpm", "5000"], data)
+    assert changed.returncode == 0, changed.stderr
+    assert "tpm 5000" in changed.stdout and "rpm" not in changed.stdout.replace("tpm", "")
+    for args, said in (
+        (["--rpm", "0"], "rpm"),
+        (["--tpm", "lots"], "tpm"),
+        (["--budget-period", "week"], "budget_period"),
+        (["--expires", "2020-01-01"], "has passed"),
+        ([], "give at least one"),
+    ):
+        refused = _run(["keys", "set", "app", *args], data)
+        assert refused.returncode == 1 and said in refused.stderr, (args, refused.stderr)
+    assert _run(["keys", "set", "nobody", "--rpm", "1"], data).returncode == 1
+    bad = _run(["keys", "create", "other", "--max-concurrent", "-1"], data)
+    assert bad.returncode == 1 and "max_concurrent" in bad.stderr

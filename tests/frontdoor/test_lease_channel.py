@@ -12,9 +12,10 @@ import pytest
 
 from manager.auth.throttle import ADMIN_TOKEN, INFERENCE_KEY, WrongTokenThrottle
 from manager.frontdoor.access import ANYONE, Caller
-from manager.frontdoor.errors import ModelUnavailable, QueueFull
+from manager.frontdoor.errors import ModelUnavailable, OverKeyLimit, QueueFull
 from manager.frontdoor.forwarding import Held, Outcome
 from manager.frontdoor.lease_channel import LeaseClient, LeaseServer, Refused
+from manager.frontdoor.limits import KeyLimits, Limited, Limiter
 from manager.frontdoor.metering import Tokens
 
 
@@ -41,6 +42,18 @@ class Door:
     open: asyncio.Event = field(default_factory=asyncio.Event)
     refuse: Exception | None = None
     callers: list[Caller] = field(default_factory=list)  # whom each acquire was for
+    limiter: Limiter = field(default_factory=lambda: Limiter(lambda key_id, since: 0))
+    now: float = 1_800_000_000.0
+
+    async def admit(self, caller: Caller, asked_tokens: int) -> dict[str, str]:
+        assert caller.limits is not None
+        try:
+            return self.limiter.admit(caller.key_id, caller.key_name or "", caller.limits, asked_tokens, self.now)
+        except Limited as exc:
+            raise OverKeyLimit(exc.message, exc.limit, exc.headers) from None
+
+    def let_go(self, key_id: int) -> None:
+        self.limiter.ended(key_id, None, self.now)
 
     async def acquire(
         self,
@@ -64,6 +77,9 @@ class Door:
     def record(self, outcome: Outcome, lease: Held | None = None) -> None:
         if lease is not None:
             lease.release()
+        if outcome.admitted:
+            tokens = outcome.tokens.prompt + outcome.tokens.completion if outcome.tokens else None
+            self.limiter.ended(outcome.key_id, tokens, self.now)
         self.outcomes.append((outcome, lease))
 
 
@@ -209,4 +225,44 @@ async def test_wrong_tokens_are_counted_by_the_manager_and_every_forwarder_hears
     assert first.throttles[INFERENCE_KEY].retry_after("10.0.0.9") is None
     for client in (first, second):
         await client.close()
+    await server.close()
+
+
+@on_a_loop
+async def test_a_keys_limits_are_counted_by_the_manager_for_every_forwarder(tmp_path):
+    door = Door()
+    server, first = await channel(tmp_path, door)
+    second = LeaseClient()
+    await second.connect(server.path)
+    caller = Caller(3, "app", limits=KeyLimits(rpm=3, tpm=10, max_concurrent=2))
+    headers = await first.admit(caller, 1)
+    assert headers["x-ratelimit-remaining-requests"] == "2"
+    await second.admit(caller, 1)
+    # Two in flight, one through each forwarder: the third is refused as the manager made the refusal.
+    with pytest.raises(Refused) as refused:
+        await second.admit(caller, 1)
+    assert refused.value.status == 429 and refused.value.code == "rate_limit_exceeded"
+    assert "max_concurrent 2" in refused.value.message and refused.value.headers["Retry-After"] == "1"
+    # One ends with its tokens (charged to tpm); the other's forwarder goes away: it is no longer in flight.
+    first.record(Outcome(3, "a", 200, Tokens(2, 8), 0.0, "app", admitted=True))
+    await second.close()
+    await until(lambda: door.limiter.in_flight(3) == 0)
+    assert door.limiter.headers(3, KeyLimits(tpm=10), door.now)["x-ratelimit-remaining-tokens"] == "0"
+    with pytest.raises(Refused) as over_tpm:
+        await first.admit(caller, 1)
+    assert "tpm 10" in over_tpm.value.message
+    await first.close()
+    await server.close()
+
+
+@on_a_loop
+async def test_a_request_let_go_is_no_longer_in_flight(tmp_path):
+    door = Door()
+    server, client = await channel(tmp_path, door)
+    caller = Caller(3, "app", limits=KeyLimits(max_concurrent=1))
+    await client.admit(caller, 1)
+    client.let_go(3)
+    await until(lambda: door.limiter.in_flight(3) == 0)
+    await client.admit(caller, 1)
+    await client.close()
     await server.close()

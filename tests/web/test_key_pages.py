@@ -39,6 +39,24 @@ def test_the_form_shows_what_was_wrong_next_to_the_field(client):
     assert re.search(r"data-field=\"models\">no model config named &#39;ghost&#39;", unknown.text)
 
 
+def test_a_key_made_on_the_page_takes_limits_and_the_list_shows_them(client):
+    made = client.post(
+        "/ui/keys",
+        data={"name": "app", "rpm": "60", "tpm": "", "token_budget": "5000", "budget_period": "day",
+              "expires_at": "2099-01-01T12:00", "priority": "batch"},
+    )  # fmt: skip
+    assert "new-key-secret" in made.text, made.text
+    limits = client.get("/ui/keys/list").text.split('data-testid="key-limits">')[1].split("</td>")[0]
+    assert " ".join(limits.split()) == (
+        "60 requests/min, 5000 tokens/day, expires 2099-01-01 12:00 UTC, batch"
+    )  # fmt: skip
+    stored = client.get("/api/keys").json()[0]
+    assert (stored["rpm"], stored["tpm"], stored["expires_at"]) == (60, None, "2099-01-01T12:00:00Z")
+    bad = client.post("/ui/keys", data={"name": "other", "rpm": "0", "expires_at": "2001-01-01T00:00"})
+    assert re.search(r'data-field="rpm">[^<]*greater than or equal to 1', bad.text)
+    assert re.search(r'data-field="expires_at">[^<]*has passed', bad.text)
+
+
 def test_the_usage_page_shows_totals_and_rows(client):
     empty = client.get("/usage")
     assert empty.status_code == 200 and "No requests through /v1 in this range" in empty.text

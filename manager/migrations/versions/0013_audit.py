@@ -1,14 +1,14 @@
 """The audit log: one row per change asked of the manager, and what came of it.
 
 Revision ID: 0013_audit
-Revises: 0011_replicas
+Revises: 0012_key_limits
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0013_audit"
-down_revision = "0011_replicas"
+down_revision = "0012_key_limits"
 branch_labels = None
 depends_on = None
 
