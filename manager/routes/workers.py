@@ -4,16 +4,24 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from sse_starlette.sse import EventSourceResponse
 
 from manager.deps import MAX_EVENTS, MAX_ROW_ID, LogTail, Pid, SessionDep, SupervisorDep, WorkerId
 from manager.launch.secrets import hide_flag_values
 from manager.openapi import EVENT_STREAM, errors
-from manager.schemas.common import MAX_GPUS, UNIQUE_ITEMS, GpuId, Name, ShortText, keep_bools_and_numbers_apart
+from manager.schemas.common import (
+    MAX_GPUS,
+    UNIQUE_ITEMS,
+    GpuId,
+    Name,
+    ShortText,
+    keep_bools_and_numbers_apart,
+    refuse_unknown_fields,
+)
 from manager.services.kv_check import worker_kv_check
 from manager.supervisor.view import WorkerView
 
@@ -24,7 +32,19 @@ NODE_SILENT = "Its node of the Ray cluster does not answer: try again"
 SleepLevel = Annotated[int, Query(ge=1, le=2, description="1 keeps the weights in host RAM, 2 drops them")]
 
 
-class WorkerStart(BaseModel):
+class Body(BaseModel):
+    """A request body that refuses a field it does not have, naming the closest real one."""
+
+    # Said in the schema too (additionalProperties: false); the validator names the closest field.
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        return refuse_unknown_fields(cls, data)
+
+
+class WorkerStart(Body):
     model: Name = Field(description="Name of a stored model config")
     gpus: list[GpuId] | None = Field(
         default=None,
@@ -50,14 +70,14 @@ class WorkerStart(BaseModel):
         return v
 
 
-class WorkerSwitch(BaseModel):
+class WorkerSwitch(Body):
     model: Name
     force: bool = False
 
     _json_types = field_validator("*", mode="before")(keep_bools_and_numbers_apart)
 
 
-class Adopt(BaseModel):
+class Adopt(Body):
     model: Name = Field(description="The model config the hand-started server corresponds to")
 
 

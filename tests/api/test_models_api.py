@@ -241,3 +241,10 @@ def test_a_model_path_that_is_not_there_is_refused_when_written(client, tmp_path
     notes = client.get("/api/models/hub/command", params={"validate": False}).json()["notes"]
     assert any("org/not-cached is downloaded from the Hugging Face Hub before vLLM starts" in n for n in notes), notes
     assert not any("Hugging Face" in n for n in client.get("/api/models/a/command?validate=false").json()["notes"])
+
+
+def test_a_misspelled_field_of_a_worker_start_is_refused_not_dropped(client):
+    # Dropped silently, "gpu" would start the worker on the config's GPUs instead of the ones asked for.
+    typo = client.post("/api/workers", json={"model": "a", "gpu": [1]})
+    assert typo.status_code == 422 and "'gpu' (did you mean gpus?)" in typo.json()["detail"]
+    assert client.get("/api/workers").json() == []  # nothing started

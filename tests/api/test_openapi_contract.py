@@ -40,6 +40,7 @@ CANNOT_STATE = {
     "PATCH /api/keys/{name}": "expires_at a time to come",
     "GET /api/usage": "since before until, and a span no longer than the bucket size allows",
     "GET /api/audit": "since before until",
+    "POST /api/workers": "a node only where the manager runs with a Ray cluster",
     "POST /api/downloads": "huggingface_hub's rules for a repo id: no '--' or '..', not ending in '-' or '.'",
 }
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # schemathesis' default, for a valid request
