@@ -10,26 +10,9 @@ import tomllib
 
 import pytest
 
-from tests.docker.conftest import DOCKER, REPO
+from tests.docker.conftest import DOCKER, REPO, instructions
 
 DOCKERFILES = {"gpu": DOCKER / "Dockerfile", "cpu": DOCKER / "Dockerfile.cpu"}
-
-
-def instructions(dockerfile) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    result, pending = [], ""
-    for line in dockerfile.read_text().splitlines():
-        stripped = line.strip()
-        if not pending and (not stripped or stripped.startswith("#")):
-            continue
-        if stripped.startswith("#"):  # a comment inside a continued instruction
-            continue
-        pending += " " + stripped.removesuffix("\\")
-        if not stripped.endswith("\\"):
-            keyword, _, args = pending.strip().partition(" ")
-            result.append((keyword.upper(), args.strip()))
-            pending = ""
-    return result
 
 
 def copy_sources(dockerfile) -> list[str]:
