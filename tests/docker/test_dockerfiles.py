@@ -30,6 +30,14 @@ def test_hadolint_finds_nothing(hadolint, kind):
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("kind", DOCKERFILES)
+def test_the_build_pulls_nothing_but_the_base_image(kind):
+    """A `# syntax=` directive makes BuildKit pull a frontend image before reading the file: a build
+    from a local base image (an offline machine, docker/ci/images.sh) would fail on it."""
+    directives = [line for line in DOCKERFILES[kind].read_text().splitlines() if line.lower().startswith("# syntax")]
+    assert not directives, f"{DOCKERFILES[kind].name}: {directives}"
+
+
 def test_hadolint_does_flag_a_root_image(hadolint, tmp_path):
     """Guards the check itself: the linter runs with its rules on."""
     dockerfile = tmp_path / "Dockerfile"
