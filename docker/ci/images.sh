@@ -127,7 +127,9 @@ serve_wheels() {
         mkdir -p "$work/index/$name"
         ln -sf "$(readlink -f "$wheel")" "$work/index/$name/"
     done
-    port="$(free_port)"
+    # A fixed port keeps the build argument, and so BuildKit's cache of the pip layers, the same
+    # from one run to the next.
+    port="${VLLM_MANAGER_CI_INDEX_PORT:-18099}"
     python3 -m http.server --bind 127.0.0.1 --directory "$work/index" "$port" >"$work/index.log" 2>&1 &
     index_server=$!
     for _ in $(seq 20); do curl -fsS "http://127.0.0.1:$port/torch/" >/dev/null 2>&1 && break; sleep 0.5; done
@@ -142,6 +144,8 @@ have_image() {
 
 make_base_image() {
     if have_image "$BASE_IMAGE"; then log "$BASE_IMAGE exists, kept"; return; fi
+    # python3-dev: python:*-slim and vLLM's image carry Python's headers, and torch.compile, which
+    # vLLM's CPU backend runs, compiles C++ against them (without: "Can't find Python.h").
     # Debian's python3 is marked externally managed; python:*-slim is not, and the Dockerfiles
     # `pip install` (and `uv pip install --system`) into the system Python as they would there.
     # Debian's pip trusts the system's CAs; SSL_CERT_FILE makes uv trust them too.
@@ -152,7 +156,7 @@ make_base_image() {
         hooks+=(--customize-hook='copy-in /usr/local/share/ca-certificates /usr/local/share'
                 --customize-hook='chroot "$1" update-ca-certificates')
     fi
-    mmdebstrap --variant=minbase --include=python3,python3-pip,python3-venv,ca-certificates "${hooks[@]}" \
+    mmdebstrap --variant=minbase --include=python3,python3-dev,python3-pip,python3-venv,ca-certificates "${hooks[@]}" \
         bookworm "$work/rootfs.tar" \
         "deb $DEBIAN_MIRROR bookworm main" "deb $DEBIAN_MIRROR bookworm-updates main" \
         "deb ${DEBIAN_MIRROR%/debian}/debian-security bookworm-security main"
@@ -271,11 +275,13 @@ print("plugin offload_patches loads in vLLM", vllm.__version__, "from", vllm.__f
     fi
     "$DOCKER" run -d --name ci-gpu-ray --shm-size 1g -e VLLM_MANAGER_API_TOKEN="$token" \
         --entrypoint ray-node.sh "$GPU_IMAGE" head >/dev/null
+    # Until the head reports its node, `ray status` answers "No cluster status" with success.
     for _ in $(seq 60); do
-        "$DOCKER" exec ci-gpu-ray ray status >"$work/ray-status" 2>&1 && break
+        "$DOCKER" exec ci-gpu-ray ray status >"$work/ray-status" 2>&1 && grep -q "Active:" "$work/ray-status" && break
         sleep 3
     done
     if ! grep -q "Active:" "$work/ray-status"; then
+        cat "$work/ray-status" >&2
         "$DOCKER" logs --tail 40 ci-gpu-ray >&2
         die "ray status did not answer in the ray-node.sh head container"
     fi
