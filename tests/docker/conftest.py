@@ -42,3 +42,20 @@ def docker_compose() -> Path:
 @pytest.fixture(scope="session")
 def hadolint() -> Path:
     return _lint_tool("hadolint")
+
+
+def instructions(dockerfile) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    result, pending = [], ""
+    for line in dockerfile.read_text().splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):  # a comment inside a continued instruction
+            continue
+        pending += " " + stripped.removesuffix("\\")
+        if not stripped.endswith("\\"):
+            keyword, _, args = pending.strip().partition(" ")
+            result.append((keyword.upper(), args.strip()))
+            pending = ""
+    return result

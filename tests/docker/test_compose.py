@@ -6,6 +6,7 @@ ${VAR} without a Docker engine; the tests read its resolved output.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.docker.conftest import DOCKER
+from tests.docker.conftest import DOCKER, instructions
 
 COMPOSE_FILE = DOCKER / "compose.yaml"
 ENV_EXAMPLE = DOCKER / ".env.example"
@@ -56,6 +57,15 @@ def published(service: dict) -> dict[int, tuple[str, int]]:
     return ports
 
 
+def container_argv(service: dict) -> list[str]:
+    """What the container runs: Docker puts the command after the entrypoint, and a service that sets
+    no entrypoint gets the image's (`vllm-manager serve` in docker/Dockerfile)."""
+    steps = dict(instructions(DOCKER / "Dockerfile"))
+    entrypoint = service.get("entrypoint", json.loads(steps["ENTRYPOINT"]))
+    command = service.get("command", json.loads(steps["CMD"]) if "entrypoint" not in service else [])
+    return [*entrypoint, *command]
+
+
 def test_the_example_env_file_gives_a_valid_configuration(docker_compose, tmp_path):
     config = resolved(docker_compose, tmp_path, ENV_EXAMPLE.read_text().splitlines())
     assert set(config["services"]) == {"manager", "manager-cpu", "ray-head", "ray-worker", "prometheus", "grafana"}
@@ -66,7 +76,7 @@ def test_the_ray_profiles_start_the_head_with_the_manager_and_join_workers_to_it
     services = resolved(docker_compose, tmp_path, env)["services"]
     head, worker = services["ray-head"], services["ray-worker"]
     assert head["profiles"] == ["ray-head"] and worker["profiles"] == ["ray-worker"]
-    assert head["command"] == ["ray-node.sh", "head"] and worker["command"] == ["ray-node.sh", "worker"]
+    assert container_argv(head) == ["ray-node.sh", "head"] and container_argv(worker) == ["ray-node.sh", "worker"]
     for box in (head, worker):
         # Ray and the engines on other boxes use many ports: the host's network, not published ports.
         assert box["network_mode"] == "host" and "ports" not in box

@@ -10,26 +10,9 @@ import tomllib
 
 import pytest
 
-from tests.docker.conftest import DOCKER, REPO
+from tests.docker.conftest import DOCKER, REPO, instructions
 
 DOCKERFILES = {"gpu": DOCKER / "Dockerfile", "cpu": DOCKER / "Dockerfile.cpu"}
-
-
-def instructions(dockerfile) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    result, pending = [], ""
-    for line in dockerfile.read_text().splitlines():
-        stripped = line.strip()
-        if not pending and (not stripped or stripped.startswith("#")):
-            continue
-        if stripped.startswith("#"):  # a comment inside a continued instruction
-            continue
-        pending += " " + stripped.removesuffix("\\")
-        if not stripped.endswith("\\"):
-            keyword, _, args = pending.strip().partition(" ")
-            result.append((keyword.upper(), args.strip()))
-            pending = ""
-    return result
 
 
 def copy_sources(dockerfile) -> list[str]:
@@ -45,6 +28,14 @@ def copy_sources(dockerfile) -> list[str]:
 def test_hadolint_finds_nothing(hadolint, kind):
     result = subprocess.run([str(hadolint), str(DOCKERFILES[kind])], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("kind", DOCKERFILES)
+def test_the_build_pulls_nothing_but_the_base_image(kind):
+    """A `# syntax=` directive makes BuildKit pull a frontend image before reading the file: a build
+    from a local base image (an offline machine, docker/ci/images.sh) would fail on it."""
+    directives = [line for line in DOCKERFILES[kind].read_text().splitlines() if line.lower().startswith("# syntax")]
+    assert not directives, f"{DOCKERFILES[kind].name}: {directives}"
 
 
 def test_hadolint_does_flag_a_root_image(hadolint, tmp_path):
