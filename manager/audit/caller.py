@@ -27,6 +27,8 @@ class Note:
     token: str | None = None  # the admin token behind ``who``: token:<id> or env-token
     token_name: str | None = None
     message: str | None = None  # what went wrong, where the answer is a page rather than an error body
+    # A change a page refused while answering 200 (htmx swaps only those): the status the API answers it with.
+    refused_status: int | None = None
     changed: set[str] = field(default_factory=set)  # stored fields whose value it changed (manager.audit.changes)
 
 

@@ -20,6 +20,15 @@ CURRENT: ContextVar[Note | None] = ContextVar("vllm_manager_audit_note", default
 BOOKKEEPING = frozenset({"created_at", "updated_at", "last_seen_at", "last_used_at"})
 
 
+def refused(status: int, message: str) -> None:
+    """A change refused on a page that shows why (a form's errors, a list with its message): the page is
+    answered 200, so the audit row records the status the API answers the same refusal with, and why.
+    The first refusal of a request is the one kept."""
+    note = CURRENT.get()
+    if note is not None and note.refused_status is None:
+        note.refused_status, note.message = status, message
+
+
 @event.listens_for(Session, "before_flush")
 def _note_changes(db: Session, _context: Any, _instances: Any) -> None:
     note = CURRENT.get()

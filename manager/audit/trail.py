@@ -115,6 +115,8 @@ def entry_for(
     template = str(getattr(route, "path_format", None) or getattr(route, "path", None) or scope["path"])
     data = read.parse_body(body, content_type) if complete else None
     status = int(answer["status"])
+    if status < 400 and note.refused_status is not None:
+        status = note.refused_status
     message = note.message
     if status >= 400 and message is None:
         message = read.error_message(bytes(answer["body"]), answer["type"])

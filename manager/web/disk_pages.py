@@ -16,7 +16,7 @@ from manager.errors import ManagerError
 from manager.hub import cache as hub_cache
 from manager.schemas.download import DownloadRequest
 from manager.services import models
-from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, validate
+from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, refusal, validate
 from manager.web.live_dep import LiveViewsDep
 from manager.web.render import nbytes, render
 
@@ -75,7 +75,7 @@ def delete(
             downloads=downloads.unfinished(),
         )
     except ManagerError as exc:
-        return HTMLResponse(_list(request, db, settings, error=exc.message))
+        return HTMLResponse(_list(request, db, settings, error=refusal(exc)))
     what = f"revision {revision} of {deleted.repo}" if revision else deleted.repo
     message = f"Deleted {what} from {deleted.cache}: {nbytes(deleted.freed_bytes)} freed."
     return HTMLResponse(_list(request, db, settings, message=message))
@@ -93,7 +93,7 @@ async def start_download(request: Request, downloads: DownloadsDep) -> HTMLRespo
     try:
         row = await downloads.start(data.repo, data.revision)
     except ManagerError as exc:
-        errors.add(FORM_LEVEL, exc.message)
+        errors.add(FORM_LEVEL, exc.message, exc.status)
         return HTMLResponse(_download_form(form, errors))
     message = f"Download {row.id}: {row.repo} ({nbytes(row.total_bytes)}) into {row.cache_dir}, progress below."
     return HTMLResponse(_download_form({}, FormErrors(), message=message))

@@ -16,6 +16,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from manager.audit import changes
+from manager.errors import ManagerError
+
 SchemaT = TypeVar("SchemaT", bound=BaseModel)
 
 FORM_LEVEL = "_form"  # errors about several fields at once (a model validator) or none
@@ -25,14 +28,23 @@ FORM_LEVEL = "_form"  # errors about several fields at once (a model validator) 
 class FormErrors:
     by_field: dict[str, list[str]] = field(default_factory=dict)
 
-    def add(self, name: str, message: str) -> None:
+    def add(self, name: str, message: str, status: int = 422) -> None:
+        """An error shown next to its field; on a write, also why the audit log says it was refused
+        (``status``: what the API answers the same refusal with)."""
         self.by_field.setdefault(name or FORM_LEVEL, []).append(message)
+        changes.refused(status, message if name in ("", FORM_LEVEL) else f"{name}: {message}")
 
     def __bool__(self) -> bool:
         return bool(self.by_field)
 
     def get(self, name: str) -> list[str]:
         return self.by_field.get(name, [])
+
+
+def refusal(exc: ManagerError) -> str:
+    """The message a page shows for a refused change, noted for the audit log with the API's status."""
+    changes.refused(exc.status, exc.message)
+    return exc.message
 
 
 TRISTATE_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}

@@ -17,7 +17,7 @@ from manager.deps import SessionDep, UsageRecorderDep
 from manager.errors import ManagerError
 from manager.schemas.inference_key import LIMIT_FIELDS, InferenceKeyCreate
 from manager.services import inference_keys, models, usage
-from manager.web.forms import FORM_LEVEL, FormErrors, validate
+from manager.web.forms import FORM_LEVEL, FormErrors, refusal, validate
 from manager.web.render import render
 
 router = APIRouter(include_in_schema=False)
@@ -78,7 +78,7 @@ async def create_key(request: Request, db: SessionDep) -> HTMLResponse:
         created = inference_keys.create_key(db, data)
     except ManagerError as exc:
         db.rollback()
-        errors.add(str(exc.detail.get("field", "name")), exc.message)
+        errors.add(str(exc.detail.get("field", "name")), exc.message, exc.status)
         return _form(db, values, errors)
     return _form(db, {}, FormErrors(), created)
 
@@ -101,7 +101,7 @@ def revoke_key(name: str, db: SessionDep) -> HTMLResponse:
     try:
         inference_keys.revoke_key(db, name)
     except ManagerError as exc:
-        return _list(db, error=exc.message)
+        return _list(db, error=refusal(exc))
     return _list(db, f"Revoked {name}: /v1 refuses it from now on. Its usage stays on the Usage page.")
 
 
@@ -110,7 +110,7 @@ def open_v1(db: SessionDep) -> HTMLResponse:
     try:
         inference_keys.open_without_keys(db)
     except ManagerError as exc:
-        return _list(db, error=exc.message)
+        return _list(db, error=refusal(exc))
     return _list(db, "/v1 is open without a key again, as before any key was made.")
 
 

@@ -21,7 +21,7 @@ from manager.lora.workers import WorkerLoras
 from manager.metrics.pools import PoolsReader
 from manager.schemas.lora_adapter import LoraAdapterCreate
 from manager.services import models
-from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, validate
+from manager.web.forms import FORM_LEVEL, FormErrors, parse_form, refusal, validate
 from manager.web.render import latency, render
 
 router = APIRouter(include_in_schema=False)
@@ -88,7 +88,7 @@ async def register(request: Request, db: SessionDep, keeper: PinKeeperDep) -> HT
         adapter, check = registry.add_adapter(db, data)
     except ManagerError as exc:
         db.rollback()
-        errors.add(error_field(exc), exc.message)
+        errors.add(error_field(exc), exc.message, exc.status)
         return HTMLResponse(_form(db, form, errors))
     loaded = await keeper.sweep() if adapter.pinned else []
     message = f"Registered {adapter.name} (rank {adapter.rank}) for {adapter.base_config}." + _loaded_text(loaded)
@@ -111,7 +111,7 @@ async def pin(name: str, request: Request, db: SessionDep, keeper: PinKeeperDep)
     try:
         adapter = registry.set_pinned(db, name, pinned)
     except ManagerError as exc:
-        return _list(db, error=exc.message)
+        return _list(db, error=refusal(exc))
     if not adapter.pinned:
         return _list(db, f"Unpinned {name}: a worker restart no longer loads it again.")
     loaded = await keeper.sweep()
@@ -126,7 +126,7 @@ def remove(name: str, db: SessionDep) -> HTMLResponse:
     try:
         registry.remove_adapter(db, name)
     except ManagerError as exc:
-        return _list(db, error=exc.message)
+        return _list(db, error=refusal(exc))
     # The registry does not reach into workers: say what still holds the adapter.
     return _list(
         db,
@@ -230,11 +230,11 @@ async def load(
 ) -> HTMLResponse:
     name = str((await request.form()).get("name") or "")
     if not name:
-        return _html("fragments/lora_message.html", error="Choose an adapter to load.")
+        return _html("fragments/lora_message.html", error=refusal(Invalid("Choose an adapter to load.")))
     try:
         done = await workers.load_on_worker(db, sup, http, worker_id, name)
     except ManagerError as exc:
-        return _html("fragments/lora_message.html", headers=CHANGED, error=exc.message)
+        return _html("fragments/lora_message.html", headers=CHANGED, error=refusal(exc))
     return _html("fragments/lora_message.html", headers=CHANGED, ok=f"Loaded {name} in {latency(done['load_s'])}.")
 
 
@@ -245,7 +245,7 @@ async def unload(
     try:
         done = await workers.unload_from_worker(db, sup, http, worker_id, name)
     except ManagerError as exc:
-        return _html("fragments/lora_message.html", headers=CHANGED, error=exc.message)
+        return _html("fragments/lora_message.html", headers=CHANGED, error=refusal(exc))
     return _html("fragments/lora_message.html", headers=CHANGED, ok=f"Unloaded {name}.", note=done.get("note"))
 
 

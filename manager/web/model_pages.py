@@ -130,14 +130,15 @@ def _config_form(
     )
 
 
-def _service_error(exc: ManagerError, errors: FormErrors, creating: bool) -> None:
-    """Put a service's refusal on the field it is about."""
+def _service_error(exc: ManagerError, errors: FormErrors, creating: bool, on_config: bool = True) -> None:
+    """Put a service's refusal on the field it is about (``on_config``: the config form, which has the
+    offload profile field; a profile's own form shows a missing profile above its fields)."""
     where = exc.detail.get("field")
-    if where is None and isinstance(exc, NotFound) and "offload profile" in exc.message:
+    if where is None and on_config and isinstance(exc, NotFound) and "offload profile" in exc.message:
         where = "offload_profile"
     if where is None and creating and "already exists" in exc.message:
         where = "name"
-    errors.add(str(where or FORM_LEVEL).split("[")[0], exc.message)
+    errors.add(str(where or FORM_LEVEL).split("[")[0], exc.message, exc.status)
 
 
 def _page(template: str, **context: Any) -> HTMLResponse:
@@ -275,7 +276,7 @@ async def _save_profile(request: Request, db, name: str | None) -> HTMLResponse:
                 profile = profiles.replace_profile(db, name, data)
         except ManagerError as exc:
             db.rollback()
-            _service_error(exc, errors, creating=name is None)
+            _service_error(exc, errors, creating=name is None, on_config=False)
         else:
             if name is None:
                 return HTMLResponse("", headers={"HX-Redirect": "/models"})
