@@ -52,7 +52,7 @@ class AuditEntry(SQLModel, table=True):
     target: str | None = None  # the id or name acted on
     fields: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))  # names only
     changed: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))  # names only
-    status: int  # the HTTP status it was answered with (the CLI: 200 done, 4xx refused)
+    status: int  # the HTTP status it was answered with (a form's refusal shown on its page: the API's; the CLI: 200 done, 4xx refused)
     message: str | None = None  # what was wrong, for a failure
 
 
@@ -74,7 +74,10 @@ class AuditEntryPublic(BaseModel):
     changed: list[str] = Described(
         description="The stored fields whose value it changed, such as extra_args for an update (never the values)"
     )
-    status: int = Described(description="The HTTP status it was answered with")
+    status: int = Described(
+        description="The HTTP status it was answered with; for a change a dashboard form refused on its page "
+        "(answered 200), the status the API answers the same refusal with"
+    )
     outcome: str = Described(description="ok (below 400) or failed")
     message: str | None = Described(description="What was wrong, for a failure")
 
