@@ -204,6 +204,7 @@ def models_add(
     """Add a model config from a YAML or JSON file."""
     from pydantic import ValidationError
 
+    from manager.cli_audit import audited
     from manager.schemas.model_config import ModelConfigCreate
     from manager.services import models
 
@@ -213,17 +214,27 @@ def models_add(
     except ValidationError as exc:
         fail(validation_message(exc))
     with open_db(settings) as db:
-        run(models.create_model, db, data, rules=models.WriteRules.of(settings))
+        audited(
+            db,
+            "models add",
+            "models.create",
+            data.name,
+            models.create_model,
+            db,
+            data,
+            rules=models.WriteRules.of(settings),
+        )
     typer.echo(f"added model config {data.name}")
 
 
 @models_app.command("rm")
 def models_rm(name: str, data_dir: DataDir = None) -> None:
     """Delete a model config (its workers must be stopped)."""
+    from manager.cli_audit import audited
     from manager.services import models
 
     with open_db(settings_for(data_dir), reading=True) as db:
-        run(models.delete_model, db, name)
+        audited(db, "models rm", "models.delete", name, models.delete_model, db, name)
     typer.echo(f"removed model config {name}")
 
 
@@ -254,6 +265,7 @@ def profiles_add(
     """Add an offload profile from a YAML or JSON file."""
     from pydantic import ValidationError
 
+    from manager.cli_audit import audited
     from manager.schemas.offload_profile import OffloadProfileCreate
     from manager.services import profiles
 
@@ -262,17 +274,18 @@ def profiles_add(
     except ValidationError as exc:
         fail(validation_message(exc))
     with open_db(settings_for(data_dir)) as db:
-        run(profiles.create_profile, db, data)
+        audited(db, "profiles add", "profiles.create", data.name, profiles.create_profile, db, data)
     typer.echo(f"added offload profile {data.name}")
 
 
 @profiles_app.command("rm")
 def profiles_rm(name: str, data_dir: DataDir = None) -> None:
     """Delete an offload profile no model config uses."""
+    from manager.cli_audit import audited
     from manager.services import profiles
 
     with open_db(settings_for(data_dir), reading=True) as db:
-        run(profiles.delete_profile, db, name)
+        audited(db, "profiles rm", "profiles.delete", name, profiles.delete_profile, db, name)
     typer.echo(f"removed offload profile {name}")
 
 
@@ -325,13 +338,24 @@ def import_(
     data_dir: DataDir = None,
 ) -> None:
     """Import model configs and offload profiles from an export file."""
+    from manager.cli_audit import audited
     from manager.services import transfer
     from manager.services.models import WriteRules
 
     settings = settings_for(data_dir)
     raw = read_bytes(file)
     with open_db(settings) as db:
-        result = run(transfer.import_file, db, raw, overwrite=overwrite, rules=WriteRules.of(settings))
+        result = audited(
+            db,
+            "import",
+            "import",
+            None,
+            transfer.import_file,
+            db,
+            raw,
+            overwrite=overwrite,
+            rules=WriteRules.of(settings),
+        )
     print_json(result)
 
 

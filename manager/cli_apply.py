@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from manager.cli_audit import audited
 from manager.cli_common import DataDir, fail, open_db, read_bytes, run, settings_for
 
 
@@ -28,7 +29,7 @@ def apply(
     raw = read_bytes(file)
     with open_db(settings) as db:
         data = run(read_file, raw)
-        result = run(apply_data, db, data, prune=prune, rules=WriteRules.of(settings))
+        result = audited(db, "apply", "apply", None, apply_data, db, data, prune=prune, rules=WriteRules.of(settings))
     for word, items in (("created", result.created), ("changed", result.changed), ("removed", result.removed)):
         for item in items:
             typer.echo(f"{word:<9} {item}")
@@ -60,7 +61,9 @@ def models_set(
             fail(f"the value of {field} is not valid YAML: {exc}")
     settings = settings_for(data_dir)
     with open_db(settings, reading=True) as db:
-        changed = run(set_fields, db, name, parsed, rules=WriteRules.of(settings))
+        changed = audited(
+            db, "models set", "models.update", name, set_fields, db, name, parsed, rules=WriteRules.of(settings)
+        )
     typer.echo(f"model config {name}: {', '.join(changed) + ' changed' if changed else 'nothing changed'}")
 
 
@@ -89,7 +92,9 @@ def models_edit(name: str, data_dir: DataDir = None) -> None:
         if not isinstance(edited, dict):
             fail("the file must hold the config's fields as a mapping; nothing was saved")
         with open_db(settings, reading=True) as db:
-            changed = run(set_fields, db, name, edited, rules=WriteRules.of(settings))
+            changed = audited(
+                db, "models edit", "models.update", name, set_fields, db, name, edited, rules=WriteRules.of(settings)
+            )
     finally:
         path.unlink(missing_ok=True)
     typer.echo(f"model config {name}: {', '.join(changed) + ' changed' if changed else 'nothing changed'}")

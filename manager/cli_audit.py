@@ -1,5 +1,6 @@
 """`vllm-manager audit`: the audit log of admin changes, straight from the store, newest first; and the
-rows the CLI's own changes to admin tokens and sessions leave there (the manager's API records its own)."""
+rows the CLI's own changes to the store leave there (configs, profiles, keys, admin tokens, sessions,
+import and apply; the manager's API records its own)."""
 
 from __future__ import annotations
 
@@ -64,25 +65,31 @@ def audit(
         typer.secho(f"More rows match: showing the newest {limit} (narrow the range, or raise --limit).", err=True)
 
 
-def audited(db: Session, command: str, action: str, target: str | None, fn: Callable[..., T], *args) -> T:
-    """Run a change to the store the way ``run`` does, and leave its audit row: done, or refused and why."""
-    from manager.audit import store
+def audited(db: Session, command: str, action: str, target: str | None, fn: Callable[..., T], *args, **kwargs) -> T:
+    """Run a change to the store the way ``run`` does, and leave its audit row: done (with the stored
+    fields it changed), or refused and why."""
+    from manager.audit import changes, store
+    from manager.audit.caller import Note
     from manager.errors import ManagerError
-    from manager.schemas.audit import CLI, AuditEntry
+    from manager.schemas.audit import CLI, MAX_FIELDS, AuditEntry
 
-    def row(status: int, message: str | None = None) -> AuditEntry:
+    def row(status: int, message: str | None = None, changed: list[str] | None = None) -> AuditEntry:
         return AuditEntry(
             who=f"{CLI}:{_user()}", address="local", method="CLI", route=f"vllm-manager {command}",
-            action=action, target=target, status=status, message=message,
+            action=action, target=target, status=status, message=message, changed=changed or [],
         )  # fmt: skip
 
+    note = Note()
+    watching = changes.CURRENT.set(note)
     try:
-        result = fn(*args)
+        result = fn(*args, **kwargs)
     except ManagerError as exc:
         db.rollback()
         store.add(db, row(exc.status, exc.message))
         fail(exc.message)
-    store.add(db, row(200))
+    finally:
+        changes.CURRENT.reset(watching)
+    store.add(db, row(200, changed=sorted(note.changed)[:MAX_FIELDS]))
     return result
 
 

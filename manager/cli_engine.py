@@ -9,7 +9,8 @@ from typing import Annotated, NoReturn
 import typer
 
 from manager import engine_install
-from manager.cli_common import DataDir, open_db, run, settings_for
+from manager.cli_audit import audited
+from manager.cli_common import DataDir, open_db, settings_for
 
 engine_app = typer.Typer(help="The vLLM that runs the engines: install it, check it.", no_args_is_help=True)
 
@@ -107,7 +108,7 @@ def demo(data_dir: DataDir = None) -> None:
         )
         raise typer.Exit(1) from None
     with open_db(settings) as db:
-        made = run(set_up, db, settings)
+        made = audited(db, "demo", "demo", "tiny", set_up, db, settings)
     typer.echo(f"tiny model {'made' if made.made_model else 'already'} at {made.model_dir}")
     if made.added_config:
         typer.echo(f"added model config {DEMO_CONFIG!r}")

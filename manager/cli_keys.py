@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from manager.cli_audit import audited
 from manager.cli_common import DataDir, fail, open_db, run, settings_for, validation_message
 
 keys_app = typer.Typer(help="Inference API keys for /v1 (separate from the admin token).", no_args_is_help=True)
@@ -91,7 +92,7 @@ def create(
     except ValidationError as exc:
         fail(validation_message(exc))
     with open_db(settings_for(data_dir)) as db:
-        created = run(inference_keys.create_key, db, data)
+        created = audited(db, "keys create", "keys.create", data.name, inference_keys.create_key, db, data)
     typer.echo(created.key)
     typer.secho(
         f"Store it now: it is not shown again. Clients send it as 'Authorization: Bearer <key>' "
@@ -174,7 +175,7 @@ def set_(
     except ValidationError as exc:
         fail(validation_message(exc))
     with open_db(settings_for(data_dir)) as db:
-        key = run(inference_keys.set_limits, db, name, data)
+        key = audited(db, "keys set", "keys.update", name, inference_keys.set_limits, db, name, data)
         typer.echo(f"{key.name}: {_limits_line(inference_keys.to_public(key))}")
 
 
@@ -184,7 +185,7 @@ def revoke(name: str, data_dir: DataDir = None) -> None:
     from manager.services import inference_keys
 
     with open_db(settings_for(data_dir)) as db:
-        run(inference_keys.revoke_key, db, name)
+        audited(db, "keys revoke", "keys.delete", name, inference_keys.revoke_key, db, name)
         last = not inference_keys.any_active(db)
     typer.echo(f"revoked {name}")
     if last:
@@ -202,7 +203,7 @@ def open_v1(data_dir: DataDir = None) -> None:
     from manager.services import inference_keys
 
     with open_db(settings_for(data_dir)) as db:
-        access = run(inference_keys.open_without_keys, db)
+        access = audited(db, "keys open-v1", "v1-access.open", None, inference_keys.open_without_keys, db)
     typer.echo(access.message)
 
 

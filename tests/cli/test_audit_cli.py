@@ -70,3 +70,37 @@ def test_audit_explains_what_it_cannot_read(tmp_path):
     assert "limit must be between 1 and 1000" in _audit(data, "--limit", "0").stderr
     missing = _audit(tmp_path / "elsewhere")
     assert missing.exit_code == 2 and "no manager data" in missing.stderr
+
+
+def test_the_clis_changes_to_the_store_leave_audit_rows_done_or_refused(tmp_path):
+    data = tmp_path / "data"
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    config = tmp_path / "qwen.json"
+    config.write_text(json.dumps({"name": "qwen", "model": str(model)}))
+
+    def cli(*args: str):
+        return CliRunner().invoke(app, [*args, "--data-dir", str(data)])
+
+    assert cli("models", "add", str(config)).exit_code == 0
+    assert cli("models", "set", "qwen", "max_model_len=4096").exit_code == 0
+    assert cli("keys", "create", "team-a").exit_code == 0
+    assert cli("keys", "set", "team-a", "--rpm", "60").exit_code == 0
+    refused = cli("models", "rm", "nope")
+    assert refused.exit_code == 1
+    assert cli("models", "rm", "qwen").exit_code == 0
+    entries = json.loads(_audit(data, "--json").stdout)["entries"][::-1]
+    assert [(e["route"], e["action"], e["target"], e["status"]) for e in entries] == [
+        ("vllm-manager models add", "models.create", "qwen", 200),
+        ("vllm-manager models set", "models.update", "qwen", 200),
+        ("vllm-manager keys create", "keys.create", "team-a", 200),
+        ("vllm-manager keys set", "keys.update", "team-a", 200),
+        ("vllm-manager models rm", "models.delete", "nope", 404),
+        ("vllm-manager models rm", "models.delete", "qwen", 200),
+    ]
+    assert all(e["who"].startswith("cli:") and e["address"] == "local" for e in entries)
+    assert entries[1]["changed"] == ["max_model_len"] and entries[3]["changed"] == ["rpm"]
+    assert "nope" in entries[4]["message"]
+    created_key = cli("keys", "list")
+    assert "vmk_" not in json.dumps(entries) and created_key.exit_code == 0
