@@ -70,13 +70,6 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
         redoc_url=None,
     )
 
-    # The innermost: it sees each request after routing, and every answer, refusals of the routes included.
-    app.add_middleware(
-        AuditTrail,
-        skip=(InferenceRoute,),
-        skip_path=is_front_door,
-        max_body=max(settings.max_body_bytes, settings.max_import_bytes),
-    )
     app.add_middleware(TrustedHosts, allowed_hosts=settings.trusted_hosts())
     app.add_middleware(
         BodyLimit,
@@ -86,6 +79,14 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
             # Inference bodies (audio uploads above all): the front door enforces its own limit.
             **dict.fromkeys((*JSON_ENDPOINTS, *MULTIPART_ENDPOINTS)),
         },
+    )
+    # Around the two checks above, which refuse before any route runs, so their refusals are recorded
+    # too; the routes' own answers it sees after routing, refusals included.
+    app.add_middleware(
+        AuditTrail,
+        skip=(InferenceRoute,),
+        skip_path=is_front_door,
+        max_body=max(settings.max_body_bytes, settings.max_import_bytes),
     )
     app.add_middleware(HeadAsGet)
     app.add_middleware(FramingForbidden)  # the outermost: every answer carries it, refusals included

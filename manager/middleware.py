@@ -9,7 +9,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from manager.refusals import refusal
+from manager.refusals import refused_before_routing
 
 
 def _size(n: int) -> str:
@@ -43,7 +43,7 @@ class BodyLimit:
         )
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await refusal(scope["path"], 413, too_large.detail)(scope, receive, send)
+            await refused_before_routing(scope, 413, too_large.detail)(scope, receive, send)
             return
         received = 0
 
@@ -147,4 +147,4 @@ class TrustedHosts:
             f"this manager does not answer to the host name {given!r}: use one of {', '.join(self.allowed)}, "
             "or add it to VLLM_MANAGER_ALLOWED_HOSTS"
         )
-        await refusal(scope["path"], 400, message)(scope, receive, send)
+        await refused_before_routing(scope, 400, message)(scope, receive, send)

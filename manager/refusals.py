@@ -4,6 +4,9 @@ the front door's forwarder processes refuse in the same shapes as the app's erro
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
+from typing import Any
+
 from starlette.responses import JSONResponse
 
 from manager.inference_endpoints import is_front_door
@@ -14,6 +17,17 @@ def error_answer(status: int, body: ErrorBody, headers: dict[str, str] | None = 
     """An error of the manager's API."""
     content = body.model_dump(mode="json", exclude={"errors"} if body.errors is None else None)
     return JSONResponse(content, status_code=status, headers=headers)
+
+
+# Set on a request's scope when the middleware refuses it before any route runs (a host name this
+# manager does not answer to, a body over its limit), so that the audit log, which names routes,
+# records it too.
+REFUSED_BEFORE_ROUTING = "vllm_manager.refused_before_routing"
+
+
+def refused_before_routing(scope: MutableMapping[str, Any], status: int, message: str) -> JSONResponse:
+    scope[REFUSED_BEFORE_ROUTING] = True
+    return refusal(scope["path"], status, message)
 
 
 def refusal(path: str, status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -28,6 +28,14 @@ SECRET_SHAPES = re.compile(r"\b(?:vmt|vmk|hf|sk)_[A-Za-z0-9_-]{8,}|\b[Bb]earer\s
 SHORTEST_SECRET = 4  # shorter values are not hidden from messages: they would hide words instead
 
 
+REFUSED_BEFORE_ROUTING = "request.refused"  # the action of a request refused before any route ran
+
+
+def path_asked(path: str) -> str:
+    """A path no route matched, as the log keeps it: printable characters only, and not too long."""
+    return "".join(c if c.isprintable() else "?" for c in path)[:MAX_TARGET]
+
+
 def action_of(method: str, template: str) -> str:
     """A short name for what a route does, from its template: models.update, workers.stop, keys.create."""
     parts = [p for p in template.strip("/").split("/") if p]

@@ -1,9 +1,10 @@
 """The audit trail: every change asked of the manager over HTTP (a write to any of its routes but /v1's:
 the API, the dashboard's forms, logging in and out) leaves one row, written after it is answered.
 
-Plain ASGI middleware inside the app's guards, so it sees each request after routing: the matched route's
-template and path parameters, who the token check found (``caller``), and the status it was answered
-with, refusals and validation errors included. Writing the row happens off the event loop; a row that
+Plain ASGI middleware around the host and body-size checks (they refuse before any route runs; such a
+refusal is recorded with the path asked for), inside which routing finds the matched route's template
+and path parameters, the token check who asked (``caller``), and the answer its status, refusals and
+validation errors included. Writing the row happens off the event loop; a row that
 cannot be written is logged, and the request it records is answered all the same.
 """
 
@@ -23,6 +24,7 @@ from manager.audit import changes, store
 from manager.audit import request as read
 from manager.audit.caller import NOTE, Note
 from manager.db import session
+from manager.refusals import REFUSED_BEFORE_ROUTING
 from manager.schemas.audit import MAX_FIELDS, AuditEntry
 
 log = logging.getLogger("vllm_manager.audit")
@@ -90,7 +92,7 @@ class AuditTrail:
                 route is not None
                 and not isinstance(route, self.skip)
                 and scope["method"] in getattr(route, "methods", ())
-            ):
+            ) or (route is None and scope.get(REFUSED_BEFORE_ROUTING)):
                 headers = Headers(scope=scope)
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(
@@ -98,7 +100,7 @@ class AuditTrail:
                     )
 
     def _write(
-        self, scope: Scope, route: BaseRoute, note: Note, body: bytes, content_type: str, answer: dict[str, Any]
+        self, scope: Scope, route: BaseRoute | None, note: Note, body: bytes, content_type: str, answer: dict[str, Any]
     ) -> None:
         try:
             entry = entry_for(scope, route, note, body, content_type, answer, complete=len(body) <= self.max_body)
@@ -110,10 +112,21 @@ class AuditTrail:
 
 
 def entry_for(
-    scope: Scope, route: BaseRoute, note: Note, body: bytes, content_type: str, answer: dict[str, Any], complete: bool
+    scope: Scope,
+    route: BaseRoute | None,
+    note: Note,
+    body: bytes,
+    content_type: str,
+    answer: dict[str, Any],
+    complete: bool,
 ) -> AuditEntry:
-    template = str(getattr(route, "path_format", None) or getattr(route, "path", None) or scope["path"])
-    data = read.parse_body(body, content_type) if complete else None
+    """The row of one request; ``route`` None: refused before routing, named by the path asked for."""
+    if route is None:
+        template, action = read.path_asked(scope["path"]), read.REFUSED_BEFORE_ROUTING
+    else:
+        template = str(getattr(route, "path_format", None) or getattr(route, "path", None) or scope["path"])
+        action = read.action_of(scope["method"], template)
+    data = read.parse_body(body, content_type) if complete and route is not None else None
     status = int(answer["status"])
     if status < 400 and note.refused_status is not None:
         status = note.refused_status
@@ -133,7 +146,7 @@ def entry_for(
         address=client[0] if client else "unknown",
         method=scope["method"],
         route=template,
-        action=read.action_of(scope["method"], template),
+        action=action,
         target=read.target_of(dict(scope.get("path_params") or {}), data),
         fields=read.fields_of(data),
         changed=sorted(note.changed)[:MAX_FIELDS],

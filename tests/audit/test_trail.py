@@ -115,6 +115,28 @@ def test_reads_leave_no_row_and_refusals_are_recorded_with_their_outcome(client)
     assert wrong.status_code == 401 and audit_rows(client)[-1]["message"] == "the bearer token is not valid"
 
 
+def test_writes_refused_before_routing_are_recorded_with_the_path_asked_for(client):
+    """A host name the manager does not answer to (DNS rebinding) and a body over the limit are refused
+    before any route runs: the log still has them, as refusals of the path asked for."""
+    rebound = client.post("/api/models", json={"name": "a"}, headers={**BEARER, "Host": "attacker.example"})
+    assert rebound.status_code == 400
+    too_big = client.post(
+        "/api/models",
+        content=b"{}",
+        headers={**BEARER, "Content-Type": "application/json", "Content-Length": str(1 << 40)},
+    )
+    assert too_big.status_code == 413
+    client.get("/api/models", headers={"Host": "attacker.example"})  # a read: no row
+    client.post("/v1/completions", json={}, headers={"Host": "attacker.example"})  # inference: no row
+    rows = audit_rows(client)
+    assert [(r["method"], r["route"], r["action"], r["status"], r["who"]) for r in rows] == [
+        ("POST", "/api/models", "request.refused", 400, "unauthenticated"),
+        ("POST", "/api/models", "request.refused", 413, "unauthenticated"),
+    ]
+    assert "attacker.example" in rows[0]["message"] and "larger than" in rows[1]["message"]
+    assert rows[0]["fields"] == "[]"  # a refused body is not read
+
+
 def test_a_stored_token_is_named_by_its_id_and_name(client):
     with session(client.app.state.runtime.engine) as db:
         secret = tokens.create_token(db, "ci")
