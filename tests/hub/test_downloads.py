@@ -328,3 +328,47 @@ def test_a_stalled_download_shows_its_rate_falling_not_its_last_speed(downloads,
     assert progress is not None
     left_at_full_speed = (progress.total_bytes - progress.done_bytes) / flowing
     assert progress.eta_s is None or progress.eta_s > 2 * left_at_full_speed  # the time left grows
+
+
+@pytest.mark.parametrize("stop", ["cancel", "restart"])
+def test_files_complete_before_a_stop_are_not_fetched_again(tmp_path: Path, cache: Path, test_hub: TestHub, stop):
+    engine = make_engine(tmp_path / "manager.db")
+    migrate(engine)
+    first, second = big_safetensors(8), big_safetensors(24)  # different sizes: different blobs
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    commit = test_hub.add_repo("acme/two-shards", {"config.json": b"{}", **shards})
+    test_hub.set_faults("acme/two-shards", stall_after_bytes=4 * MiB, files=["*00002-of-00002*"])
+    snapshot = cache / "models--acme--two-shards" / "snapshots" / commit
+
+    async def stop_midway():
+        manager = Downloads(engine, tmp_path / "logs")
+        row = await manager.start("acme/two-shards")
+        assert await asyncio.to_thread(test_hub.wait_stalled, 10.0)
+        for _ in range(100):  # the first shard comes whole while the second one stalls
+            if (snapshot / "model-00001-of-00002.safetensors").is_file():
+                break
+            await asyncio.sleep(0.1)
+        if stop == "cancel":
+            await manager.cancel(row.id)
+        else:
+            await manager.close()
+        return manager, row
+
+    manager, row = run(stop_midway())
+    test_hub.set_faults("acme/two-shards")
+    test_hub.release()
+
+    async def go_on():
+        if stop == "cancel":
+            await manager.resume(row.id)
+            return await manager.wait(row.id)
+        again = Downloads(engine, tmp_path / "logs")
+        await again.open()
+        return await again.wait(row.id)
+
+    done = run(go_on())
+    engine.dispose()
+
+    assert done.state == DownloadState.DONE
+    assert test_hub.bytes_served("acme/two-shards", "model-00001-of-00002.safetensors") == len(first)
+    assert (snapshot / "model-00002-of-00002.safetensors").stat().st_size == len(second)
