@@ -15,7 +15,13 @@ _SECTIONS = {"model": "Model", "gpu": "Device", "extend": "What would extend it"
 
 
 def plan(
-    model: Annotated[str, typer.Argument(help="Model folder, or a Hugging Face id already in the local cache.")],
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="Model folder, or a Hugging Face id (read from the local cache, else from the hub: config.json and "
+            "the safetensors headers only, nothing downloaded)."
+        ),
+    ],
     gpu: Annotated[
         str, typer.Option(help='"detected", a GPU model (rtx-4090, l40s, a100-80, h100-80, h200, ...) or "cpu".')
     ] = "detected",
