@@ -188,9 +188,9 @@ def serve_hub() -> None:
 
     asked = json.loads(sys.stdin.readline())
     repos = asked["repos"]
-    # The test hub writes an answer's headers and body in two sends; with Nagle's algorithm on, a small
-    # body then waits for the client's delayed ACK (about 40 ms on Linux). The hub's real servers send
-    # with TCP_NODELAY, so by default this one does too.
+    # The test hub writes an answer's headers and body in two sends, with TCP_NODELAY as the hub's real
+    # servers do. "nagle" turns Nagle's algorithm back on to show what it costs: a small body then waits
+    # for the client's delayed ACK (about 40 ms on Linux).
     hub_server._Handler.disable_nagle_algorithm = not asked["nagle"]
     with TestHub() as hub:
         for repo, files in repos.items():
