@@ -188,9 +188,9 @@ def serve_hub() -> None:
 
     asked = json.loads(sys.stdin.readline())
     repos = asked["repos"]
-    # The test hub writes an answer's headers and body in two sends; with Nagle's algorithm on, a small
-    # body then waits for the client's delayed ACK (about 40 ms on Linux). The hub's real servers send
-    # with TCP_NODELAY, so by default this one does too.
+    # The test hub writes an answer's headers and body in two sends, with TCP_NODELAY as the hub's real
+    # servers do. "nagle" turns Nagle's algorithm back on to show what it costs: a small body then waits
+    # for the client's delayed ACK (about 40 ms on Linux).
     hub_server._Handler.disable_nagle_algorithm = not asked["nagle"]
     with TestHub() as hub:
         for repo, files in repos.items():
@@ -485,25 +485,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     load_before = os.getloadavg()
     began = time.monotonic()
     try:
-        pull_files = make_pull_repo(scratch / "pull-repo", args.shards, args.shard_mib)
+        pull_files = {} if args.plan_only else make_pull_repo(scratch / "pull-repo", args.shards, args.shard_mib)
         pull_sizes = {name: path.stat().st_size for name, path in pull_files.items()}
         plan_files = make_plan_repo(scratch / "plan-repo")
-        hub = HubProcess({PULL_REPO: pull_files, PLAN_REPO: plan_files})
+        hub = HubProcess({PULL_REPO: pull_files, PLAN_REPO: plan_files} if pull_files else {PLAN_REPO: plan_files})
         os.environ["HF_ENDPOINT"] = hub.url
         os.environ.pop("HF_HOME", None)
         os.environ.pop("HF_TOKEN", None)
+        runs: list[Run] = []
+        download_plan: dict[str, Any] | None = None
         try:
-            pull = Pull(hub, pull_files, scratch)
-            try:
-                pull.measure("snapshot_download", -1)  # untimed: the disk's and the hub's first touch
-                runs = []
-                for repeat, way in rotations(args.repeats, args.ceiling_repeats):
-                    runs.append(pull.measure(way, repeat))
-                    r = runs[-1]
-                    print(f"pull {repeat} {way:>17}: {r.seconds:6.2f} s {r.mb_per_s:7.1f} MB/s", flush=True)
-                download_plan = time_download_plan(hub, scratch, args.plan_repeats)
-            finally:
-                pull.close()
+            if not args.plan_only:
+                pull = Pull(hub, pull_files, scratch)
+                try:
+                    pull.measure("snapshot_download", -1)  # untimed: the disk's and the hub's first touch
+                    for repeat, way in rotations(args.repeats, args.ceiling_repeats):
+                        runs.append(pull.measure(way, repeat))
+                        r = runs[-1]
+                        print(f"pull {repeat} {way:>17}: {r.seconds:6.2f} s {r.mb_per_s:7.1f} MB/s", flush=True)
+                    download_plan = time_download_plan(hub, scratch, args.plan_repeats)
+                finally:
+                    pull.close()
             plans = time_plans(hub, scratch, args.plan_repeats, "nodelay")
             print(f"plan: median {plans['seconds']['median'] * 1000:.0f} ms", flush=True)
             as_tests = HubProcess({PLAN_REPO: plan_files}, nagle=True)
@@ -534,9 +536,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "wall_s": round(time.monotonic() - began, 1),
         "args": {k: v for k, v in vars(args).items() if k not in ("out", "serve_hub")},
-        "pull": {
+        "pull": None
+        if args.plan_only
+        else {
             "files": {name: size for name, size in sorted(pull_sizes.items())},
-            "bytes": pull.bytes,
+            "bytes": sum(pull_sizes.values()),
             "summary": summarise_pull(runs),
             "plan_download": download_plan,
             "runs": [asdict(r) for r in runs],
@@ -546,7 +550,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def tables(result: dict[str, Any]) -> str:
-    pull, plan = result["pull"]["summary"], result["plan"]
+    plan_lines = plan_table(result["plan"])
+    if result["pull"] is None:
+        return plan_lines
+    return pull_table(result["pull"]) + "\n\n" + plan_lines
+
+
+def pull_table(result_pull: dict[str, Any]) -> str:
+    pull = result_pull["summary"]
     lines = [
         "| way | s min / median / max | MB/s min / median / max | CPU s: this process / child / hub "
         "(hub % of a core) | hub requests |",
@@ -563,7 +574,7 @@ def tables(result: dict[str, Any]) -> str:
         )
     ratio = pull["manager_over_snapshot_download"]
     p = ratio["paired_ratio"]
-    before = result["pull"]["plan_download"]
+    before = result_pull["plan_download"]
     lines += [
         "",
         f"manager / snapshot_download time, paired per repeat: {p['min']:.3f} / {p['median']:.3f} / {p['max']:.3f}"
@@ -571,7 +582,12 @@ def tables(result: dict[str, Any]) -> str:
         f"{pull['manager']['page_updates']:.0f}; plan_download alone (median): "
         f"{before['seconds']['median'] * 1000:.1f} ms, {before['cpu_s']['median'] * 1000:.1f} ms of CPU, "
         f"{before['requests']:.0f} requests",
-        "",
+    ]
+    return "\n".join(lines)
+
+
+def plan_table(plan: dict[str, Any]) -> str:
+    lines = [
         "| plan of a model not downloaded | s min / median / max | hub requests | bytes served |",
         "|---|---:|---:|---:|",
     ]
@@ -602,7 +618,8 @@ def main() -> None:
     parser.add_argument("--ceiling-repeats", type=int, default=3, help="of them, rounds with the two ceilings")
     parser.add_argument("--plan-repeats", type=int, default=10, help="timed make_plan calls (after a first)")
     parser.add_argument("--cli-repeats", type=int, default=5, help="vllm-manager plan processes")
-    parser.add_argument("--out", type=Path, help="folder for download_cpu_<date>.json")
+    parser.add_argument("--plan-only", action="store_true", help="the plan's timings alone, no pull")
+    parser.add_argument("--out", type=Path, help="folder for download_cpu_<date>.json (download_plan_cpu_...)")
     parser.add_argument("--serve-hub", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_hub:
@@ -611,7 +628,8 @@ def main() -> None:
     print(tables(result))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"download_cpu_{time.strftime('%Y-%m-%d')}.json"
+        kind = "download_plan" if args.plan_only else "download"
+        path = args.out / f"{kind}_cpu_{time.strftime('%Y-%m-%d')}.json"
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"written: {path}")
 

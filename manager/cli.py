@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from manager.address import DEFAULT_PORT, is_loopback
 from manager.cli_common import (
     DataDir,
     fail,
@@ -21,7 +22,6 @@ from manager.cli_common import (
     settings_for,
     validation_message,
 )
-from manager.settings import DEFAULT_PORT, is_loopback
 
 app = typer.Typer(help="Run and manage vLLM servers.", no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="Model configs.", no_args_is_help=True)

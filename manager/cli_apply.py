@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 
 from manager.cli_audit import audited
 from manager.cli_common import DataDir, fail, open_db, read_bytes, run, settings_for
@@ -47,6 +46,8 @@ def models_set(
     data_dir: DataDir = None,
 ) -> None:
     """Change some fields of a model config, keeping the others."""
+    import yaml
+
     from manager.services.apply import set_fields
     from manager.services.models import WriteRules
 
@@ -69,6 +70,8 @@ def models_set(
 
 def models_edit(name: str, data_dir: DataDir = None) -> None:
     """Open a model config in $EDITOR (or $VISUAL, else vi) as YAML, and save it when it is valid."""
+    import yaml
+
     from manager.services import models
     from manager.services.apply import set_fields
     from manager.services.models import WriteRules

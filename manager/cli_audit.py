@@ -8,12 +8,14 @@ import getpass
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
-from sqlmodel import Session
 
 from manager.cli_common import DataDir, fail, open_db, print_json, run, settings_for
+
+if TYPE_CHECKING:
+    from sqlmodel import Session
 
 T = TypeVar("T")
 

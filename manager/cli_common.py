@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from manager.settings import Settings
+if TYPE_CHECKING:
+    from manager.settings import Settings
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data folder (default ~/.local/share/vllm-manager).")]
 
 
 def settings_for(data_dir: Path | None = None, **overrides) -> Settings:
+    from manager.settings import Settings
+
     if data_dir is not None:
         overrides["data_dir"] = data_dir
     return Settings(**overrides)

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from manager.errors import ManagerError
-from manager.planner import PlanError, PlanRequest, make_plan
-from manager.planner.records import Plan
-from manager.planner.scheduling import parse_transfer_config
+if TYPE_CHECKING:  # the planner is imported when a plan is made, not for every command's start
+    from manager.planner.records import Plan
 
 _SECTIONS = {"model": "Model", "gpu": "Device", "extend": "What would extend it", "cpu": "Host memory"}
 
 
 def plan(
-    model: Annotated[str, typer.Argument(help="Model folder, or a Hugging Face id already in the local cache.")],
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="Model folder, or a Hugging Face id (read from the local cache, else from the hub: config.json and "
+            "the safetensors headers only, nothing downloaded)."
+        ),
+    ],
     gpu: Annotated[
         str, typer.Option(help='"detected", a GPU model (rtx-4090, l40s, a100-80, h100-80, h200, ...) or "cpu".')
     ] = "detected",
@@ -57,7 +61,9 @@ def plan(
     """What fits on the GPU for MODEL, why, and what would extend it."""
     from pydantic import ValidationError
 
+    from manager.errors import ManagerError
     from manager.hub import source
+    from manager.planner import PlanError, PlanRequest, make_plan
 
     try:
         request = PlanRequest(
@@ -96,6 +102,8 @@ def plan(
 
 
 def _json_object(text: str | None) -> dict | None:
+    from manager.planner.scheduling import parse_transfer_config
+
     if text is None:
         return None
     value = parse_transfer_config(text)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import httpx
 import typer
 
-from manager.settings import DEFAULT_PORT
+from manager.address import DEFAULT_PORT
+
+if TYPE_CHECKING:
+    import httpx
 
 Url = Annotated[
     str | None,
@@ -18,6 +20,8 @@ Token = Annotated[str | None, typer.Option("--token", help="API token (default $
 
 
 def _client(url: str | None, token: str | None) -> httpx.Client:
+    import httpx
+
     base = (
         url
         or os.environ.get("VLLM_MANAGER_URL")
@@ -29,6 +33,8 @@ def _client(url: str | None, token: str | None) -> httpx.Client:
 
 
 def call(url, token, method: str, path: str, **kwargs):
+    import httpx
+
     try:
         with _client(url, token) as client:
             resp = client.request(method, path, **kwargs)

@@ -13,7 +13,10 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_PORT = 7999
+from manager.address import DEFAULT_PORT, is_loopback
+
+__all__ = ["DEFAULT_PORT", "DataDirUnusable", "Settings", "is_loopback", "make_private"]
+
 # A token from the environment or a file must be at least this long: it opens the whole manager.
 # Stored tokens are generated (vmt_ and 43 random characters).
 MIN_TOKEN_LENGTH = 32
@@ -212,15 +215,6 @@ def _long_enough(token: str, source: str) -> str:
             f"the whole manager, so it must not be guessable. Make one with: {MAKE_A_TOKEN}"
         )
     return token
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a hostname other than localhost may resolve anywhere: treat as public
 
 
 class DataDirUnusable(Exception):

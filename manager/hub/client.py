@@ -79,8 +79,11 @@ def refuse_if_offline(repo: str, need: str) -> None:
 
 
 @contextlib.contextmanager
-def hub_errors(repo: str, revision: str | None = None, hub: str | None = None) -> Iterator[None]:
-    """huggingface_hub's exceptions as the manager's errors, each naming the repo and what to do."""
+def hub_errors(
+    repo: str, revision: str | None = None, hub: str | None = None, *, token_sent: bool = False
+) -> Iterator[None]:
+    """huggingface_hub's exceptions as the manager's errors, each naming the repo and what to do.
+    ``token_sent``: the calls carried an HF_TOKEN, so a refusal is of that token."""
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
@@ -94,6 +97,9 @@ def hub_errors(repo: str, revision: str | None = None, hub: str | None = None) -
     try:
         yield
     except GatedRepoError as exc:
+        if token_sent:
+            status = exc.response.status_code if exc.response is not None else 401
+            raise refused_token(repo, where, status) from exc
         raise gated(repo, where) from exc
     except RevisionNotFoundError as exc:
         raise NotFound(f"{repo} has no revision {revision!r} on {where}") from exc
@@ -107,6 +113,8 @@ def hub_errors(repo: str, revision: str | None = None, hub: str | None = None) -
         raise Conflict(f"HF_HUB_OFFLINE is set, so {repo} cannot be read from the hub") from exc
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
+        if status in (401, 403) and token_sent:
+            raise refused_token(repo, where, status) from exc
         if status in (401, 403):
             raise Forbidden(
                 f"{where} refused access to {repo} ({status}): set HF_TOKEN to a token that may read it"
@@ -132,6 +140,14 @@ def gated(repo: str, where: str | None = None) -> Forbidden:
     )
 
 
+def refused_token(repo: str, where: str, status: int) -> Forbidden:
+    return Forbidden(
+        f"{where} refused the HF_TOKEN given for {repo} ({status}): the token is wrong or expired, or its account "
+        f"has not accepted the licence on {where}/{repo}; set HF_TOKEN (the manager's environment, or the config's "
+        "env) to a token that may read it"
+    )
+
+
 def refuse_if_gated_without_token(found: Listing, env: Mapping[str, str] | None = None) -> None:
     """Forbidden for a gated repo when no token would be sent: its files would be refused one by one."""
     if found.gated and not token(env):
@@ -152,7 +168,7 @@ def listing(repo: str, revision: str | None = None, env: Mapping[str, str] | Non
     """The repo's commit and files with their sizes (one call: the model info with its files)."""
     check_repo_id(repo)
     refuse_if_offline(repo, "list the files of")
-    with hub_errors(repo, revision):
+    with hub_errors(repo, revision, token_sent=bool(token(env))):
         info = _api(env).model_info(repo, revision=revision, files_metadata=True)
     files = tuple(RepoFile(s.rfilename, int(s.size or 0)) for s in info.siblings or [])
     if not info.sha:
@@ -165,7 +181,11 @@ def read_json(listing_: Listing, filename: str, env: Mapping[str, str] | None = 
     in the cache: a half-known snapshot there would look like a model on disk."""
     from huggingface_hub import hf_hub_download
 
-    with tempfile.TemporaryDirectory(prefix="vllm-manager-hub-") as tmp, hub_errors(listing_.repo, listing_.commit):
+    sent = bool(token(env))
+    with (
+        tempfile.TemporaryDirectory(prefix="vllm-manager-hub-") as tmp,
+        hub_errors(listing_.repo, listing_.commit, token_sent=sent),
+    ):
         path = hf_hub_download(
             listing_.repo,
             filename,
@@ -191,7 +211,7 @@ def safetensors_headers(
     requests: a few kilobytes per file, however large the weights."""
     api = _api(env)
     headers: dict[str, dict[str, Any]] = {}
-    with hub_errors(listing_.repo, listing_.commit):
+    with hub_errors(listing_.repo, listing_.commit, token_sent=bool(token(env))):
         for name in filenames:
             meta = api.parse_safetensors_file_metadata(listing_.repo, name, revision=listing_.commit)
             headers[name] = {

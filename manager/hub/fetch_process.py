@@ -117,7 +117,7 @@ def fetch(request: dict[str, Any]) -> str:
     from huggingface_hub import snapshot_download
 
     repo = request["repo"]
-    with client.hub_errors(repo, request["commit"]):
+    with client.hub_errors(repo, request["commit"], token_sent=bool(client.token())):
         folder = snapshot_download(
             repo,
             revision=request["commit"],

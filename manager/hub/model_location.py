@@ -71,14 +71,19 @@ def check_startable(model: str, config_env: Mapping[str, str]) -> None:
     if downloads_forbidden(config_env):
         cache = not_cached(model, config_env)
         if cache is not None:
+            where = "the config's env" if downloads_forbidden_by(config_env) else "the manager's environment"
             raise Invalid(
-                f"{model} is not in the Hugging Face cache at {cache} and HF_HUB_OFFLINE is set, so vLLM "
-                "cannot download it: download it first, or give the model's local folder",
+                f"{model} is not in the Hugging Face cache at {cache} and HF_HUB_OFFLINE is set in {where}, so "
+                "nothing may download it: unset it, download the model first, or give the model's local folder",
                 field="model",
             )
 
 
 def downloads_forbidden(config_env: Mapping[str, str]) -> bool:
     """Whether HF_HUB_OFFLINE is set for the engine (in its config's env, or the manager's it inherits)."""
-    env = {**os.environ, **config_env}
+    return downloads_forbidden_by({**os.environ, **config_env})
+
+
+def downloads_forbidden_by(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` itself sets HF_HUB_OFFLINE."""
     return env.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE

@@ -22,7 +22,10 @@ GiB = 1024**3
 class PlanRequest(BaseModel):
     """What to plan: a model and the settings a start would use (vLLM's names where it has them)."""
 
-    model: PathText = Field(min_length=1, description="local folder or Hugging Face id already in the local cache")
+    model: PathText = Field(
+        min_length=1,
+        description="local folder or Hugging Face id (from the local cache, else read from the hub: nothing downloaded)",
+    )
     hf_config: dict[str, Any] | None = Field(
         default=None, description="config.json contents; read from the model folder when omitted"
     )

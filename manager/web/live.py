@@ -9,13 +9,17 @@ tell how old its data is.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from manager.metrics import Snapshot, WorkerMetrics
 from manager.web.render import render
 
 Event = tuple[str, str]  # (SSE event name, data)
+# What the snapshot tells of a download: its progress, never its cache path, error text or anything else.
+DOWNLOAD_FIELDS = ("id", "repo", "revision", "state", "percent", "done_bytes", "total_bytes", "rate_bps", "eta_s")
+ENDED_SHOWN_S = 60.0  # a download that ended stays in the snapshot this long, so a reader sees how it ended
 
 
 def worker_signature(snap: Snapshot) -> tuple:
@@ -24,15 +28,34 @@ def worker_signature(snap: Snapshot) -> tuple:
     return tuple((w.id, w.state, w.model, w.port, w.download_percent) for w in snap.workers)
 
 
-def chart_payload(snap: Snapshot) -> dict[str, Any]:
-    """The JSON the charts and the staleness check read: series values by name, as in history."""
+def chart_payload(snap: Snapshot, downloads: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The JSON the charts and the staleness check read: series values by name, as in history; and the
+    downloads under way (or ended in the last minute) with their progress."""
     return {
         "seq": snap.seq,
         "taken_at": snap.taken_at,
         "gpu_available": snap.gpu.available,
         "workers": [{"id": w.id, "model": w.model, "state": w.state} for w in snap.workers],
         "series": snap.series_values(),
+        "downloads": download_progress(downloads, datetime.fromtimestamp(snap.taken_at, UTC)),
     }
+
+
+def download_progress(rows: Iterable[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
+    """The downloads as the API lists them, cut to their progress: those queued or running, and those
+    that ended less than ENDED_SHOWN_S before ``now``."""
+    shown = []
+    for row in rows:
+        ended = row.get("finished_at")
+        if ended is not None and (now - _utc(ended)).total_seconds() > ENDED_SHOWN_S:
+            continue
+        shown.append({key: row.get(key) for key in DOWNLOAD_FIELDS})
+    return shown
+
+
+def _utc(value: str | datetime) -> datetime:
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 class LiveViews:
@@ -57,7 +80,11 @@ class LiveViews:
         return self._cache[key]
 
     def snapshot_event(self, snap: Snapshot) -> Event:
-        return self._once(snap, "json", lambda: ("snapshot", json.dumps(chart_payload(snap), separators=(",", ":"))))
+        def make() -> Event:
+            _, downloads = self._downloads() if self._downloads is not None else (0, [])
+            return "snapshot", json.dumps(chart_payload(snap, downloads), separators=(",", ":"))
+
+        return self._once(snap, "json", make)
 
     def overview(self, snap: Snapshot) -> list[Event]:
         """Everything the overview page swaps each second (not the worker cards' frame)."""

@@ -127,8 +127,10 @@ async def stream(
     view: Literal["overview", "worker", "disk"] = "overview",
     worker: str | None = None,
 ) -> EventSourceResponse:
-    """Server-sent events, once a second: a JSON ``snapshot`` for the charts and HTML fragments
-    for the page (``view=overview``, or ``view=worker&worker=ID`` for one worker's page); ``view=disk``
+    """Server-sent events, once a second: a JSON ``snapshot`` for the charts (with ``downloads``: each
+    download from the Hub under way, or ended in the last minute, as id, repo, revision, state, percent,
+    done_bytes, total_bytes, rate_bps and eta_s) and HTML fragments for the page (``view=overview``, or
+    ``view=worker&worker=ID`` for one worker's page); ``view=disk``
     sends the ``downloads`` table whenever a download moves (at most once a second), and ``disk-changed``
     when one starts or ends (the models on disk change then)."""
     if view == "worker" and not worker:

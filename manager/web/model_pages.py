@@ -35,7 +35,7 @@ router = APIRouter(include_in_schema=False)
 # Shown under a field; the offload ones say what the memory is for, never "more context".
 HELP = {
     "name": "letters, digits, '-', '_' and '.'; used in URLs and the CLI",
-    "model": "a local folder or a Hugging Face id already in the local cache",
+    "model": "a local folder or a Hugging Face id (downloaded into the cache at the first start when missing)",
     "gpu_ids": "comma separated, e.g. 0, 1; empty: the GPUs the worker is started with",
     "gpu_memory_utilization": "share of each GPU's memory vLLM may take (0-1]",
     "extra_args": f"more vLLM flags as a shell line, e.g. --load-format dummy; {MARKER} keeps the stored value",

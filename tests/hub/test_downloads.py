@@ -5,6 +5,9 @@ for two callers."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -328,3 +331,140 @@ def test_a_stalled_download_shows_its_rate_falling_not_its_last_speed(downloads,
     assert progress is not None
     left_at_full_speed = (progress.total_bytes - progress.done_bytes) / flowing
     assert progress.eta_s is None or progress.eta_s > 2 * left_at_full_speed  # the time left grows
+
+
+@pytest.mark.parametrize("stop", ["cancel", "restart"])
+def test_files_complete_before_a_stop_are_not_fetched_again(tmp_path: Path, cache: Path, test_hub: TestHub, stop):
+    engine = make_engine(tmp_path / "manager.db")
+    migrate(engine)
+    first, second = big_safetensors(8), big_safetensors(24)  # different sizes: different blobs
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    commit = test_hub.add_repo("acme/two-shards", {"config.json": b"{}", **shards})
+    test_hub.set_faults("acme/two-shards", stall_after_bytes=4 * MiB, files=["*00002-of-00002*"])
+    snapshot = cache / "models--acme--two-shards" / "snapshots" / commit
+
+    async def stop_midway():
+        manager = Downloads(engine, tmp_path / "logs")
+        row = await manager.start("acme/two-shards")
+        assert await asyncio.to_thread(test_hub.wait_stalled, 10.0)
+        for _ in range(100):  # the first shard comes whole while the second one stalls
+            if (snapshot / "model-00001-of-00002.safetensors").is_file():
+                break
+            await asyncio.sleep(0.1)
+        if stop == "cancel":
+            await manager.cancel(row.id)
+        else:
+            await manager.close()
+        return manager, row
+
+    manager, row = run(stop_midway())
+    test_hub.set_faults("acme/two-shards")
+    test_hub.release()
+
+    async def go_on():
+        if stop == "cancel":
+            await manager.resume(row.id)
+            return await manager.wait(row.id)
+        again = Downloads(engine, tmp_path / "logs")
+        await again.open()
+        return await again.wait(row.id)
+
+    done = run(go_on())
+    engine.dispose()
+
+    assert done.state == DownloadState.DONE
+    assert test_hub.bytes_served("acme/two-shards", "model-00001-of-00002.safetensors") == len(first)
+    assert (snapshot / "model-00002-of-00002.safetensors").stat().st_size == len(second)
+
+
+def fetch_processes_of_this_test() -> list[Path]:
+    """The /proc folders of the download processes this test's manager started."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if parent == os.getpid() and b"manager.hub.fetch_process" in (proc / "cmdline").read_bytes():
+                found.append(proc)
+        except (OSError, ValueError, IndexError):  # not a process, or gone meanwhile
+            continue
+    return found
+
+
+def test_the_token_reaches_the_download_process_only_through_its_environment(
+    downloads, cache: Path, tmp_path: Path, test_hub: TestHub
+) -> None:
+    manager, events = downloads
+    test_hub.add_repo("acme/gated-big", {"config.json": b"{}", "model.safetensors": big_safetensors(16)}, gated=True)
+    test_hub.set_faults("acme/gated-big", stall_after_bytes=4 * MiB)
+
+    async def pull():
+        row = await manager.start("acme/gated-big", None, {"HF_TOKEN": GOOD_TOKEN})
+        assert await asyncio.to_thread(test_hub.wait_stalled, 10.0)
+        (proc,) = fetch_processes_of_this_test()
+        seen = (proc / "cmdline").read_bytes(), (proc / "environ").read_bytes().split(b"\0")
+        test_hub.release()
+        return seen, await manager.wait(row.id)
+
+    (argv, environ), done = run(pull())
+
+    assert f"HF_TOKEN={GOOD_TOKEN}".encode() in environ  # the process that was looked at is the one with it
+    assert GOOD_TOKEN.encode() not in argv
+    assert done.state == DownloadState.DONE
+    assert events and GOOD_TOKEN not in repr(events)
+    logs = list((tmp_path / "logs" / "downloads").glob("*.log"))
+    assert logs and all(GOOD_TOKEN not in log.read_text() for log in logs)
+
+
+def test_a_wrong_token_refused_on_the_files_names_the_repo_and_the_token(
+    downloads, cache: Path, tmp_path: Path, test_hub: TestHub, tiny_hub_repo: Path
+) -> None:
+    manager, events = downloads
+    # Their listings are public: the files answer 401. The sharded one's index is read before the download
+    # starts; the other one's first file is asked for by the download process.
+    test_hub.add_repo_from_folder("acme/gated", tiny_hub_repo, gated=True)
+    test_hub.add_repo("acme/gated-big", {"config.json": b"{}", "model.safetensors": big_safetensors(4)}, gated=True)
+    wrong = "hf_not_a_token_of_this_hub"
+
+    messages = []
+    for repo in ("acme/gated", "acme/gated-big"):
+        with pytest.raises(FetchFailed) as failed:
+            run(manager.fetch(repo, {"HF_TOKEN": wrong}))
+        messages.append(str(failed.value))
+        assert re.search(f"refused the HF_TOKEN given for {repo} \\(40[13]\\)", messages[-1]), messages[-1]
+
+    (row,) = manager.list()
+    assert row.repo == "acme/gated-big" and row.state == DownloadState.FAILED and row.error == messages[-1]
+    assert any(r.path.startswith("/acme/gated-big/resolve/") for r in test_hub.requests)  # asked for a file
+    assert wrong not in repr(messages) and wrong not in repr(events)
+    assert all(wrong not in log.read_text() for log in (tmp_path / "logs" / "downloads").glob("*.log"))
+
+
+def test_a_pull_of_a_tag_or_an_older_commit_lands_that_commit(
+    downloads, cache: Path, test_hub: TestHub, tiny_hub_repo: Path
+) -> None:
+    manager, _ = downloads
+    config = (tiny_hub_repo / "config.json").read_bytes()
+    old = test_hub.add_repo("acme/versions", {"config.json": config, "model.safetensors": big_safetensors(1)})
+    test_hub.tag("acme/versions", "v1.0", old)
+    new = test_hub.add_repo("acme/versions", {"config.json": config, "model.safetensors": big_safetensors(2)})
+    repo_folder = cache / "models--acme--versions"
+
+    async def pull(revision: str):
+        row = await manager.start("acme/versions", revision)
+        return await manager.wait(row.id)
+
+    tagged = run(pull("v1.0"))
+
+    assert old != new and tagged.state == DownloadState.DONE and tagged.commit == old
+    assert (repo_folder / "refs" / "v1.0").read_text() == old  # found offline by its tag
+    assert not (repo_folder / "refs" / "main").exists()
+    weights = repo_folder / "snapshots" / old / "model.safetensors"
+    assert weights.read_bytes() == big_safetensors(1)
+    assert hf_hub_download("acme/versions", "config.json", revision="v1.0", cache_dir=cache, local_files_only=True)
+
+    shutil.rmtree(repo_folder)
+    by_commit = run(pull(old))
+
+    assert by_commit.state == DownloadState.DONE and by_commit.commit == old
+    assert (repo_folder / "snapshots" / old / "model.safetensors").read_bytes() == big_safetensors(1)
+    assert not (repo_folder / "snapshots" / new).exists() and not (repo_folder / "refs" / "main").exists()

@@ -3,6 +3,7 @@ range reads, the file list), the same to the byte as the plan made once the file
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from manager.cli import app as cli
 from manager.hub.source import read_model
 from manager.planner import PlanRequest, make_plan
 from tests.support.hub_server import TestHub
-from tests.support.tiny_hub_model import NOT_LOADED, SERVED_FILES, SHARDS
+from tests.support.tiny_hub_model import NOT_LOADED, SERVED_FILES, SHARDS, big_safetensors
 
 REPO = "acme/tiny-llama"
 
@@ -111,3 +112,25 @@ def test_the_plan_page_says_the_plan_came_from_the_hub_and_offers_the_download(
     test_hub.add_repo_from_folder("acme/gated", tiny_hub_repo, gated=True)
     refused = client.post("/ui/plan", data={"model": "acme/gated", "gpu": "h100-80", "max_model_len": "4096"})
     assert refused.status_code == 200 and "acme/gated is a gated model" in refused.text
+
+
+def test_the_plan_warns_when_the_cache_disk_lacks_room_for_the_download(
+    test_hub: TestHub, tiny_hub_repo: Path, hub_env: Path, tmp_path: Path, monkeypatch
+) -> None:
+    config = (tiny_hub_repo / "config.json").read_bytes()
+    test_hub.add_repo("acme/big", {"config.json": config, "model.safetensors": big_safetensors(32)})
+    small = tmp_path / "small-disk"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)], check=True)
+    try:
+        monkeypatch.setenv("HF_HUB_CACHE", str(small / "hub"))
+        plan = make_plan(PlanRequest(model="acme/big", gpu="h100-80", max_model_len=4096), read_files=read_model)
+        out = CliRunner().invoke(cli, ["plan", "acme/big", "--gpu", "h100-80", "--max-model-len", "4096"])
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+    assert plan.source.fits_on_disk is False
+    (warning,) = [w for w in plan.warnings if "acme/big at" in w]
+    assert "a download needs 0.03 GiB but" in warning and "has only 0.01 GiB free: it would be refused" in warning
+    assert str(small / "hub") in warning
+    assert "it would be refused" in " ".join(out.output.split()), out.output

@@ -430,3 +430,29 @@ def test_a_hub_model_larger_than_the_cache_disk_fails_its_worker_naming_both_siz
         run(body)
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+def test_a_manager_run_offline_refuses_to_start_a_hub_model_not_in_the_cache_naming_the_variable(
+    sleepy_settings, hub_model, test_hub: TestHub, monkeypatch
+):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the manager's own environment; the config's env has none
+    test_hub.clear_requests()
+
+    async def body() -> None:
+        engine = make_engine(sleepy_settings.db_path)
+        migrate(engine)
+        downloads = hub_downloads.Downloads(engine, sleepy_settings.logs_dir)
+        sup = supervisor(sleepy_settings, downloads, pre_start.refuse_if_it_cannot_fit, a={"model": REPO})
+        await sup.start_up()
+        try:
+            with pytest.raises(Invalid) as refused:
+                await sup.create_worker("a")
+            assert "HF_HUB_OFFLINE is set in the manager's environment" in refused.value.message
+            assert REPO in refused.value.message
+            assert sup.views() == [] and downloads.list() == []  # no worker, no download
+        finally:
+            await sup.shut_down()
+            await downloads.close()
+
+    run(body)
+    assert test_hub.requests == []

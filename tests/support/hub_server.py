@@ -121,6 +121,14 @@ class TestHub:
             self._repos[repo_id] = repo
         return sha
 
+    def tag(self, repo_id: str, name: str, sha: str) -> None:
+        """Point ref ``name`` (a tag or a branch) of ``repo_id`` at commit ``sha``."""
+        with self._lock:
+            repo = self._repos[repo_id]
+            if sha not in repo.commits:
+                raise ValueError(f"{repo_id} has no commit {sha}")
+            repo.refs[name] = sha
+
     def add_repo_from_folder(
         self, repo_id: str, folder: Path, *, gated: bool = False, revision_sha: str | None = None
     ) -> str:
