@@ -117,6 +117,7 @@ class Room:
 
     def _running(self, config: str, own_too: bool = False) -> list[RunningWorker]:
         placements = self._placements()
+        now = self._clock()
         running = []
         for view in self.workers.views():
             if view.state not in HOLDING or (view.model == config and not own_too):
@@ -124,6 +125,10 @@ class Room:
             placement = placements.get(view.model)
             slot = self._slots.of(view.model)
             swap = slot.last_swap
+            resident_since = swap.ended_at if swap else None
+            if view.state in (State.STARTING, State.WAKING) and slot.start is not None and not slot.start.done():
+                # Being swapped in for requests right now: its residency begins once it is ready.
+                resident_since = now
             may_sleep = self.may_sleep(placement, view.id, view.node)
             running.append(
                 RunningWorker(
@@ -139,7 +144,7 @@ class Room:
                     persistent=placement.persistent if placement else False,
                     may_sleep=may_sleep,
                     node=view.node,
-                    resident_since=swap.ended_at if swap else None,
+                    resident_since=resident_since,
                     min_residency_s=residency_of(
                         placement.min_residency_s if placement else 0.0, swap.seconds if swap else None
                     ),
