@@ -55,7 +55,7 @@ def test_a_client_between_two_of_its_requests_still_holds_the_model():
 
 def test_requests_queued_for_their_turn_hold_the_model_too():
     queued = worker(in_flight=0, waiting=2, resident_since=NOW - 3, min_residency_s=10)
-    assert decide(NEED, on_one_gpu(queued)).resident_s > 0  # type: ignore[union-attr]
+    assert decide(NEED, on_one_gpu(queued)).resident_s > 0
 
 
 def test_an_idle_model_goes_at_once_even_within_its_residency():
@@ -103,13 +103,13 @@ def test_the_one_quickest_to_bring_back_goes_first():
 def test_a_start_never_measured_counts_as_slowest():
     unknown = worker(1, gpu_bytes=40 * G, last_request_at=NOW - 100)
     measured = worker(2, gpu_bytes=40 * G, last_request_at=NOW - 30, back_in_s=60.0)
-    assert decide(SIZED_NEED, sized(unknown, measured)).stop == (2,)  # type: ignore[union-attr]
+    assert decide(SIZED_NEED, sized(unknown, measured)).stop == (2,)
 
 
 def test_the_one_with_fewer_requests_waiting_goes_first():
     crowded = worker(1, gpu_bytes=40 * G, last_request_at=NOW - 100, waiting=5, back_in_s=1.0)
     quiet = worker(2, gpu_bytes=40 * G, last_request_at=NOW - 30, back_in_s=30.0)
-    assert decide(SIZED_NEED, sized(crowded, quiet)).stop == (2,)  # type: ignore[union-attr]
+    assert decide(SIZED_NEED, sized(crowded, quiet)).stop == (2,)
 
 
 def test_one_within_its_residency_is_spared_when_another_makes_the_room():
@@ -122,7 +122,7 @@ def test_one_within_its_residency_is_spared_when_another_makes_the_room():
 def test_a_persistent_model_is_never_chosen_however_cheap():
     persistent = worker(1, gpu_bytes=40 * G, persistent=True, may_sleep=True, back_in_s=0.1)
     other = worker(2, gpu_bytes=40 * G, back_in_s=90.0)
-    assert decide(SIZED_NEED, sized(persistent, other)).stop == (2,)  # type: ignore[union-attr]
+    assert decide(SIZED_NEED, sized(persistent, other)).stop == (2,)
 
 
 @st.composite
