@@ -5,9 +5,9 @@ config starts and which workers to put to sleep or stop first, or which busy one
 they are drained (their new requests wait), put to sleep (when their config allows it and host RAM has
 room for what sleeping keeps there) or stopped. A worker swapped in moments ago that is still in use
 is not drained: it keeps serving until its residency ends or it goes idle (``placement.residency``),
-so two busy models that share a GPU take turns in batches rather than a swap per request. A start the pre-start check refuses because sleeping
-workers hold the host RAM it needs stops some of them on that node (``placement.free_host_ram``) and
-is tried again. Also where another replica of a running model fits (``placement.place_replica``).
+so two busy models that share a GPU take turns in batches rather than a swap per request. A start the
+pre-start check refuses because sleeping workers hold the host RAM it needs stops some of them on that
+node (``placement.free_host_ram``) and is tried again. Also where another replica of a running model fits (``placement.place_replica``).
 
 One decision to evict and start is made at a time (``lock``); every stop, sleep and start goes
 through the supervisor's public commands.
