@@ -79,6 +79,7 @@ def placement_of(
         gpus_pinned=bool(config.gpu_ids),
         at_once=config.max_num_seqs or default_max_num_seqs(gpu if isinstance(gpu, GPU) else None),
         scaling=_scaling(config),
+        min_residency_s=config.min_residency_s,
     )
 
 

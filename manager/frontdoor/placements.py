@@ -33,6 +33,9 @@ class Placement:
     gpus_pinned: bool = False  # its config names its GPUs: its replicas use those, not others
     at_once: int = 256  # requests one of its engines runs at once (max_num_seqs); more wait in its queue
     scaling: Scaling | None = None  # its replicas' bounds when they scale with the load; None: they don't
+    # How long its worker stays once swapped in for requests, unless idle (0: off); None: its last
+    # swap-in time plus a margin (``placement.residency``).
+    min_residency_s: float | None = 0.0
 
     def need(self) -> Need:
         """What ``manager.placement`` is asked to find room for."""

@@ -3,9 +3,11 @@
 ``manager.placement.decide`` says from each worker's node, GPUs, requests in flight and last use where a
 config starts and which workers to put to sleep or stop first, or which busy ones to wait for; here
 they are drained (their new requests wait), put to sleep (when their config allows it and host RAM has
-room for what sleeping keeps there) or stopped. A start the pre-start check refuses because sleeping
-workers hold the host RAM it needs stops some of them on that node (``placement.free_host_ram``) and
-is tried again. Also where another replica of a running model fits (``placement.place_replica``).
+room for what sleeping keeps there) or stopped. A worker swapped in moments ago that is still in use
+is not drained: it keeps serving until its residency ends or it goes idle (``placement.residency``),
+so two busy models that share a GPU take turns in batches rather than a swap per request. A start the
+pre-start check refuses because sleeping workers hold the host RAM it needs stops some of them on that
+node (``placement.free_host_ram``) and is tried again. Also where another replica of a running model fits (``placement.place_replica``).
 
 One decision to evict and start is made at a time (``lock``); every stop, sleep and start goes
 through the supervisor's public commands.
@@ -35,6 +37,8 @@ from manager.placement import (
     decide,
     free_host_ram,
     place_replica,
+    residency_left,
+    residency_of,
 )
 from manager.supervisor.view import WorkerView
 from manager.supervisor.worker_state import State
@@ -109,16 +113,23 @@ class Room:
         nodes: dict[str | None, Mapping[int, int] | None] = dict(capacity) if capacity is not None else {None: None}
         for worker in running:
             nodes.setdefault(worker.node, None)
-        return Snapshot(tuple(Node(name, gpus) for name, gpus in nodes.items()), tuple(running))
+        return Snapshot(tuple(Node(name, gpus) for name, gpus in nodes.items()), tuple(running), self._clock())
 
     def _running(self, config: str, own_too: bool = False) -> list[RunningWorker]:
         placements = self._placements()
+        now = self._clock()
         running = []
         for view in self.workers.views():
             if view.state not in HOLDING or (view.model == config and not own_too):
                 continue
             placement = placements.get(view.model)
             slot = self._slots.of(view.model)
+            swap = slot.last_swap
+            resident_since = swap.ended_at if swap else None
+            if view.state in (State.STARTING, State.WAKING) and slot.start is not None and not slot.start.done():
+                # Being swapped in for requests right now: its residency begins once it is ready.
+                resident_since = now
+            may_sleep = self.may_sleep(placement, view.id, view.node)
             running.append(
                 RunningWorker(
                     id=view.id,
@@ -129,9 +140,15 @@ class Room:
                     last_request_at=slot.last_request_at,
                     # Requests waiting for its start count as in flight: evicting it would strand them.
                     in_flight=slot.in_flight + len(slot.joined),
+                    waiting=max(0, slot.queued - len(slot.joined)),
                     persistent=placement.persistent if placement else False,
-                    may_sleep=self.may_sleep(placement, view.id, view.node),
+                    may_sleep=may_sleep,
                     node=view.node,
+                    resident_since=resident_since,
+                    min_residency_s=residency_of(
+                        placement.min_residency_s if placement else 0.0, swap.seconds if swap else None
+                    ),
+                    back_in_s=slot.swap_s.get("wake" if may_sleep else "cold"),
                 )
             )
         return running
@@ -157,14 +174,17 @@ class Room:
                             await self.evict(decision, f"to make room for {config}")
                         return
                     self.drain(decision, draining)
-                await self.until_drained(decision, deadline)
+                deadline = await self.until_drained(decision, deadline)
         except FrontDoorError as exc:
             raise Conflict(exc.message) from exc
         finally:
             self.end_drains(draining)
 
     def drain(self, decision: WaitForDrain, draining: dict[str, Leaving]) -> None:
-        """New requests for the models that must drain wait (until ``end_drains(draining)``)."""
+        """New requests for the models that must drain wait (until ``end_drains(draining)``); those kept
+        for their residency go on serving."""
+        if decision.resident_s > 0:
+            return
         by_id = {v.id: v.model for v in self.workers.views()}
         for name in [by_id[i] for i in decision.workers if i in by_id]:
             leaving = self._slots.mark_leaving(name)
@@ -175,12 +195,40 @@ class Room:
         for name, leaving in draining.items():
             self._slots.end_leaving(name, leaving)
 
-    async def until_drained(self, decision: WaitForDrain, deadline: float) -> None:
+    async def until_drained(self, decision: WaitForDrain, deadline: float) -> float:
+        """Wait for the workers to drain (ModelUnavailable past ``deadline``), or for their residency to
+        end; returns the deadline of the drain that may follow (a drain after a residency gets its own)."""
+        if decision.resident_s > 0:
+            await self._until_resident_ends(decision)
+            return max(deadline, self._clock() + self._drain_timeout_s)
         if not await self._drained(decision.workers, deadline):
             raise ModelUnavailable(
                 f"{decision.reason}; they did not finish within {self._drain_timeout_s:g} s. "
                 "Retry later, or give the models different GPUs"
             )
+        return deadline
+
+    async def _until_resident_ends(self, decision: WaitForDrain) -> None:
+        """Until none of the workers is kept by its residency (it ended, or the worker went idle)."""
+        first = True
+        while True:
+            now = self._clock()
+            running = {w.id: w for w in self._running(config="")}
+            left = max((residency_left(running[i], now) for i in decision.workers if i in running), default=0.0)
+            if left <= 0:
+                return
+            if first:
+                first = False
+                held = [running[i] for i in decision.workers if i in running]
+                self.workers.events.record(
+                    "swap_held",
+                    f"{decision.reason}: the swap waits up to {left:.1f} s",
+                    held[0].id if held else None,
+                    model=held[0].config if held else None,
+                    seconds_left=round(left, 1),
+                )
+            # A request's end may leave the worker idle a moment later: look again at least every second.
+            await self._slots.next_release(min(left, 1.0))
 
     async def _drained(self, worker_ids: tuple[int, ...], deadline: float) -> bool:
         """Wait until these workers have no request in flight; False when the deadline passes first."""

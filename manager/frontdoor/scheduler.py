@@ -314,6 +314,8 @@ class Scheduler:
                         break
                     decision = self.room.decide(placement)
                     if isinstance(decision, Place | MakeRoom):
+                        # A swap counts from here: the wait for drains or a residency is not part of its cost.
+                        started = self._clock()
                         if isinstance(decision, MakeRoom):
                             await self.room.evict(decision, f"to make room for {config}")
                         if current is not None and current.state == State.SLEEPING:
@@ -323,7 +325,7 @@ class Scheduler:
                             target = await self.room.start(config, current)
                         break
                     self.room.drain(decision, draining)
-                await self.room.until_drained(decision, drain_deadline)
+                drain_deadline = await self.room.until_drained(decision, drain_deadline)
         except ManagerError as exc:  # a worker deleted meanwhile, a stop that failed
             raise ModelUnavailable(f"{config} could not be started: {exc.message}") from exc
         finally:
@@ -363,7 +365,7 @@ class Scheduler:
         return view
 
     def _swapped(self, config: str, kind: SwapKind, seconds: float) -> None:
-        self.slots.of(config).last_swap = Swap(kind, seconds, self._clock())
+        self.slots.of(config).swapped(Swap(kind, seconds, self._clock()))
         if self.metrics is not None:
             self.metrics.swap.labels(kind).observe(seconds)
 

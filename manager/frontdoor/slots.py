@@ -54,6 +54,7 @@ class Slot:
     start: asyncio.Task[WorkerView] | None = None  # the one start under way, joined by every waiter
     leaving: Leaving | None = None
     last_swap: Swap | None = None
+    swap_s: dict[SwapKind, float] = field(default_factory=dict)  # the last measured swap of each kind
     # Started for requests while its model downloads, without evicting anyone: room for it is made
     # when its engine is about to start.
     room_at_launch: bool = False
@@ -66,6 +67,10 @@ class Slot:
         """Wake the requests waiting for their turn: a place among max_concurrent, or the one ahead, is free."""
         self.changed.set()
         self.changed = asyncio.Event()
+
+    def swapped(self, swap: Swap) -> None:
+        self.last_swap = swap
+        self.swap_s[swap.kind] = swap.seconds
 
     @property
     def last_request_at(self) -> float | None:

@@ -9,6 +9,8 @@ node's reason.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from manager.placement.decisions import CannotFit, Decision, MakeRoom, Place, WaitForDrain
 from manager.placement.one_node import Evict, on_node
 from manager.placement.snapshot import Need, RunningWorker, Snapshot
@@ -28,14 +30,14 @@ def decide(need: Need, snapshot: Snapshot) -> Decision:
     drain: WaitForDrain | None = None
     refused: list[tuple[str | None, CannotFit]] = []
     for name in names:
-        outcome = on_node(snapshot.node(name), by_node[name], need)
+        outcome = on_node(snapshot.node(name), by_node[name], need, snapshot.now)
         if isinstance(outcome, Evict):
             if not outcome.sleep and not outcome.stop:
                 return Place(name, need.gpus)
             if best is None or outcome.freed < best[0]:
                 best = (outcome.freed, name, outcome)
         elif isinstance(outcome, WaitForDrain):
-            drain = drain or WaitForDrain(outcome.workers, outcome.reason, name)
+            drain = drain or replace(outcome, node=name)
         else:
             refused.append((name, outcome))
     if best is not None:

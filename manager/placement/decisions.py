@@ -24,11 +24,14 @@ class MakeRoom:
 
 @dataclass(frozen=True)
 class WaitForDrain:
-    """These must be evicted but are serving requests: wait until they are idle, then ask again."""
+    """These must be evicted but are serving requests: wait until they are idle, then ask again. With
+    ``resident_s``, they were swapped in moments ago and are in use: they keep serving (nothing drains)
+    for up to that many seconds more, or until they go idle, and then the decision is asked again."""
 
     workers: tuple[int, ...]
     reason: str
     node: str | None = None
+    resident_s: float = 0.0
 
 
 @dataclass(frozen=True)

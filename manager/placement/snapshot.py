@@ -28,13 +28,21 @@ class RunningWorker:
     gpus: tuple[int, ...]
     gpu_bytes: int | None  # held on each of its GPUs (planned or measured); None: not known
     last_request_at: float | None  # when it last answered a request (any clock); None: never
-    in_flight: int = 0  # requests it is serving, and requests waiting for it
+    in_flight: int = 0  # requests it is serving, and requests waiting for its start
+    waiting: int = 0  # requests queued for their turn at it (beyond ``in_flight``)
     persistent: bool = False
     may_sleep: bool = False  # sleep mode on, and host RAM has room for what sleeping keeps there
     node: str | None = None
     # The share of each of its GPUs it takes (vLLM's gpu_memory_utilization): its bytes on a node whose
     # GPU sizes are known, where ``gpu_bytes`` is not given.
     gpu_share: float | None = None
+    # When it was last swapped in for requests (started or woken for them, on the snapshot's clock);
+    # None: not swapped in that way (started by hand). It stays ``min_residency_s`` after that unless idle.
+    resident_since: float | None = None
+    min_residency_s: float = 0.0
+    # Measured seconds to bring it back the way it would go (its wake where it may sleep, else its
+    # cold start); None: never measured.
+    back_in_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -64,10 +72,12 @@ class Need:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The nodes in the order a start prefers them, and the workers that hold GPU memory on them."""
+    """The nodes in the order a start prefers them, the workers that hold GPU memory on them, and the
+    time the workers' times are read against."""
 
     nodes: tuple[Node, ...] = (Node(None),)
     workers: tuple[RunningWorker, ...] = ()
+    now: float = 0.0
 
     def node(self, name: str | None) -> Node:
         for node in self.nodes:

@@ -42,6 +42,7 @@ MAX_ENGINE_GPUS = 1024
 MAX_INT = 2**31 - 1
 MAX_REPLICAS = 16  # workers of one model: more is a typo, and each takes a start and a port
 MAX_CONCURRENT = 4096  # requests in flight for one model at once (its max_concurrent)
+MAX_RESIDENCY_S = 3600  # a model's min_residency_s: longer would keep a model that shares its GPU waiting for an hour
 MAX_GIB = 1 << 20  # a mebibyte of GiB: larger than any machine, small enough to stay exact in bytes
 MAX_BYTES = MAX_GIB << 30
 

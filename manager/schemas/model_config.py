@@ -22,6 +22,7 @@ from manager.schemas.common import (
     MAX_GPUS,
     MAX_INT,
     MAX_REPLICAS,
+    MAX_RESIDENCY_S,
     READ_ONLY,
     UNIQUE_ITEMS,
     Argument,
@@ -153,6 +154,15 @@ class ModelConfigFields(SQLModel):
         description="The most /v1 requests this model answers at once, over all its replicas; more wait in the "
         "front door's queue, interactive keys before batch ones and taking turns between keys. Empty: no limit "
         "(the engines queue them)",
+    )
+    min_residency_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_RESIDENCY_S,
+        description="Once /v1 swaps this model in (started or woken for requests), it stays at least this many "
+        "seconds before another model sharing its GPUs may evict it, unless it goes idle; two busy models on one "
+        "GPU then take turns in batches instead of swapping on every request. 0: off. Empty: its last swap-in "
+        "time plus 5 seconds",
     )
     sleep_level: int | None = Field(
         default=None,

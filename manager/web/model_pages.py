@@ -58,6 +58,8 @@ HELP = {
     "scale_down_after_s": "seconds without a request before a replica above min replicas is stopped",
     "max_concurrent": "the most /v1 requests it answers at once (all replicas); more wait their turn, "
     "taking turns between keys; empty: no limit",
+    "min_residency_s": "once swapped in for /v1, stay this many seconds before a model sharing its GPUs may "
+    "evict it, unless idle; 0: off; empty: its last swap-in time + 5 s",
 }
 TEXTAREAS = {"extra_args", "env", "description"}
 

@@ -68,3 +68,14 @@ def test_models_edit_saves_what_the_editor_wrote(tmp_path):
     broken = _run(["models", "edit", "a"], data, EDITOR="sed -i s/max_model_len:.1024/max_model_len:\\ -5/")
     assert broken.returncode == 1 and "max_model_len" in broken.stderr
     assert json.loads(_run(["models", "show", "a"], data).stdout)["max_model_len"] == 1024
+
+
+def test_models_set_takes_min_residency_and_refuses_a_negative_one(tmp_path):
+    data = tmp_path / "data"
+    _run(["apply", _write(tmp_path / "m.yaml", [{"name": "a", "model": "org/a"}])], data)
+    done = _run(["models", "set", "a", "min_residency_s=20"], data)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(_run(["models", "show", "a"], data).stdout)["min_residency_s"] == 20
+    refused = _run(["models", "set", "a", "min_residency_s=-1"], data)
+    assert refused.returncode == 1 and "min_residency_s" in refused.stderr
+    assert json.loads(_run(["models", "show", "a"], data).stdout)["min_residency_s"] == 20
