@@ -4,7 +4,6 @@ manager starts, then once a day."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -13,6 +12,7 @@ from sqlalchemy.engine import Engine
 
 from manager.audit import store
 from manager.db import session
+from manager.periodic import Periodic
 from manager.schemas.common import utcnow
 
 log = logging.getLogger("vllm_manager.audit")
@@ -28,7 +28,7 @@ class AuditRetention:
         self.days = days
         self.every_s = every_s
         self._clock = clock
-        self._task: asyncio.Task[None] | None = None
+        self._rounds = Periodic("audit retention", every_s, lambda: asyncio.to_thread(self.prune), log)
 
     def prune(self) -> int:
         """Delete the rows past the retention now; how many went (0, logged, when the store refuses)."""
@@ -45,17 +45,7 @@ class AuditRetention:
     def start(self) -> None:
         """Prune now, then every ``every_s`` on the event loop (the deleting in a thread)."""
         self.prune()
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="audit retention")
+        self._rounds.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.every_s)
-            await asyncio.to_thread(self.prune)
+        await self._rounds.stop()

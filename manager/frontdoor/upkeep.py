@@ -7,8 +7,6 @@ the step, from the counts ``Replicas`` keeps).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
@@ -19,6 +17,7 @@ from manager.frontdoor.replicas import Replicas
 from manager.frontdoor.room import Room
 from manager.frontdoor.slots import Slot, Slots
 from manager.frontdoor.workers import CURRENT, Workers
+from manager.periodic import Periodic
 from manager.supervisor.view import WorkerView
 from manager.supervisor.worker_state import State
 
@@ -41,29 +40,18 @@ class Upkeep:
         self._slots = slots
         self._replicas = replicas
         self._room = room
-        self._every_s = every_s
         self._clock = clock
-        self._task: asyncio.Task[None] | None = None
+        self._rounds = Periodic("idle unload and replica scaling", every_s, self._round, log)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="front door idle unload")
+        self._rounds.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._rounds.stop()
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._every_s)
-            try:
-                await self.unload_idle()
-                await self.scale_replicas()
-            except Exception:  # one bad round must not end idle unloading for good
-                log.exception("idle unload or replica scaling failed")
+    async def _round(self) -> None:
+        await self.unload_idle()
+        await self.scale_replicas()
 
     async def unload_idle(self) -> list[str]:
         """Put to sleep or stop every ready model idle longer than its idle_timeout_s; returns them."""

@@ -8,7 +8,6 @@ manager stops. It runs on the event loop; the writing itself runs in a thread.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from sqlalchemy.engine import Engine
 
 from manager.db import session
 from manager.frontdoor.metering import Tokens
+from manager.periodic import Periodic
 from manager.schemas.common import utcnow
 from manager.schemas.usage import NO_KEY
 from manager.services import inference_keys, usage
@@ -35,7 +35,7 @@ class UsageRecorder:
         self._counts: dict[tuple[int, int, str], usage.Counts] = {}  # by (minute, key id, model config)
         self._used: dict[int, datetime] = {}  # each key's last use
         self._writing = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self._rounds = Periodic("usage recorder", flush_s, self.flush, log)
 
     def key_used(self, key_id: int) -> None:
         if key_id != NO_KEY:
@@ -94,18 +94,8 @@ class UsageRecorder:
             self._used.setdefault(key_id, when)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="usage recorder")
+        self._rounds.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._rounds.stop()
         await self.flush()
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.flush_s)
-            await self.flush()
