@@ -256,11 +256,22 @@ def case_tp2(run: Run, work: Path, args: argparse.Namespace) -> None:
 
     # kill -9 of the rank on GPU 1 alone: vLLM's executor sees a rank die; the whole worker must go
     # and come back, with no rank of the old engine left holding a GPU.
+    try:
+        new_pids = kill_a_rank(run, name, pids, view, client)
+    except TimeoutError as exc:  # still stop it, and still plan
+        run.record(
+            "kill -9 of the rank on GPU 1", error=str(exc), nvml=nvml_by_gpu(), alive=[p for p in pids if alive(p)]
+        )
+        new_pids = []
+    stop_and_plan(run, work, name, wid, set(pids), new_pids)
+
+
+def kill_a_rank(run: Run, name: str, pids: list[int], view: dict, client: httpx.Client) -> list[int]:
     # The rank is the worker's process holding the most of GPU 1 (another rank may map a little of it).
     on_gpu1 = sorted((p for p in view["gpus"].get(1, []) if p["pid"] in pids), key=lambda p: -p["mib"])
     if not on_gpu1:
         run.record("kill -9", error="no process of the worker on GPU 1", view=view)
-        return
+        return []
     victim = on_gpu1[0]["pid"]
     old = set(pids)
     killed_at = time.perf_counter()
@@ -290,7 +301,10 @@ def case_tp2(run: Run, work: Path, args: argparse.Namespace) -> None:
     run.record("/v1 answer after restart", status=answer.status_code)
     events = run.api.get("/api/events", params={"limit": 30}).json()
     run.record("events", events=[e.get("message") for e in events][:30])
+    return new_pids
 
+
+def stop_and_plan(run: Run, work: Path, name: str, wid: int, old: set[int], new_pids: list[int]) -> None:
     stopped_at = time.perf_counter()
     run.api.post(f"/api/workers/{wid}/stop")
     run.wait_state(name, {"stopped"}, 120)
