@@ -57,3 +57,19 @@ def test_a_worker_on_another_node_lists_that_nodes_gpus():
         nodes=(NodeMetrics("gpu-b", "alive", None, remote), NodeMetrics("gpu-c", "lost", None, None)),
     )  # fmt: skip
     assert rows(render("fragments/worker_head.html", w=snap.workers[0], snap=snap)) == ["GPU 0: 20.0 GiB · pid 40"]
+
+
+def test_the_gpu_cards_say_which_model_holds_each_gpu():
+    report = GpuReport(
+        available=True,
+        gpus=(
+            gpu(0, GpuProcess(3963, 782 << 20, "2"), GpuProcess(4532, 48 * GIB, "4"), GpuProcess(77, GIB, None)),
+            gpu(1, GpuProcess(3925, 48 * GIB, "3")),
+        ),
+    )
+    workers = (worker("2", 782 << 20), worker("3", 48 * GIB), worker("4", 48 * GIB))
+    html = render("fragments/gpus.html", snap=Snapshot(1, 0.0, report, HOST, workers))
+    held = dict(re.findall(r'data-gpu="(\d)".*?data-testid="held-by">([^<]*)<', html, re.S))
+    assert held == {"0": "model-2, model-4", "1": "model-3"}
+    assert "pid 4532 · worker 4 (model-4): 48.0 GiB" in html
+    assert "pid 77: 1.0 GiB" in html  # not one of ours: no worker, no model
