@@ -11,6 +11,9 @@ phase, so a run cut short still reports:
     GPUs as the manager reports it (metrics and the worker page), ``kill -9`` of the rank on GPU 1
     (the whole worker restarts, no old rank left), and a stop (both GPUs empty). With the time left,
     vLLM started directly at TP 2 for more planner cases (a Llama-3.1-70B shape in fp8, eager first).
+``planner_tp2``
+    vLLM started directly at TP 2 for ``--planner-cases`` (SHAPE:fp8|bf16:eager|graphs), the plan per
+    rank beside its "GPU KV cache size" and its own memory figures.
 ``shared_box``
     Three small configs: A on GPU 0, B on GPU 1, C on GPU 0, each at a utilization that lets one model
     have a GPU. Through /v1: A and B serve together; a request for C puts A to sleep and starts C while
@@ -45,7 +48,7 @@ PLUGIN_LINE = re.compile(r"offload_patches active in pid (\d+) \(([^)]*)\)")
 RANK_AVAILABLE = re.compile(r"\((\w+) pid=(\d+)\).*Available KV cache memory: ([\d.]+) GiB")
 GRAPH_EQUIVALENT = re.compile(r"--gpu-memory-utilization=([\d.]+) is equivalent to --gpu-memory-utilization=([\d.]+)")
 RANK_LOADING = re.compile(r"\((\w+) pid=(\d+)\).*Model loading took ([\d.]+) GiB")
-SMALL = dict(
+SMALL: dict[str, Any] = dict(
     architectures=["LlamaForCausalLM"],
     model_type="llama",
     hidden_size=512,
