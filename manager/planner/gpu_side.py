@@ -35,6 +35,17 @@ GiB = 1024**3
 BASE_BYTES = int(0.02 * GiB)
 SAMPLER_BUFFER_BYTES = 6  # per max_num_seqs x vocab entry, kept outside the peak (a float32 and a bf16 copy)
 MOE_INTER_FACTOR = 9.0  # fused-MoE buffers per routed token, in units of the expert intermediate size
+# Each tensor-parallel rank (vLLM 0.32.0, TP 2 on two H100s, bench/gpu_multi.py): its NCCL communicators
+# and vLLM's all-reduce buffers keep about 0.79 GiB outside torch (Qwen3-30B-A3B 0.81, Llama-3.1-70B 0.76);
+# the gate/up outputs hold the rank's share of the intermediate size; the sampler's logits are gathered
+# from the ranks' vocabulary shards (the gathered and the reordered bf16 copies beside the float32
+# logits), so the profiling peak grew from 0.88 to 1.29 GiB for Qwen3-30B-A3B at TP 2. Other world sizes
+# are not measured.
+TP_COMM_BYTES = int(0.785 * GiB)
+TP_GATHERED_LOGIT_BYTES = 4  # per max_num_seqs x vocab entry: the gathered and the reordered bf16 copies
+# vLLM's graph pool estimate per rank at TP 2 was about 0.47 GiB under the one-GPU figure for the same
+# layers (Qwen3-30B-A3B 0.74 against 1.24 GiB; Llama-3.1-70B, 80 layers, 1.52 against the 1.93 planned).
+GRAPH_TP_BYTES = int(0.47 * GiB)
 GRAPH_BASE_BYTES = int(0.243 * GiB)
 GRAPH_LAYER_BYTES = int(0.0211 * GiB)
 GRAPH_MLA_LAYER_BYTES = int(0.0263 * GiB)  # more per MLA layer
@@ -93,20 +104,24 @@ def rope_cache_bytes(cfg: dict[str, Any], dtype_bytes: int = 2) -> int:
     return max(0, tables * rotary * dtype_bytes)
 
 
-def graph_bytes(cfg: dict[str, Any], req: PlanRequest, batched: int, moe: bool) -> int:
-    """What CUDA graphs take from the KV cache: vLLM's estimate of the graph pool, and torch.compile's
-    larger activation peak for a dense MLP (``moe``: the model's MLPs are MoE). 0 with --enforce-eager."""
+def graph_pool_bytes(cfg: dict[str, Any], req: PlanRequest) -> int:
+    """vLLM's estimate of the CUDA graph pool, per GPU; 0 with --enforce-eager."""
     if req.enforce_eager:
         return 0
     layers = int(cfg.get("num_hidden_layers") or 0)
     mla = bool(cfg.get("kv_lora_rank"))
     pool = GRAPH_BASE_BYTES + layers * (GRAPH_LAYER_BYTES + (GRAPH_MLA_LAYER_BYTES if mla else 0))
-    compiled = 0
-    if not moe:
-        act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu")
-        inter = int(cfg.get("intermediate_size") or 0)
-        compiled = batched * inter * 2 * (4 if "tanh" in act else 1)
-    return pool + compiled
+    return max(0, pool - (GRAPH_TP_BYTES if req.tensor_parallel_size > 1 else 0))
+
+
+def compiled_peak_bytes(cfg: dict[str, Any], req: PlanRequest, batched: int, moe: bool) -> int:
+    """torch.compile's larger activation peak for a dense MLP (``moe``: the model's MLPs are MoE), one
+    more intermediate-sized tensor (four with a tanh-approximated GELU); 0 with --enforce-eager."""
+    if req.enforce_eager or moe:
+        return 0
+    act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu")
+    inter = int(cfg.get("intermediate_size") or 0) // max(1, req.tensor_parallel_size)
+    return batched * inter * 2 * (4 if "tanh" in act else 1)
 
 
 def overhead_estimate(cfg: dict[str, Any], weights: WeightEstimate, req: PlanRequest, batched: int, seqs: int) -> int:
@@ -114,23 +129,27 @@ def overhead_estimate(cfg: dict[str, Any], weights: WeightEstimate, req: PlanReq
     profiling run's peak, rotary caches and, unless eager, CUDA graphs. ``seqs``: max_num_seqs."""
     if req.overhead_gib is not None:
         return int(req.overhead_gib * GiB)
+    tp = max(1, req.tensor_parallel_size)
     hidden = int(cfg.get("hidden_size") or 0)
     vocab = int(cfg.get("vocab_size") or 0)
+    # A rank computes its share of every MLP's intermediate size.
     if weights.is_moe:
         inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
-        forward = int(batched * max(1, weights.experts_per_token) * 2 * MOE_INTER_FACTOR * inter)
+        forward = int(batched * max(1, weights.experts_per_token) * 2 * MOE_INTER_FACTOR * inter) // tp
         # shared experts (DeepSeek, Qwen2-MoE) run on every token, as a dense MLP does
         shared = int(cfg.get("n_shared_experts") or 0) * inter or int(cfg.get("shared_expert_intermediate_size") or 0)
-        forward += batched * 2 * 3 * shared
+        forward += batched * 2 * 3 * shared // tp
     else:
-        inter = int(cfg.get("intermediate_size") or 4 * hidden)
+        inter = int(cfg.get("intermediate_size") or 4 * hidden) // tp
         forward = batched * 2 * (3 * inter + 4 * hidden)
     logits = seqs * vocab * 4  # the sampler's float32 logits in the profiling run
-    sampler = logits + batched * hidden * 2
+    gathered = seqs * vocab * TP_GATHERED_LOGIT_BYTES + seqs * vocab * 2 // tp if tp > 1 else 0
+    sampler = logits + gathered + batched * hidden * 2
     dtype_bytes = 4 if str(req.dtype) in ("float32", "float") else 2
     rope = rope_cache_bytes(cfg, dtype_bytes)
-    buffers = seqs * vocab * SAMPLER_BUFFER_BYTES
-    return BASE_BYTES + buffers + max(forward, sampler) + rope + graph_bytes(cfg, req, batched, weights.is_moe)
+    buffers = seqs * vocab * SAMPLER_BUFFER_BYTES + (TP_COMM_BYTES if tp > 1 else 0)
+    graphs = graph_pool_bytes(cfg, req) + compiled_peak_bytes(cfg, req, batched, weights.is_moe)
+    return BASE_BYTES + buffers + max(forward, sampler) + rope + graphs
 
 
 def weights_on_gpu(req: PlanRequest, cfg: dict[str, Any], weights: WeightEstimate) -> tuple[int, int]:

