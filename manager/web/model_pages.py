@@ -58,6 +58,8 @@ HELP = {
     "scale_down_after_s": "seconds without a request before a replica above min replicas is stopped",
     "max_concurrent": "the most /v1 requests it answers at once (all replicas); more wait their turn, "
     "taking turns between keys; empty: no limit",
+    "loading_progress": "streamed /v1 requests that wait for its start get progress lines (SSE comments) "
+    "until the first chunk, so proxies do not time them out",
 }
 TEXTAREAS = {"extra_args", "env", "description"}
 

@@ -125,14 +125,16 @@ def test_migration_adds_the_fields_to_stored_configs(tmp_path):
             _load("0010_downloads").upgrade()  # and its download fields
             _load("0011_replicas").upgrade()  # and its replicas
             _load("0014_max_concurrent").upgrade()  # and its limit on requests at once
+            _load("0015_loading_progress").upgrade()  # and its loading progress for streams
         row = conn.execute(
             text(
                 "SELECT aliases, idle_timeout_s, persistent, sleep_level, node, download_timeout_s, wait_for_download, "
-                "replicas, min_replicas, max_replicas, scale_up_after_s, scale_down_after_s, max_concurrent "
+                "replicas, min_replicas, max_replicas, scale_up_after_s, scale_down_after_s, max_concurrent, "
+                "loading_progress "
                 "FROM model_config"
             )
         ).one()
-        assert tuple(row) == ("[]", None, 0, None, None, None, 0, 1, None, None, 10, 300, None)
+        assert tuple(row) == ("[]", None, 0, None, None, None, 0, 1, None, None, 10, 300, None, 0)
         columns = {c["name"] for c in inspect(conn).get_columns("model_config")}
         assert {"aliases", "idle_timeout_s", "persistent", "sleep_level"} <= columns
         # The table now matches the schema the code uses (other tables come from other revisions).
