@@ -24,6 +24,7 @@ import psutil
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 from starlette.requests import Request
+from starlette.responses import Response
 
 from manager.cluster.nodes import NodeState
 from manager.db import session
@@ -154,7 +155,13 @@ class FrontDoor:
         self._adapter_locks: dict[tuple[int, str], asyncio.Lock] = {}
         self.limiter = Limiter(usage.tokens_since)
         self.forwarding = Forwarding(
-            self.upstream, settings.proxy_max_body_bytes, self.catalog.resolve, leases=self, tally=self, admissions=self
+            self.upstream,
+            settings.proxy_max_body_bytes,
+            self.catalog.resolve,
+            leases=self,
+            tally=self,
+            admissions=self,
+            loading_progress=self.catalog.loading_progress,
         )
 
     def start(self) -> None:
@@ -240,7 +247,7 @@ class FrontDoor:
         return self.catalog.resolve(requested, caller)
 
     # ---- forwarding -----------------------------------------------------------------------------------
-    async def forward_json(self, request: Request, path: str, caller: Caller = ANYONE) -> proxy.UpstreamResponse:
+    async def forward_json(self, request: Request, path: str, caller: Caller = ANYONE) -> Response:
         return await self.forwarding.forward_json(request, path, caller)
 
     async def forward_multipart(self, request: Request, path: str, caller: Caller = ANYONE) -> proxy.UpstreamResponse:
@@ -268,6 +275,9 @@ class FrontDoor:
                 lease.release()
                 raise
         return lease
+
+    async def loading(self, config: str) -> str:
+        return self.scheduler.loading(config)
 
     def adapter_missing(self, lease: Held, adapter: str) -> None:
         assert isinstance(lease, Lease)
