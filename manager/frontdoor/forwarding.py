@@ -159,7 +159,7 @@ class Forwarding:
                 self.admissions.let_go(caller.key_id)
             raise
 
-    async def forward_multipart(self, request: Request, path: str, caller: Caller) -> proxy.UpstreamResponse:
+    async def forward_multipart(self, request: Request, path: str, caller: Caller) -> Response:
         added = proxy.AddedTime()
         config: str | None = None
         rate_headers: dict[str, str] | None = None

@@ -29,7 +29,7 @@ from starlette.responses import Response
 from manager.cluster.nodes import NodeState
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError
-from manager.frontdoor import names, proxy
+from manager.frontdoor import names
 from manager.frontdoor.access import ANYONE, Caller
 from manager.frontdoor.catalog import Catalog
 from manager.frontdoor.errors import ModelUnavailable, OverKeyLimit
@@ -250,7 +250,7 @@ class FrontDoor:
     async def forward_json(self, request: Request, path: str, caller: Caller = ANYONE) -> Response:
         return await self.forwarding.forward_json(request, path, caller)
 
-    async def forward_multipart(self, request: Request, path: str, caller: Caller = ANYONE) -> proxy.UpstreamResponse:
+    async def forward_multipart(self, request: Request, path: str, caller: Caller = ANYONE) -> Response:
         return await self.forwarding.forward_multipart(request, path, caller)
 
     # ---- leases, and what each request is counted as (LeaseSource and Tally, for this process and the

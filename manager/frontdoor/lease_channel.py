@@ -122,17 +122,16 @@ class LeaseServer:
                 message = json.loads(line)
                 op = message.get("op")
                 if op == "acquire":
-                    asked = message["id"]
                     task = asyncio.create_task(self._acquire(message, held, writer))
-                    asking[asked] = task
-                    task.add_done_callback(lambda _, asked=asked: asking.pop(asked, None))
+                    asking[message["id"]] = task
+                    task.add_done_callback(functools.partial(_forget, asking, message["id"]))
                 elif op == "give_up":
                     given_up = asking.pop(message["id"], None)
                     if given_up is not None:
                         given_up.cancel()
                 elif op == "loading":
-                    line = await self.door.loading(str(message["config"]))
-                    writer.write(_line({"id": message["id"], "loading": line}))
+                    waits_for = await self.door.loading(str(message["config"]))
+                    writer.write(_line({"id": message["id"], "loading": waits_for}))
                 elif op == "release":
                     lease = held.pop(message["lease"], None)
                     if lease is not None:
@@ -223,6 +222,10 @@ class LeaseServer:
             }
         if not writer.is_closing():
             writer.write(_line(answer))
+
+
+def _forget(asking: dict[int, asyncio.Task[None]], asked: int, _: asyncio.Task[None]) -> None:
+    asking.pop(asked, None)
 
 
 def _landed(in_flight: dict[int, int], key_id: int) -> bool:
