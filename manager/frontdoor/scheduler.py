@@ -315,6 +315,7 @@ class Scheduler:
         drain_deadline = started + self.options.drain_timeout_s
         draining: dict[str, Leaving] = {}  # models this start asked to drain: their new requests wait
         slot = self.slots.of(config)
+        target: WorkerView | None = None
         try:
             # A stop asked for elsewhere (the API) is let finish: its worker is then started again.
             while any(v.model == config and v.state == State.STOPPING for v in self.workers.views()):
@@ -343,13 +344,11 @@ class Scheduler:
                     self.room.drain(decision, draining)
                 await self.room.until_drained(decision, drain_deadline)
         except ManagerError as exc:  # a worker deleted meanwhile, a stop that failed
-            slot.loading = None
             raise ModelUnavailable(f"{config} could not be started: {exc.message}") from exc
-        except BaseException:
-            slot.loading = None
-            raise
         finally:
             self.room.end_drains(draining)
+            if target is None:  # a wake that failed
+                slot.loading = None
         try:
             return await self._until_ready(target, placement, started)
         finally:

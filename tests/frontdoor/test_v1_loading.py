@@ -159,3 +159,10 @@ def test_a_start_that_fails_after_the_stream_began_ends_it_with_an_error_event(u
     with pytest.raises(openai.APIError, match="start_timeout_s|start timeout") as raised:
         list(client.completions.create(model="b", prompt="hi", max_tokens=1, stream=True, extra_headers=ASKS))
     assert not isinstance(raised.value, openai.APIStatusError)
+
+
+def test_the_openapi_document_declares_the_header_on_the_json_endpoints(door):
+    paths = door.get("/openapi.json").json()["paths"]
+    asked = [p["name"] for p in paths["/v1/chat/completions"]["post"].get("parameters", [])]
+    assert asked == ["X-Loading-Progress"]
+    assert not paths["/v1/audio/transcriptions"]["post"].get("parameters")
