@@ -55,6 +55,13 @@ def wait_gone(pid: int, what: str) -> None:
         time.sleep(0.2)
 
 
+def wait_until(check, what: str, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
 def leave_during_the_start(url: str, model: str, after_s: float) -> None:
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 2}, timeout=after_s)
@@ -67,9 +74,9 @@ def test_a_start_whose_client_left_is_stopped_and_the_request_waiting_for_anothe
     pid = engine_pid(manager, "tiny-b")
     leaving.join()
     wait_gone(pid, "the engine of a start nobody waits for kept running")
+    wait_until(lambda: workers(manager)["tiny-b"]["state"] == "stopped", "its worker did not end stopped")
     events = httpx.get(f"{manager}/api/events?limit=1000").json()
     assert "start of tiny-b cancelled: no request waits for it any more" in [e["message"] for e in events]
-    assert workers(manager)["tiny-b"]["state"] == "stopped"
 
     # With a request for tiny-c waiting for the GPU: it gets it once tiny-b's client has gone.
     answers: dict[str, httpx.Response] = {}
