@@ -456,16 +456,21 @@ class Scheduler:
         )
 
     async def _cancel(self, slot: Slot, view: WorkerView) -> None:
-        """Stop a load nobody waits for (through the supervisor, as any stop): its GPU goes to the next
-        request that waits for another model."""
-        assert slot.loading is not None
-        what = "start" if slot.loading.kind == "cold" else "wake"
-        slot.loading = None
-        why = f"{what} of {view.model} cancelled: no request waits for it any more"
-        try:
-            await self.room.stop(view, why, kind="cancelled")
-        except ManagerError as exc:
-            raise ModelUnavailable(f"{view.model}: its {what} could not be cancelled: {exc.message}") from exc
+        """Stop a load nobody waits for (through the supervisor, as any stop); LoadCancelled once it is
+        stopped. Under the room lock: the next request's start decides once the GPU is free, and a
+        request that came meanwhile keeps the load."""
+        async with self.room.lock:
+            view = self.workers.view(view.id)
+            load = slot.loading
+            if load is None or not self._nobody_waits(slot, view):
+                return
+            what = "start" if load.kind == "cold" else "wake"
+            slot.loading = None
+            why = f"{what} of {view.model} cancelled: no request waits for it any more"
+            try:
+                await self.room.stop(view, why, kind="cancelled")
+            except ManagerError as exc:
+                raise ModelUnavailable(f"{view.model}: its {what} could not be cancelled: {exc.message}") from exc
         raise LoadCancelled(why)
 
     def loading(self, config: str) -> str:
