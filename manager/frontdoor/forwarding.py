@@ -325,7 +325,8 @@ class Forwarding:
                 record(status if status >= 400 else 502, lease=lease)
                 yield progress.error_event(progress.engine_error(status, raw))
                 return
-            async for chunk in meter.watch(upstream.chunks()):
+            chunks = meter.watch(upstream.chunks()) if meter.readable(upstream.headers) else upstream.chunks()
+            async for chunk in chunks:
                 yield chunk
             record(status, meter.tokens, lease)
 

@@ -79,7 +79,9 @@ class LoadingStream(StreamingResponse):
     def __init__(
         self, body: AsyncIterator[bytes], on_close: Callable[[], None], headers: Mapping[str, str] | None
     ) -> None:
-        super().__init__(body, status_code=200, headers=headers, media_type="text/event-stream")
+        # Not held back by a buffering proxy (nginx reads X-Accel-Buffering), so its readers see the lines.
+        shown = {"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})}
+        super().__init__(body, status_code=200, headers=shown, media_type="text/event-stream")
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

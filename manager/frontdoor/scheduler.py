@@ -10,7 +10,10 @@ interactive keys before batch ones, the keys taking turns; each waits at most th
 turn at a ready model (504), a key may have only so many waiting (429), and one whose client leaves
 leaves the queue. A model that must be downloaded first is
 started without evicting anyone (its download holds no GPU, and may take minutes): room is made when
-the download is over and its engine is about to start (the supervisor asks, ``make_room_with``).
+the download is over and its engine is about to start (the supervisor asks, ``make_room_with``). A
+start or wake made here for requests that have all gone (their clients left) is stopped after
+``CANCEL_GRACE_S``, its GPU free for the next request; a start asked for elsewhere, and a download,
+are never cancelled.
 
 Each config's requests in flight and waiting, its last use and last swap are kept in ``slots``
 (``snapshot`` for the dashboard); ``upkeep`` unloads idle models and scales replicas with the load.
