@@ -36,3 +36,11 @@ def test_models_set_turns_loading_progress_on(tmp_path):
     done = _run(["models", "set", "a", "loading_progress=true"], data)
     assert done.returncode == 0, done.stderr
     assert json.loads(_run(["models", "show", "a"], data).stdout)["loading_progress"] is True
+
+
+def test_the_config_form_has_a_loading_progress_checkbox_that_is_stored(client):
+    page = client.get("/models/new").text
+    assert 'name="loading_progress"' in page and "proxies do not time them out" in page
+    form = {"name": "chat", "model": "org/chat", "loading_progress": "on"}
+    assert client.post("/ui/models/new", data=form).headers["HX-Redirect"] == "/models/chat"
+    assert client.get("/api/models/chat").json()["loading_progress"] is True
