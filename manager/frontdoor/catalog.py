@@ -1,5 +1,5 @@
 """What /v1 reads of the store on every request: the names that route to each model config, who may
-call (inference keys, admin token digests), and each config's max_concurrent. Each is read again only
+call (inference keys, admin token digests), and each config's max_concurrent and loading_progress. Each is read again only
 once something was committed to the store (by this process, another one or the CLI), not per request.
 """
 
@@ -24,6 +24,7 @@ class Catalog:
         self._names = ReadAfterCommits(self._commits, self._read_names)
         self._credentials = ReadAfterCommits(self._commits, self._read_credentials)
         self._max_concurrent = ReadAfterCommits(self._commits, self._read_max_concurrent)
+        self._loading_progress = ReadAfterCommits(self._commits, self._read_loading_progress)
 
     def close(self) -> None:
         self._commits.close()
@@ -51,6 +52,14 @@ class Catalog:
         with session(self.engine) as db:
             rows = db.exec(select(ModelConfig.name, ModelConfig.max_concurrent))
             return {name: limit for name, limit in rows if limit is not None}
+
+    def loading_progress(self, config: str) -> bool:
+        """Whether ``config``'s streamed requests get loading progress while they wait for it."""
+        return config in self._loading_progress.get()
+
+    def _read_loading_progress(self) -> frozenset[str]:
+        with session(self.engine) as db:
+            return frozenset(db.exec(select(ModelConfig.name).where(ModelConfig.loading_progress == True)))  # noqa: E712
 
     def _read_credentials(self) -> Credentials:
         with session(self.engine) as db:

@@ -129,6 +129,13 @@ class ModelDownloading(ModelUnavailable):
         return cls(progress.line(config) if progress is not None else f"downloading {config}", retry)
 
 
+class LoadCancelled(ModelUnavailable):
+    """A start or wake made for requests that have all gone (their clients left) was cancelled. A request
+    that joined it as it was being cancelled starts the model again rather than hearing this."""
+
+    code = "model_load_cancelled"
+
+
 class StartTimeout(FrontDoorError):
     status = 504
     type = "server_error"
@@ -147,3 +154,12 @@ class EngineUnreachable(FrontDoorError):
     status = 502
     type = "server_error"
     code = "engine_unreachable"
+
+
+class ClientLeft(FrontDoorError):
+    """The client went away while its request waited for its model. Nobody reads the answer: the status
+    (nginx's "client closed request") is for the metrics and the usage table alone."""
+
+    status = 499
+    type = "invalid_request_error"
+    code = "client_left"

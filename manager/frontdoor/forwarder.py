@@ -161,7 +161,13 @@ class ForwarderApp:
         self.leases = LeaseClient()
         self.upstream = Upstream()
         self.forwarding = Forwarding(
-            self.upstream, settings.proxy_max_body_bytes, self.catalog.resolve, self.leases, self.leases, self.leases
+            self.upstream,
+            settings.proxy_max_body_bytes,
+            self.catalog.resolve,
+            self.leases,
+            self.leases,
+            self.leases,
+            loading_progress=self.catalog.loading_progress,
         )
         self.relay = Relay(sockets.http)
         self.handlers = {

@@ -10,16 +10,18 @@ and the limits, here or there). A request of a key without limits is not admitte
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from starlette.requests import Request
+from starlette.responses import Response
 
-from manager.frontdoor import names, proxy
+from manager.frontdoor import names, progress, proxy
 from manager.frontdoor.access import ANYONE, Caller
-from manager.frontdoor.errors import EngineUnreachable, FrontDoorError, QueueFull
+from manager.frontdoor.errors import ClientLeft, EngineUnreachable, FrontDoorError, QueueFull
 from manager.frontdoor.metering import Meter, Tokens, stream_options_to_send
 from manager.frontdoor.replica_choice import affinity_of
 from manager.frontdoor.upstream import EngineAnswer, Upstream
@@ -53,6 +55,10 @@ class LeaseSource(Protocol):
 
     def adapter_missing(self, lease: Held, adapter: str) -> None:
         """The engine answered 404 for ``adapter`` (unloaded by hand): load it again next time."""
+        ...
+
+    async def loading(self, config: str) -> str:
+        """What a request waiting for ``config`` waits for, in a few words ('loading qwen3-30b 42 %')."""
         ...
 
 
@@ -105,7 +111,10 @@ class Forwarding:
         leases: LeaseSource,
         tally: Tally,
         admissions: Admissions,
+        # Whether a model config has loading progress on for its streamed requests (its loading_progress).
+        loading_progress: Callable[[str], bool] = lambda config: False,
     ) -> None:
+        self.loading_progress = loading_progress
         self.upstream = upstream
         self.max_body_bytes = max_body_bytes
         self.resolve = resolve
@@ -113,7 +122,7 @@ class Forwarding:
         self.tally = tally
         self.admissions = admissions
 
-    async def forward_json(self, request: Request, path: str, caller: Caller) -> proxy.UpstreamResponse:
+    async def forward_json(self, request: Request, path: str, caller: Caller) -> Response:
         added = proxy.AddedTime()
         config: str | None = None
         rate_headers: dict[str, str] | None = None
@@ -138,8 +147,9 @@ class Forwarding:
             def encoded() -> tuple[bytes, str]:
                 return forwarded, content_type
 
+            shows_progress = progress.wanted(request, payload, self.loading_progress(target.config))
             return await self._forward(
-                request, path, target, encoded, caller, meter, added, rate_headers, affinity_of(payload)
+                request, path, target, encoded, caller, meter, added, rate_headers, affinity_of(payload), shows_progress
             )
         except FrontDoorError as exc:
             self._refused(caller, config, exc, rate_headers is not None)
@@ -149,7 +159,7 @@ class Forwarding:
                 self.admissions.let_go(caller.key_id)
             raise
 
-    async def forward_multipart(self, request: Request, path: str, caller: Caller) -> proxy.UpstreamResponse:
+    async def forward_multipart(self, request: Request, path: str, caller: Caller) -> Response:
         added = proxy.AddedTime()
         config: str | None = None
         rate_headers: dict[str, str] | None = None
@@ -189,8 +199,16 @@ class Forwarding:
         added: proxy.AddedTime,
         rate_headers: dict[str, str] | None,  # None: not admitted (its key has no limits)
         affinity: str | None = None,
-    ) -> proxy.UpstreamResponse:
-        lease, upstream = await self._send(request, path, target, encoded, added, affinity, caller)
+        shows_progress: bool = False,
+    ) -> Response:
+        if shows_progress:
+            sending = asyncio.ensure_future(self._send(request, path, target, encoded, added, affinity, caller))
+            await asyncio.wait({sending}, timeout=progress.FIRST_AFTER_S)
+            if not sending.done():
+                return self._while_loading(sending, target, caller, meter, added, rate_headers)
+            lease, upstream = sending.result()
+        else:
+            lease, upstream = await self._send(request, path, target, encoded, added, affinity, caller)
         try:
             status = upstream.status_code
             if target.adapter and status == 404:
@@ -231,7 +249,9 @@ class Forwarding:
         unanswered: EngineUnreachable | None = None
         while True:
             asked = time.perf_counter()
-            lease = await self.leases.acquire(target.config, target.adapter, affinity, avoid, caller)
+            lease = await proxy.unless_client_leaves(
+                request, self.leases.acquire(target.config, target.adapter, affinity, avoid, caller)
+            )
             if lease.queued:
                 added.waited += time.perf_counter() - asked
             if unanswered is not None and lease.worker_id in avoid:  # no other replica is ready
@@ -261,3 +281,63 @@ class Forwarding:
                 lease.release()
                 raise
             return lease, upstream
+
+    def _while_loading(
+        self,
+        sending: asyncio.Task[tuple[Held, EngineAnswer]],
+        target: names.Target,
+        caller: Caller,
+        meter: Meter,
+        added: proxy.AddedTime,
+        rate_headers: dict[str, str] | None,
+    ) -> progress.LoadingStream:
+        """The answer of a streamed request that asked for loading progress and waits for its model
+        (``manager.frontdoor.progress``): comments while it waits, then the engine's events."""
+        admitted = rate_headers is not None
+        got: list[tuple[Held, EngineAnswer]] = []
+        recorded = False
+
+        def record(status: int, tokens: Tokens | None = None, lease: Held | None = None) -> None:
+            nonlocal recorded
+            if not recorded:
+                recorded = True
+                added_s = added.before_engine() if lease is not None else None
+                outcome = Outcome(caller.key_id, target.config, status, tokens, added_s, caller.key_name, admitted)
+                self.tally.record(outcome, lease)
+
+        async def body() -> AsyncIterator[bytes]:
+            async for line in progress.comments(sending, lambda: self.leases.loading(target.config)):
+                yield line
+            try:
+                lease, upstream = sending.result()
+            except FrontDoorError as exc:
+                record(exc.status)
+                yield progress.error_event(exc.body())
+                return
+            got.append((lease, upstream))
+            status = upstream.status_code
+            if status >= 400 or not upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                raw = b""
+                async for chunk in upstream.chunks():
+                    raw += chunk
+                    if len(raw) > progress.ERROR_BODY_LIMIT:
+                        break
+                record(status if status >= 400 else 502, lease=lease)
+                yield progress.error_event(progress.engine_error(status, raw))
+                return
+            chunks = meter.watch(upstream.chunks()) if meter.readable(upstream.headers) else upstream.chunks()
+            async for chunk in chunks:
+                yield chunk
+            record(status, meter.tokens, lease)
+
+        def closed() -> None:
+            if not sending.done():
+                sending.cancel()  # the client left while it waited: it leaves the queue
+            elif not got and not sending.cancelled() and sending.exception() is None:
+                got.append(sending.result())  # served just as the client left
+            for lease, upstream in got:
+                upstream.close()
+                record(upstream.status_code, meter.tokens if upstream.status_code < 400 else None, lease)
+            record(ClientLeft.status)
+
+        return progress.LoadingStream(body(), closed, rate_headers)

@@ -24,11 +24,12 @@ import psutil
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 from starlette.requests import Request
+from starlette.responses import Response
 
 from manager.cluster.nodes import NodeState
 from manager.db import session
 from manager.errors import Conflict, Invalid, ManagerError
-from manager.frontdoor import names, proxy
+from manager.frontdoor import names
 from manager.frontdoor.access import ANYONE, Caller
 from manager.frontdoor.catalog import Catalog
 from manager.frontdoor.errors import ModelUnavailable, OverKeyLimit
@@ -155,7 +156,13 @@ class FrontDoor:
         self._adapter_locks: dict[tuple[int, str], asyncio.Lock] = {}
         self.limiter = Limiter(usage.tokens_since)
         self.forwarding = Forwarding(
-            self.upstream, settings.proxy_max_body_bytes, self.catalog.resolve, leases=self, tally=self, admissions=self
+            self.upstream,
+            settings.proxy_max_body_bytes,
+            self.catalog.resolve,
+            leases=self,
+            tally=self,
+            admissions=self,
+            loading_progress=self.catalog.loading_progress,
         )
 
     def start(self) -> None:
@@ -241,10 +248,10 @@ class FrontDoor:
         return self.catalog.resolve(requested, caller)
 
     # ---- forwarding -----------------------------------------------------------------------------------
-    async def forward_json(self, request: Request, path: str, caller: Caller = ANYONE) -> proxy.UpstreamResponse:
+    async def forward_json(self, request: Request, path: str, caller: Caller = ANYONE) -> Response:
         return await self.forwarding.forward_json(request, path, caller)
 
-    async def forward_multipart(self, request: Request, path: str, caller: Caller = ANYONE) -> proxy.UpstreamResponse:
+    async def forward_multipart(self, request: Request, path: str, caller: Caller = ANYONE) -> Response:
         return await self.forwarding.forward_multipart(request, path, caller)
 
     # ---- leases, and what each request is counted as (LeaseSource and Tally, for this process and the
@@ -269,6 +276,9 @@ class FrontDoor:
                 lease.release()
                 raise
         return lease
+
+    async def loading(self, config: str) -> str:
+        return self.scheduler.loading(config)
 
     def adapter_missing(self, lease: Held, adapter: str) -> None:
         assert isinstance(lease, Lease)

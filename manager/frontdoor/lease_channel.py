@@ -13,10 +13,13 @@ One JSON object per line, each way. A forwarder sends
   {"op": "admit", "id": N, "key": K, "name": NAME, "limits": [RPM, TPM, CONCURRENT, BUDGET, PERIOD], "asked": T}
   {"op": "let_go", "key": K}
   {"op": "adapter_missing", "lease": L, "adapter": A}
+  {"op": "give_up", "id": N}   (the client of acquire N left while it waited: it leaves the queue here too)
+  {"op": "loading", "id": N, "config": C}   (what a request waiting for C waits for: loading progress)
   {"op": "wrong_token", "kind": K, "address": A}
 and the manager answers an acquire with
   {"id": N, "lease": L, "port": P, "address": H, "queued": B, "engine_key": K|null}
   or   {"id": N, "refused": {"status", "body", "headers"}}
+a loading with {"id": N, "loading": TEXT},
 and an admit (a request of a key with limits, counted here so that a limit is one for all processes) with
   {"id": N, "headers": {...}}   or   {"id": N, "refused": {...}}
 (the engine's API key passes here: the socket lives in the manager's private run folder)
@@ -112,7 +115,7 @@ class LeaseServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         held: dict[int, Held] = {}
         in_flight: dict[int, int] = {}  # admitted requests per key, given back if the forwarder goes away
-        asking: set[asyncio.Task[None]] = set()
+        asking: dict[int, asyncio.Task[None]] = {}  # the acquires waiting, by the forwarder's id
         self._writers.add(writer)
         try:
             while line := await reader.readline():
@@ -120,8 +123,15 @@ class LeaseServer:
                 op = message.get("op")
                 if op == "acquire":
                     task = asyncio.create_task(self._acquire(message, held, writer))
-                    asking.add(task)
-                    task.add_done_callback(asking.discard)
+                    asking[message["id"]] = task
+                    task.add_done_callback(functools.partial(_forget, asking, message["id"]))
+                elif op == "give_up":
+                    given_up = asking.pop(message["id"], None)
+                    if given_up is not None:
+                        given_up.cancel()
+                elif op == "loading":
+                    waits_for = await self.door.loading(str(message["config"]))
+                    writer.write(_line({"id": message["id"], "loading": waits_for}))
                 elif op == "release":
                     lease = held.pop(message["lease"], None)
                     if lease is not None:
@@ -153,7 +163,7 @@ class LeaseServer:
         except (ConnectionError, ValueError, KeyError, TypeError) as exc:
             log.warning("a forwarder's lease channel failed (%s): its leases are given back", exc)
         finally:
-            for task in asking:
+            for task in list(asking.values()):
                 task.cancel()
             for lease in held.values():
                 lease.release()
@@ -212,6 +222,10 @@ class LeaseServer:
             }
         if not writer.is_closing():
             writer.write(_line(answer))
+
+
+def _forget(asking: dict[int, asyncio.Task[None]], asked: int, _: asyncio.Task[None]) -> None:
+    asking.pop(asked, None)
 
 
 def _landed(in_flight: dict[int, int], key_id: int) -> bool:
@@ -404,12 +418,15 @@ class LeaseClient:
         except ChannelLost:
             raise ModelUnavailable("the manager's main process stopped answering this forwarder; retry") from None
         except asyncio.CancelledError:
-            # The client left. An answer still to come finds no one asking, and its lease is given back
-            # (``_read``); one that came just now is given back here.
+            # The client left: the manager's process stops waiting for it too (its queue, and a load
+            # made for it alone). An answer still to come finds no one asking, and its lease is given
+            # back (``_read``); one that came just now is given back here.
             if answer_of.done() and not answer_of.cancelled() and answer_of.exception() is None:
                 given = answer_of.result().get("lease")
                 if given is not None:
                     self.send({"op": "release", "lease": given})
+            else:
+                self.send({"op": "give_up", "id": number})
             raise
         refused = answer.get("refused")
         if refused is not None:
@@ -423,6 +440,19 @@ class LeaseClient:
             self,
             answer.get("engine_key"),
         )
+
+    async def loading(self, config: str) -> str:
+        if self.lost.is_set():
+            return f"waiting for {config}"
+        number = next(self._numbers)
+        answer_of: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._asked[number] = answer_of
+        self.send({"op": "loading", "id": number, "config": config})
+        try:
+            answer = await answer_of
+        except ChannelLost:
+            return f"waiting for {config}"
+        return str(answer.get("loading") or f"waiting for {config}")
 
     def adapter_missing(self, lease: Held, adapter: str) -> None:
         assert isinstance(lease, RemoteLease)

@@ -14,11 +14,12 @@ nothing per chunk.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import httpx
@@ -26,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from manager.frontdoor.errors import BadRequest, EngineUnreachable, TooLarge
+from manager.frontdoor.errors import BadRequest, ClientLeft, EngineUnreachable, TooLarge
 from manager.frontdoor.upstream import EngineAnswer, Upstream, UpstreamError
 from manager.launch.engine_key import bearer
 
@@ -36,6 +37,8 @@ from manager.launch.engine_key import bearer
 FORWARD_HEADERS = ("content-type", "accept", "x-request-id")
 # Engine headers the client sees; length and framing are the manager's own (it streams).
 RETURN_HEADERS = ("content-type", "content-encoding", "x-request-id", "cache-control")
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -194,6 +197,38 @@ def _replay(body: bytes) -> Receive:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return receive
+
+
+async def until_client_leaves(request: Request) -> None:
+    """Returns once the client has gone. Its body has been read by then: nothing else comes but that."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_client_leaves(request: Request, waiting: Awaitable[T]) -> T:
+    """``waiting``'s result; when the client goes first, ``waiting`` is cancelled (a request waiting for
+    its model leaves the queue, and a load nobody waits for any more can be cancelled) and ClientLeft
+    is raised. Without this a request whose client left would wait on until its model was ready."""
+    waiter = asyncio.current_task()
+    assert waiter is not None
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
+        await until_client_leaves(request)
+        left = True
+        waiter.cancel()
+
+    # Only one task more, usually cancelled before it ever runs (the model is ready): this is the hot path.
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await waiting
+    except asyncio.CancelledError:
+        if left and waiter.uncancel() == 0:
+            raise ClientLeft("the client went away while its request waited for its model") from None
+        raise
+    finally:
+        watcher.cancel()
 
 
 async def send_upstream(

@@ -10,7 +10,10 @@ interactive keys before batch ones, the keys taking turns; each waits at most th
 turn at a ready model (504), a key may have only so many waiting (429), and one whose client leaves
 leaves the queue. A model that must be downloaded first is
 started without evicting anyone (its download holds no GPU, and may take minutes): room is made when
-the download is over and its engine is about to start (the supervisor asks, ``make_room_with``).
+the download is over and its engine is about to start (the supervisor asks, ``make_room_with``). A
+start or wake made here for requests that have all gone (their clients left) is stopped after
+``CANCEL_GRACE_S``, its GPU free for the next request; a start asked for elsewhere, and a download,
+are never cancelled.
 
 Each config's requests in flight and waiting, its last use and last swap are kept in ``slots``
 (``snapshot`` for the dashboard); ``upkeep`` unloads idle models and scales replicas with the load.
@@ -21,25 +24,39 @@ commands, which hand them to the worker's runner and its state machine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from manager.errors import ManagerError
-from manager.frontdoor.errors import ModelDownloading, ModelUnavailable, QueueFull, QueueTimeout, StartTimeout
+from manager.frontdoor import loading
+from manager.frontdoor.errors import (
+    LoadCancelled,
+    ModelDownloading,
+    ModelUnavailable,
+    QueueFull,
+    QueueTimeout,
+    StartTimeout,
+)
 from manager.frontdoor.metrics import FrontDoorMetrics
 from manager.frontdoor.placements import Placement
 from manager.frontdoor.replica_scale import Add, Remove
 from manager.frontdoor.replicas import Replicas
 from manager.frontdoor.room import Room
-from manager.frontdoor.slots import Leaving, Slot, Slots, Swap, SwapKind
+from manager.frontdoor.slots import Leaving, Loading, Slot, Slots, Swap, SwapKind
 from manager.frontdoor.upkeep import Upkeep
 from manager.frontdoor.workers import CURRENT, Workers
 from manager.placement import MakeRoom, Place
 from manager.schemas.usage import NO_KEY
 from manager.supervisor.view import WorkerView
 from manager.supervisor.worker_state import State
+
+# How long a start or wake the front door made for requests runs on once none of them waits any more,
+# before it is cancelled: a client that gave up and retries at once (a reconnecting client, a proxy's
+# retry) finds it still under way rather than stopped and started again from nothing.
+CANCEL_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +67,7 @@ class SchedulerOptions:
     retry_after_s: int = 5
     drain_timeout_s: float = 60.0  # how long a swap waits for busy workers to finish, then 503
     poll_s: float = 0.2  # how often a start is checked for readiness
+    cancel_grace_s: float = CANCEL_GRACE_S
     idle_check_s: float = 5.0
 
 
@@ -181,7 +199,8 @@ class Scheduler:
                         slot.start.add_done_callback(_retrieve)
                     slot.joined.add(ticket)
                     # Shielded: a waiter that gives up (its client left) must not cancel the start for the others.
-                    await asyncio.shield(slot.start)
+                    with contextlib.suppress(LoadCancelled):  # joined as it was cancelled: it starts again
+                        await asyncio.shield(slot.start)
                     continue
                 # Its model is ready: it waits for the requests ahead of it, or for a place among max_concurrent.
                 if deadline is None:
@@ -299,6 +318,7 @@ class Scheduler:
         drain_deadline = started + self.options.drain_timeout_s
         draining: dict[str, Leaving] = {}  # models this start asked to drain: their new requests wait
         slot = self.slots.of(config)
+        target: WorkerView | None = None
         try:
             # A stop asked for elsewhere (the API) is let finish: its worker is then started again.
             while any(v.model == config and v.state == State.STOPPING for v in self.workers.views()):
@@ -319,10 +339,12 @@ class Scheduler:
                         if isinstance(decision, MakeRoom):
                             await self.room.evict(decision, f"to make room for {config}")
                         if current is not None and current.state == State.SLEEPING:
+                            slot.loading = Loading("wake", current.id, started)
                             target = await self._wake(current, started)
                         else:
                             slot.room_at_launch = False  # made now
                             target = await self.room.start(config, current)
+                            slot.loading = Loading("cold", target.id, started)
                         break
                     self.room.drain(decision, draining)
                 drain_deadline = await self.room.until_drained(decision, drain_deadline)
@@ -330,7 +352,12 @@ class Scheduler:
             raise ModelUnavailable(f"{config} could not be started: {exc.message}") from exc
         finally:
             self.room.end_drains(draining)
-        return await self._until_ready(target, placement, started)
+            if target is None:  # a wake that failed
+                slot.loading = None
+        try:
+            return await self._until_ready(target, placement, started)
+        finally:
+            slot.loading = None
 
     async def _download_first(self, placement: Placement) -> WorkerView | None:
         """Start a config whose model must be downloaded first without evicting anyone: the download holds
@@ -374,6 +401,8 @@ class Scheduler:
         # by the worker) is not part of it.
         deadline: float | None = None if target.state == State.DOWNLOADING else started + placement.start_timeout_s
         config = placement.config
+        slot = self.slots.of(config)
+        alone_since: float | None = None  # since when no request waits for a load made for requests
         while True:
             try:
                 view = self.workers.view(target.id)
@@ -401,6 +430,12 @@ class Scheduler:
             if view.state not in (State.STARTING, State.WAKING) and not late:
                 reason = view.last_error or f"its worker is {view.state.value}"
                 raise ModelUnavailable(f"{config} failed to start: {reason}")
+            if self._nobody_waits(slot, view):
+                alone_since = self._clock() if alone_since is None else alone_since
+                if self._clock() - alone_since >= self.options.cancel_grace_s:
+                    await self._cancel(slot, view)
+            else:
+                alone_since = None
             if late:
                 # The worker's own start deadline counts from its launch, a moment after this one: by
                 # the time this sees it, the worker may already have been failed for the same reason.
@@ -410,6 +445,42 @@ class Scheduler:
                     f"({now or 'no log line yet'}). Retry later, or raise start_timeout_s in its model config"
                 )
             await asyncio.sleep(self.options.poll_s)
+
+    def _nobody_waits(self, slot: Slot, view: WorkerView) -> bool:
+        """The start or wake of ``view`` was made for requests (not asked by an admin, not a download),
+        is still under way, and none of them waits for it any more."""
+        load = slot.loading
+        return (
+            load is not None
+            and load.worker_id == view.id
+            and view.state in (State.STARTING, State.WAKING)
+            and slot.queued == 0
+            and slot.in_flight == 0
+        )
+
+    async def _cancel(self, slot: Slot, view: WorkerView) -> None:
+        """Stop a load nobody waits for (through the supervisor, as any stop); LoadCancelled once it is
+        stopped. Under the room lock: the next request's start decides once the GPU is free, and a
+        request that came meanwhile keeps the load."""
+        async with self.room.lock:
+            view = self.workers.view(view.id)
+            load = slot.loading
+            if load is None or not self._nobody_waits(slot, view):
+                return
+            what = "start" if load.kind == "cold" else "wake"
+            slot.loading = None
+            why = f"{what} of {view.model} cancelled: no request waits for it any more"
+            try:
+                await self.room.stop(view, why, kind="cancelled")
+            except ManagerError as exc:
+                raise ModelUnavailable(f"{view.model}: its {what} could not be cancelled: {exc.message}") from exc
+        raise LoadCancelled(why)
+
+    def loading(self, config: str) -> str:
+        """What a request waiting for ``config`` waits for, in a few words (``loading.line``)."""
+        slot = self.slots.of(config)
+        view = self._current_worker(config)
+        return loading.line(config, view, slot.loading, slot.swap_s, self._clock())
 
     # ---- idle unload and replicas -------------------------------------------------------------------
     def start(self) -> None:

@@ -31,6 +31,16 @@ class Swap:
     ended_at: float  # on the scheduler's clock
 
 
+@dataclass(frozen=True)
+class Loading:
+    """A start or wake the front door made itself for the requests waiting for it (never one an admin
+    asked for): the one load it may cancel when they have all gone."""
+
+    kind: SwapKind
+    worker_id: int
+    since: float  # when serving it was decided, on the scheduler's clock (as a Swap's seconds count)
+
+
 @dataclass
 class Leaving:
     """A model being stopped (or drained before a stop): its new requests wait until this is done."""
@@ -55,6 +65,7 @@ class Slot:
     leaving: Leaving | None = None
     last_swap: Swap | None = None
     swap_s: dict[SwapKind, float] = field(default_factory=dict)  # the last measured swap of each kind
+    loading: Loading | None = None  # the start or wake under way that the front door made for requests
     # Started for requests while its model downloads, without evicting anyone: room for it is made
     # when its engine is about to start.
     room_at_launch: bool = False

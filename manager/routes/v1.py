@@ -67,6 +67,16 @@ ENGINE_ANSWER: dict[int | str, dict[str, Any]] = {
         "content": {"application/json": {"schema": {}}, "text/event-stream": {"schema": SERVER_SENT_EVENT}},
     }
 }
+# Asked for per request (manager.frontdoor.progress); not sent on, the engine never sees it.
+LOADING_PROGRESS = {
+    "name": "X-Loading-Progress",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "enum": ["1", "0"]},
+    "description": "1: a streamed request that waits for its model's start, wake or download gets SSE comment "
+    "lines with the progress (': loading NAME 42 %') until its first chunk; 0: none, even where its model "
+    "config's loading_progress is on. Without it: as the model config says",
+}
 FORWARD_ERRORS = openai_errors(400, 401, 403, 404, 413, 429, 502, 503, 504)
 
 
@@ -90,9 +100,9 @@ def _multipart_route(path: str):
     return forward
 
 
-for _paths, _make_route, _body in (
-    (JSON_ENDPOINTS, _json_route, JSON_BODY),
-    (MULTIPART_ENDPOINTS, _multipart_route, MULTIPART_BODY),
+for _paths, _make_route, _body, _headers in (
+    (JSON_ENDPOINTS, _json_route, JSON_BODY, [LOADING_PROGRESS]),
+    (MULTIPART_ENDPOINTS, _multipart_route, MULTIPART_BODY, []),
 ):
     for _path in _paths:
         router.add_api_route(
@@ -101,7 +111,7 @@ for _paths, _make_route, _body in (
             methods=["POST"],
             summary=f"Forwarded to the model's {_path}",
             responses={**ENGINE_ANSWER, **FORWARD_ERRORS},
-            openapi_extra={"requestBody": _body},
+            openapi_extra={"requestBody": _body, **({"parameters": _headers} if _headers else {})},
             route_class_override=ForwardRoute,
         )
 

@@ -164,6 +164,13 @@ class ModelConfigFields(SQLModel):
         "GPU then take turns in batches instead of swapping on every request. 0: off. Empty: its last swap-in "
         "time plus 5 seconds",
     )
+    loading_progress: bool = Field(
+        default=False,
+        description="A streamed /v1 request that waits for this model (its start, wake or download) gets SSE "
+        "comment lines with the progress (': loading NAME 42 %') until its first chunk, which OpenAI clients "
+        "skip and which keep proxies from timing it out. A request may ask for them itself with the header "
+        "X-Loading-Progress: 1 (0 turns them off)",
+    )
     sleep_level: int | None = Field(
         default=None,
         ge=1,

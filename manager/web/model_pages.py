@@ -60,6 +60,8 @@ HELP = {
     "taking turns between keys; empty: no limit",
     "min_residency_s": "once swapped in for /v1, stay this many seconds before a model sharing its GPUs may "
     "evict it, unless idle; 0: off; empty: its last swap-in time + 5 s",
+    "loading_progress": "streamed /v1 requests that wait for its start get progress lines (SSE comments) "
+    "until the first chunk, so proxies do not time them out",
 }
 TEXTAREAS = {"extra_args", "env", "description"}
 

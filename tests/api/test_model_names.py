@@ -126,14 +126,15 @@ def test_migration_adds_the_fields_to_stored_configs(tmp_path):
             _load("0011_replicas").upgrade()  # and its replicas
             _load("0014_max_concurrent").upgrade()  # and its limit on requests at once
             _load("0015_min_residency").upgrade()  # and how long a swap keeps it in
+            _load("0016_loading_progress").upgrade()  # and its loading progress for streams
         row = conn.execute(
             text(
                 "SELECT aliases, idle_timeout_s, persistent, sleep_level, node, download_timeout_s, wait_for_download, "
                 "replicas, min_replicas, max_replicas, scale_up_after_s, scale_down_after_s, max_concurrent, "
-                "min_residency_s FROM model_config"
+                "min_residency_s, loading_progress FROM model_config"
             )
         ).one()
-        assert tuple(row) == ("[]", None, 0, None, None, None, 0, 1, None, None, 10, 300, None, None)
+        assert tuple(row) == ("[]", None, 0, None, None, None, 0, 1, None, None, 10, 300, None, None, 0)
         columns = {c["name"] for c in inspect(conn).get_columns("model_config")}
         assert {"aliases", "idle_timeout_s", "persistent", "sleep_level"} <= columns
         # The table now matches the schema the code uses (other tables come from other revisions).
