@@ -26,6 +26,12 @@ pytestmark = pytest.mark.engine
 
 
 class Served(LiveManager):
+    def start(self, timeout: float = 60.0) -> None:
+        """Started once every forwarder listens: the manager answers once one does, the others may still start."""
+        super().start(timeout)
+        count = int(self.env["VLLM_MANAGER_FORWARDERS"])
+        wait_for(lambda: len(self.forwarders()) == count, 60, f"{count} forwarders did not listen: see {self.log_path}")
+
     def forwarders(self) -> list[psutil.Process]:
         """The processes that listen on the manager's port (the manager's own holds it, and does not)."""
         assert self.proc is not None
@@ -62,8 +68,7 @@ def served(tmp_path_factory, tiny_llama) -> Iterator[Served]:
         env = {"VLLM_MANAGER_FORWARDERS": "2", "VLLM_MANAGER_WORKER_PORTS": "18400-18499"}
         server = Served(work / "data", work / "manager.log", env)
         try:
-            server.start()  # it answers once one forwarder listens; the other may still be starting
-            wait_for(lambda: len(server.forwarders()) == 2, 60, f"two forwarders did not listen: see {server.log_path}")
+            server.start()
             body = tiny_config("tiny-a", tiny_llama, aliases=["tiny-a-alias"], max_model_len=4096)
             assert httpx.post(f"{server.url}/api/models", json=body).status_code == 201
             yield server

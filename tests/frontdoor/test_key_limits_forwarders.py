@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.frontdoor.test_engine_forwarders import Served, wait_for
+from tests.frontdoor.test_engine_forwarders import Served
 from tests.frontdoor.test_keys_v1 import bearer
 from tests.support.engine import tiny_config
 
@@ -24,7 +24,6 @@ def served(tmp_path, stand_in_python, tiny_llama) -> Iterator[Served]:
     server = Served(tmp_path / "data", tmp_path / "manager.log", env)
     try:
         server.start()
-        wait_for(lambda: len(server.forwarders()) == 2, 60, f"two forwarders did not listen: see {server.log_path}")
         body = tiny_config("a", tiny_llama, start_timeout_s=60)
         assert httpx.post(f"{server.url}/api/models", json=body).status_code == 201
         yield server
