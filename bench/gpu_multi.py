@@ -40,8 +40,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the manager package, without PYTHONPATH
+from gpu_e2e import make_model
 from gpu_planner import make_model as fixture_model
-from gpu_planner import read_engine
+from gpu_planner import plan_for, read_engine, run_engine
 
 GiB = 1024**3
 PLUGIN_LINE = re.compile(r"offload_patches active in pid (\d+) \(([^)]*)\)")
@@ -62,20 +63,11 @@ SMALL: dict[str, Any] = dict(
     rope_theta=10000.0,
     rms_norm_eps=1e-5,
     tie_word_embeddings=False,
-    torch_dtype="bfloat16",
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=3,
 )
 
 
 def small_model(folder: Path) -> Path:
-    from manager.tiny_model import _save_tokenizer
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(SMALL, indent=1))
-    _save_tokenizer(folder, SMALL["vocab_size"])
-    return folder
+    return make_model(folder, SMALL)
 
 
 def fp8_model(folder: Path, name: str) -> Path:
@@ -342,54 +334,15 @@ def case_planner_tp2(run: Run, work: Path, args: argparse.Namespace) -> None:
 
 
 def planner_case(folder: Path, work: Path, eager: bool, timeout: float, utilization: float = 0.9) -> dict:
-    from manager.planner import PlanRequest, make_plan
-
     max_len = 4096
-    fields: dict[str, Any] = dict(
-        model=str(folder),
-        dtype="bfloat16",
-        max_model_len=max_len,
-        gpu_memory_utilization=utilization,
-        gpu="detected",
-        tensor_parallel_size=2,
-        enforce_eager=eager,
-    )
     case: dict[str, Any] = {"utilization": utilization, "max_model_len": max_len}
     try:
-        plan = make_plan(PlanRequest(**fields))
-        case["plan"] = {
-            "kv_cache_tokens": plan.kv_cache_tokens,
-            "kv_budget_gib": round(plan.kv_budget_bytes / GiB, 3),
-            "overhead_gib": plan.line("overhead").value,
-            "weights_gib": plan.line("weights_on_device").value,
-            "usable_gib": plan.line("usable").value,
-        }
+        case["plan"] = plan_for(folder, utilization, max_len, eager, tensor_parallel_size=2)
     except Exception as exc:  # a plan that fails is a finding too
         case["plan"] = {"error": f"{type(exc).__name__}: {exc}"}
-    argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-        "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", str(max_len),
-        "--gpu-memory-utilization", str(utilization), "--tensor-parallel-size", "2", "--port", "8399",
-    ] + (["--enforce-eager"] if eager else [])  # fmt: skip
     log_path = work / f"{folder.name}-{'eager' if eager else 'graphs'}.log"
     started = time.perf_counter()
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_LOGGING_LEVEL": "DEBUG"},
-            start_new_session=True,
-        )  # fmt: skip
-    try:
-        while time.perf_counter() - started < timeout and proc.poll() is None:
-            if "KV cache size:" in log_path.read_text(errors="replace"):
-                time.sleep(1)
-                break
-            time.sleep(0.5)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        time.sleep(4)  # both ranks' memory released
-    text = log_path.read_text(errors="replace")
+    text = run_engine(folder, log_path, utilization, max_len, eager, timeout, tensor_parallel_size=2)
     case["engine"] = {**read_engine(text), **engine_facts(text)}
     case["engine"].pop("plugin_processes", None)
     case["seconds"] = round(time.perf_counter() - started, 1)

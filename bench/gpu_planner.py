@@ -68,11 +68,18 @@ def make_model(folder: Path, name: str) -> Path:
     return folder
 
 
-def plan_for(folder: Path, utilization: float, max_len: int, eager: bool) -> dict[str, Any]:
+def plan_for(
+    folder: Path, utilization: float, max_len: int, eager: bool, tensor_parallel_size: int = 1
+) -> dict[str, Any]:
     from manager.planner import PlanRequest, make_plan
 
     fields: dict[str, Any] = dict(
-        model=str(folder), dtype="bfloat16", max_model_len=max_len, gpu_memory_utilization=utilization, gpu="detected"
+        model=str(folder),
+        dtype="bfloat16",
+        max_model_len=max_len,
+        gpu_memory_utilization=utilization,
+        gpu="detected",
+        tensor_parallel_size=tensor_parallel_size,
     )
     if "enforce_eager" in PlanRequest.model_fields:
         fields["enforce_eager"] = eager
@@ -86,7 +93,15 @@ def plan_for(folder: Path, utilization: float, max_len: int, eager: bool) -> dic
     }
 
 
-def run_engine(folder: Path, log_path: Path, utilization: float, max_len: int, eager: bool, timeout: float) -> str:
+def run_engine(
+    folder: Path,
+    log_path: Path,
+    utilization: float,
+    max_len: int,
+    eager: bool,
+    timeout: float,
+    tensor_parallel_size: int = 1,
+) -> str:
     argv = [
         sys.executable,
         "-m",
@@ -104,6 +119,8 @@ def run_engine(folder: Path, log_path: Path, utilization: float, max_len: int, e
         "--port",
         "8399",
     ] + (["--enforce-eager"] if eager else [])
+    if tensor_parallel_size > 1:
+        argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "DEBUG"}
     with log_path.open("w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -119,7 +136,9 @@ def run_engine(folder: Path, log_path: Path, utilization: float, max_len: int, e
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
-        time.sleep(3)  # the GPU memory of the killed engine is released
+        time.sleep(
+            3 if tensor_parallel_size == 1 else 4
+        )  # the GPU memory of the killed engine (every rank) is released
     return log_path.read_text(errors="replace")
 
 
