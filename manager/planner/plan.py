@@ -82,13 +82,16 @@ def _ways_out(req: PlanRequest, model: _Model, gpu: GPU | None, host: HostMemory
 
     def add(key: str, change: str, why: str, **update: Any) -> None:
         s = _side(req, model, gpu, host, **update)
+        # A change that gives the KV cache room may still ask more of the host than it has (expert
+        # offload pins every expert in RAM): it fits only when the host holds it too.
+        _, host_short, _ = _host_lines(req.model_copy(update=update), model, host, s, 0)
         ways.append(
             WayOut(
                 key=key,
                 change=change,
                 max_context=s.capacity.max_context,
                 kv_cache_tokens=s.capacity.kv_cache_tokens,
-                fits=s.kv_budget_bytes > 0 and s.capacity.max_context >= L,
+                fits=s.kv_budget_bytes > 0 and s.capacity.max_context >= L and not host_short,
                 explanation=why,
             )
         )
@@ -138,6 +141,14 @@ def _ways_out(req: PlanRequest, model: _Model, gpu: GPU | None, host: HostMemory
                 "every forward pass: slower decode",
                 cpu_offload_gb=req.cpu_offload_gb + extra,
             )
+    if req.sleep_pool and _host_lines(req, model, host, side, 0)[1]:  # only where the host is short
+        add(
+            "sleep_level_2",
+            "sleep_level 2",
+            "a sleep then keeps nothing in host RAM, so no sleep pool is taken at start; a wake reloads the "
+            "weights from disk instead of copying them back",
+            sleep_pool=False,
+        )
     at_once = int(side.capacity.max_concurrency)
     if 0 < at_once < side.assumptions.max_num_seqs:
         add(
@@ -597,7 +608,9 @@ def _verdict(
             message=f"fits: {cap.kv_cache_tokens:,} tokens of KV cache, "
             f"{cap.max_concurrency:.2f} requests of {L:,} tokens at once",
         )
-    others = [w for w in ways if w.key != "shorter_context"]
+    # Where the GPU side fits, a change only helps if it fits the host too.
+    gpu_short = len(reasons) > len(host_reasons)
+    others = [w for w in ways if w.key != "shorter_context" and (gpu_short or w.fits)]
     message = "; ".join(reasons)
     if others:
         message += "; " + "; ".join(

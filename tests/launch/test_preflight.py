@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -349,3 +350,40 @@ def test_sizes_are_read_as_vllm_reads_them():
     assert preflight.size_bytes("1K") == 1024 and preflight.size_bytes("1k") == 1000
     assert preflight.size_bytes("2.5G") == int(2.5 * G) and preflight.size_bytes("7") == 7
     assert preflight.size_bytes("lots") == 0
+
+
+def test_at_tensor_parallel_2_each_ranks_sleep_pool_is_counted_and_a_host_for_one_only_is_refused(
+    tmp_path, monkeypatch
+):
+    folder = _model_folder(tmp_path, "Qwen3-30B-A3B")
+    fields = {"model": str(folder), "sleep_level": 1, "max_model_len": 4096, "gpu_memory_utilization": 0.85}
+    one_gpu = ModelConfig(name="moe", **fields)
+    two_ranks = ModelConfig(name="moe-tp2", tensor_parallel_size=2, gpu_ids=[0, 1], **fields)
+    # Each rank pools the half of the weights it holds: the two pools together are the whole model once.
+    whole = preflight.sleep_host_bytes(one_gpu, pooled=True)
+    assert whole is not None and whole > 50 * G
+    assert preflight.sleep_host_bytes(two_ranks, pooled=True) == whole
+
+    two_h100 = replace(gpu_from_catalogue("h100-80"), count=2)
+    monkeypatch.setattr(preflight, "detect_gpu", lambda: two_h100)
+
+    def host(ram_gib: int) -> HostMemory:
+        ram = ram_gib * G
+        return HostMemory(ram_total=ram, ram_available=ram, shm_total=64 * G, shm_free=64 * G, cgroup_limit=None)
+
+    # 80 GiB holds both ranks' pools beside the reserve and the engine: the start goes ahead. 60 GiB
+    # would hold one rank's pool with room to spare, not both: refused, the plan's pool line the whole.
+    monkeypatch.setattr(preflight, "read_host_memory", lambda: host(80))
+    preflight.refuse_if_it_cannot_fit(two_ranks, None, force=False)
+    short = make_plan(preflight.plan_request(two_ranks, None, "detected"), gpu=two_h100, host=host(60))
+    assert short.line("sleep_pool").value == pytest.approx(whole / G, abs=0.01)
+    assert short.host_ram_needed_bytes - whole // 2 < 60 * G < short.host_ram_needed_bytes
+    monkeypatch.setattr(preflight, "read_host_memory", lambda: host(60))
+    with pytest.raises(Invalid) as refused:
+        preflight.refuse_if_it_cannot_fit(two_ranks, None, force=False)
+    assert refused.value.message.startswith("host RAM: the plan needs") and refused.value.status == 422
+    # The ways out are the ones that help a host that is short: not expert offload, which pins every
+    # expert in RAM, nor fp8 KV, which the host does not hold; sleep level 2 takes no pool.
+    fits = {way.key: way.fits for way in short.verdict.ways_out}
+    assert fits["sleep_level_2"] and not fits["moe_offload"] and not fits["fp8_kv"]
+    assert "with sleep_level 2" in refused.value.message and "expert offload" not in refused.value.message
