@@ -83,9 +83,12 @@ def errors(*statuses: int, **reasons: str) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorBody, "description": reasons.get(f"_{s}", REASONS[s])} for s in statuses}
 
 
-def openai_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """Error responses for /v1 routes, in OpenAI's shape."""
-    declared: dict[int | str, dict[str, Any]] = {s: {"model": OpenAIError, "description": REASONS[s]} for s in statuses}
+def openai_errors(*statuses: int, **reasons: str) -> dict[int | str, dict[str, Any]]:
+    """Error responses for /v1 routes, in OpenAI's shape; ``_400="..."`` replaces the general reason, as in
+    ``errors``."""
+    declared: dict[int | str, dict[str, Any]] = {
+        s: {"model": OpenAIError, "description": reasons.get(f"_{s}", REASONS[s])} for s in statuses
+    }
     retry_after = {"description": "Seconds to wait before trying again", "schema": {"type": "integer"}}
     if 429 in declared:
         declared[429]["headers"] = {"Retry-After": retry_after}

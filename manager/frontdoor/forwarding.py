@@ -127,6 +127,7 @@ class Forwarding:
         config: str | None = None
         rate_headers: dict[str, str] | None = None
         try:
+            said = progress.asked(request)  # a bad value is refused before the body is read or a model named
             body = await proxy.read_body(request, self.max_body_bytes)
             payload, requested = proxy.json_model(body)
             target = self.resolve(requested, caller)
@@ -147,7 +148,7 @@ class Forwarding:
             def encoded() -> tuple[bytes, str]:
                 return forwarded, content_type
 
-            shows_progress = progress.wanted(request, payload, self.loading_progress(target.config))
+            shows_progress = progress.wanted(payload, said, self.loading_progress(target.config))
             return await self._forward(
                 request, path, target, encoded, caller, meter, added, rate_headers, affinity_of(payload), shows_progress
             )

@@ -1,7 +1,8 @@
 """Loading progress for a streamed request that waits for its model (a start, a wake, a download).
 
-Asked for per request (the ``X-Loading-Progress: 1`` header; ``0`` turns it off for a config that has it
-on) or per model config (``loading_progress``), and only for a request that streams (``"stream": true``).
+Asked for per request (the ``X-Loading-Progress: 1`` header, or ``true``; ``0`` or ``false`` turns it off
+for a config that has it on; any other value is refused) or per model config (``loading_progress``), and
+only for a request that streams (``"stream": true``).
 Once such a request has waited ``FIRST_AFTER_S`` for its model, its answer begins: status 200 with the
 event-stream headers, then a comment line (``: loading qwen3-30b 42 %``) at once and every ``EVERY_S``
 while it waits. OpenAI's clients skip comment lines; a proxy between them sees bytes flow and does not
@@ -23,22 +24,42 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-HEADER = "x-loading-progress"
+from manager.frontdoor.errors import BadRequest
+
+HEADER = "X-Loading-Progress"
 # A request served at once (its model ready) is answered exactly as without progress: the stream of
 # comments begins only once it has waited this long.
 FIRST_AFTER_S = 1.0
 EVERY_S = 3.0  # a comment line this often while it waits: well within a proxy's read timeout (nginx: 60 s)
-ON = frozenset({"1", "true", "yes", "on"})
-OFF = frozenset({"0", "false", "no", "off"})
+ON = ("1", "true")
+OFF = ("0", "false")
+TAKES = (*ON, *OFF)  # the values the OpenAPI document declares, exactly: a value it lacks is refused
+SHOWN_VALUE_LIMIT = 100  # characters of a refused value quoted back
 ERROR_BODY_LIMIT = 64 * 1024  # of an engine's refusal, what is read to pass on in the error event
 
 
-def wanted(request: Request, payload: Mapping[str, Any], config_on: bool) -> bool:
-    """Whether this request gets loading progress: it streams, and it or its model config asks for it."""
-    if payload.get("stream") is not True:
-        return False
-    said = request.headers.get(HEADER, "").strip().lower()
-    return said in ON or (config_on and said not in OFF)
+def asked(request: Request) -> bool | None:
+    """What the request's header says: True (on), False (off), None (left out: its model config says).
+    BadRequest for any other value, sent twice included (HTTP reads that as the two joined by a comma)."""
+    values = request.headers.getlist(HEADER)
+    if not values:
+        return None
+    value = ", ".join(values)
+    if value not in TAKES:
+        shown = value if len(value) <= SHOWN_VALUE_LIMIT else value[:SHOWN_VALUE_LIMIT] + "..."
+        raise BadRequest(
+            f"{HEADER}: {shown!r} is not a value it takes; send 1 or true for loading progress on a streamed "
+            "request that waits for its model, 0 or false for none, or leave the header out for what the "
+            "model config says",
+            param=HEADER,
+        )
+    return value in ON
+
+
+def wanted(payload: Mapping[str, Any], said: bool | None, config_on: bool) -> bool:
+    """Whether this request gets loading progress: it streams, and its header (``said``: what ``asked``
+    read) or, without one, its model config asks for it."""
+    return payload.get("stream") is True and (config_on if said is None else said)
 
 
 def comment(text: str) -> bytes:

@@ -21,10 +21,11 @@ from manager.deps import (
     require_inference_access,
     runtime_of,
 )
+from manager.frontdoor import progress
 from manager.frontdoor.access import inference_caller
 from manager.frontdoor.errors import EndpointNotFound, MethodNotAllowed
 from manager.inference_endpoints import JSON_ENDPOINTS, MODELS, MULTIPART_ENDPOINTS
-from manager.openapi import SERVER_SENT_EVENT, openai_errors
+from manager.openapi import REASONS, SERVER_SENT_EVENT, openai_errors
 
 router = APIRouter(
     tags=["OpenAI-compatible (/v1)"],
@@ -69,15 +70,20 @@ ENGINE_ANSWER: dict[int | str, dict[str, Any]] = {
 }
 # Asked for per request (manager.frontdoor.progress); not sent on, the engine never sees it.
 LOADING_PROGRESS = {
-    "name": "X-Loading-Progress",
+    "name": progress.HEADER,
     "in": "header",
     "required": False,
-    "schema": {"type": "string", "enum": ["1", "0"]},
-    "description": "1: a streamed request that waits for its model's start, wake or download gets SSE comment "
-    "lines with the progress (': loading NAME 42 %') until its first chunk; 0: none, even where its model "
-    "config's loading_progress is on. Without it: as the model config says",
+    "schema": {"type": "string", "enum": list(progress.TAKES)},
+    "description": "1 or true: a streamed request that waits for its model's start, wake or download gets SSE "
+    "comment lines with the progress (': loading NAME 42 %') until its first chunk; 0 or false: none, even where "
+    "its model config's loading_progress is on. Without it: as the model config says. Any other value is refused "
+    "with 400",
 }
-FORWARD_ERRORS = openai_errors(400, 401, 403, 404, 413, 429, 502, 503, 504)
+FORWARD_STATUSES = (400, 401, 403, 404, 413, 429, 502, 503, 504)
+FORWARD_ERRORS = openai_errors(*FORWARD_STATUSES)
+JSON_FORWARD_ERRORS = openai_errors(
+    *FORWARD_STATUSES, _400=f"{REASONS[400]}, or {progress.HEADER} is not one of {', '.join(progress.TAKES)}"
+)
 
 
 def _json_route(path: str):
@@ -100,9 +106,9 @@ def _multipart_route(path: str):
     return forward
 
 
-for _paths, _make_route, _body, _headers in (
-    (JSON_ENDPOINTS, _json_route, JSON_BODY, [LOADING_PROGRESS]),
-    (MULTIPART_ENDPOINTS, _multipart_route, MULTIPART_BODY, []),
+for _paths, _make_route, _body, _headers, _errors in (
+    (JSON_ENDPOINTS, _json_route, JSON_BODY, [LOADING_PROGRESS], JSON_FORWARD_ERRORS),
+    (MULTIPART_ENDPOINTS, _multipart_route, MULTIPART_BODY, [], FORWARD_ERRORS),
 ):
     for _path in _paths:
         router.add_api_route(
@@ -110,7 +116,7 @@ for _paths, _make_route, _body, _headers in (
             _make_route(_path),
             methods=["POST"],
             summary=f"Forwarded to the model's {_path}",
-            responses={**ENGINE_ANSWER, **FORWARD_ERRORS},
+            responses={**ENGINE_ANSWER, **_errors},
             openapi_extra={"requestBody": _body, **({"parameters": _headers} if _headers else {})},
             route_class_override=ForwardRoute,
         )

@@ -169,7 +169,7 @@ class ModelConfigFields(SQLModel):
         description="A streamed /v1 request that waits for this model (its start, wake or download) gets SSE "
         "comment lines with the progress (': loading NAME 42 %') until its first chunk, which OpenAI clients "
         "skip and which keep proxies from timing it out. A request may ask for them itself with the header "
-        "X-Loading-Progress: 1 (0 turns them off)",
+        "X-Loading-Progress: 1 or true (0 or false turns them off)",
     )
     sleep_level: int | None = Field(
         default=None,

@@ -56,3 +56,13 @@ def test_through_forwarders_a_cancelled_load_frees_the_gpu_and_a_stream_gets_loa
     first_data = next(i for i, line in enumerate(lines) if line.startswith("data:"))
     assert first_data >= 1 and all(line.startswith(": starting quick, ") for line in lines[:first_data]), lines
     assert lines[-1] == "data: [DONE]"
+
+
+def test_through_forwarders_a_value_the_header_does_not_take_is_refused_before_any_worker_starts(served):
+    body = {"model": "quick", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    for _ in range(4):  # one connection each: the kernel spreads them over both forwarders
+        answer = httpx.post(f"{served.url}/v1/chat/completions", json=body, headers={"X-Loading-Progress": "maybe"})
+        assert answer.status_code == 400, answer.text
+        message = answer.json()["error"]["message"]
+        assert message.startswith("X-Loading-Progress: 'maybe' is not a value it takes; send 1 or true"), message
+    assert httpx.get(f"{served.url}/api/workers").json() == []

@@ -174,8 +174,29 @@ def test_a_start_that_fails_after_the_stream_began_ends_it_with_an_error_event(u
     assert not isinstance(raised.value, openai.APIStatusError)
 
 
-def test_the_openapi_document_declares_the_header_on_the_json_endpoints(door):
+def test_the_openapi_document_declares_the_header_on_the_json_endpoints_with_exactly_the_values_it_takes(door):
     paths = door.get("/openapi.json").json()["paths"]
-    asked = [p["name"] for p in paths["/v1/chat/completions"]["post"].get("parameters", [])]
-    assert asked == ["X-Loading-Progress"]
+    chat = paths["/v1/chat/completions"]["post"]
+    assert [p["name"] for p in chat.get("parameters", [])] == ["X-Loading-Progress"]
     assert not paths["/v1/audio/transcriptions"]["post"].get("parameters")
+    declared = chat["parameters"][0]["schema"]["enum"]
+    assert declared == ["1", "true", "0", "false"]
+    assert "X-Loading-Progress is not one of 1, true, 0, false" in chat["responses"]["400"]["description"]
+    for value in declared:  # each is taken: a request that does not stream is answered as without it
+        answer = door.post(
+            "/v1/completions", json={"model": "a", "prompt": "hi"}, headers={"X-Loading-Progress": value}
+        )
+        assert answer.status_code == 200, (value, answer.text)
+
+
+def test_a_value_the_header_does_not_take_is_refused_before_any_worker_starts(door):
+    for value in ("maybe", "", "2", "yes", "True"):
+        for stream in (True, False):
+            body = {"model": "a", "prompt": "hi", "stream": stream}
+            answer = door.post("/v1/completions", json=body, headers={"X-Loading-Progress": value})
+            assert answer.status_code == 400, (value, answer.text)
+            error = answer.json()["error"]
+            assert error["message"].startswith(f"X-Loading-Progress: {value!r} is not a value it takes; "), error
+            assert "1 or true" in error["message"] and "0 or false" in error["message"], error
+            assert (error["type"], error["param"]) == ("invalid_request_error", "X-Loading-Progress")
+    assert door.get("/api/workers").json() == []
