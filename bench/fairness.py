@@ -176,7 +176,12 @@ def limits_cost(server, keys: dict[str, tuple[str, int]], args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", choices=["vllm-cpu", "stand-in"], default="vllm-cpu")
+    parser.add_argument(
+        "--engine",
+        choices=["vllm-cpu", "vllm-gpu", "stand-in"],
+        default="vllm-cpu",
+        help="vllm-cpu or vllm-gpu: the vLLM the manager finds here (the name only labels the results)",
+    )
     parser.add_argument("--heavy-clients", type=int, default=20)
     parser.add_argument("--light-clients", type=int, default=1)
     parser.add_argument("--max-concurrent", type=int, default=4)

@@ -40,11 +40,14 @@ GiB = 1024**3
 WATCH = ("prefix_cache", "kv_offload", "prompt_tokens")
 
 
+TP = ["--tensor-parallel-size", "1"]  # set from --tensor-parallel-size
+
+
 def start(folder: Path, log: Path, port: int, extra: list[str]) -> subprocess.Popen[bytes]:
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(folder), "--served-model-name", "m", "--load-format", "dummy",
-        "--dtype", "bfloat16", "--enforce-eager", "--port", str(port), *extra,
+        "--dtype", "bfloat16", "--enforce-eager", "--port", str(port), *TP, *extra,
     ]  # fmt: skip
     env = {**os.environ, "VLLM_PLUGINS": "offload_patches", "VLLM_MANAGER_PATCHES": json.dumps({})}
     with log.open("w") as out:
@@ -110,17 +113,63 @@ def main() -> int:
     parser.add_argument("--gpu-kv-gib", type=float, default=3.0, help="--kv-cache-memory-bytes")
     parser.add_argument("--cpu-gib", type=float, default=16.0, help="--kv-offloading-size")
     parser.add_argument("--words", type=int, default=10000, help="tokens per long prompt")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument(
+        "--cases", nargs="+", choices=["served", "too_long", "shm"], default=["served", "too_long", "shm"]
+    )
     args = parser.parse_args()
+    TP[1] = str(args.tensor_parallel_size)
+    suffix = f"_tp{args.tensor_parallel_size}" if args.tensor_parallel_size > 1 else ""
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     folder = make_model(args.work / args.model, args.model)
     kv = ["--kv-cache-memory-bytes", str(int(args.gpu_kv_gib * GiB))]
-    results: dict[str, Any] = {"model": args.model, "gpu_kv_gib": args.gpu_kv_gib, "cpu_gib": args.cpu_gib}
+    results: dict[str, Any] = {
+        "model": args.model,
+        "gpu_kv_gib": args.gpu_kv_gib,
+        "cpu_gib": args.cpu_gib,
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "planned_region": planned_region(folder, args.cpu_gib, args.tensor_parallel_size),
+    }
 
     def save() -> None:
-        (args.out / "gpu_kv_offload.json").write_text(json.dumps(results, indent=1))
+        (args.out / f"gpu_kv_offload{suffix}.json").write_text(json.dumps(results, indent=1))
 
-    # 1. a prefix pushed out of the GPU cache comes back from the CPU tier
+    if "served" in args.cases:
+        served(folder, kv, args, results)
+        save()
+    if "too_long" in args.cases:
+        too_long(folder, kv, args, results)
+        save()
+    if "shm" in args.cases:
+        too_big_for_shm(folder, kv, args, results)
+        save()
+    return 0
+
+
+def planned_region(folder: Path, cpu_gib: float, tp: int) -> dict[str, Any]:
+    """What the planner says vLLM makes of ``--kv-offloading-size`` at this world size (planner/kv.py)."""
+    sys.path.append(str(Path(__file__).resolve().parents[1]))
+    from manager.planner.kv import PAGE_ALIGNMENT, cdiv, kv_page_bytes
+
+    config = json.loads((folder / "config.json").read_text())
+    chunk = kv_page_bytes(config, tensor_parallel_size=tp, dtype="bfloat16")
+    aligned = cdiv(chunk, PAGE_ALIGNMENT) * PAGE_ALIGNMENT
+    blocks = int(cpu_gib * GiB) // aligned
+    return {"block_bytes_all_ranks": chunk, "cpu_blocks": blocks, "prefix_tokens": blocks * 16}
+
+
+def shm_regions() -> list[dict[str, Any]]:
+    """vLLM's CPU KV offload regions in /dev/shm, with their sizes."""
+    found = []
+    for path in sorted(Path("/dev/shm").glob("vllm_offload_*")):
+        with contextlib.suppress(OSError):
+            found.append({"file": path.name, "bytes": path.stat().st_size})
+    return found
+
+
+def served(folder: Path, kv: list[str], args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """A prefix pushed out of the GPU cache comes back from the CPU tier."""
     log = args.work / "served.log"
     proc = start(folder, log, 8500, [*kv, "--max-model-len", "16384", "--kv-offloading-size", str(args.cpu_gib)])
     case: dict[str, Any] = {}
@@ -139,14 +188,16 @@ def main() -> int:
         case["counters_during_fill"] = {k: middle.get(k, 0) - before.get(k, 0) for k in middle}
         case["counters_for_a_again"] = {k: after.get(k, 0) - middle.get(k, 0) for k in after}
         case["kv_lines"] = log_lines(log, "GPU KV cache size", "Maximum concurrency", "offload", "engine_patches")[:12]
+        case["shm_regions"] = shm_regions()
     except Exception as exc:
         case["error"] = str(exc)[-3000:]
     finally:
         stop(proc)
     results["served"] = case
-    save()
 
-    # 2. max_model_len beyond the GPU KV cache, with a CPU tier that could hold it: refused, and why
+
+def too_long(folder: Path, kv: list[str], args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """max_model_len beyond the GPU KV cache, with a CPU tier that could hold it: refused, and why."""
     log = args.work / "too_long.log"
     proc = start(folder, log, 8501, [*kv, "--max-model-len", "65536", "--kv-offloading-size", str(args.cpu_gib)])
     try:
@@ -158,9 +209,10 @@ def main() -> int:
         }
     finally:
         stop(proc)
-    save()
 
-    # 3. an offload region larger than /dev/shm: refused before it is made
+
+def too_big_for_shm(folder: Path, kv: list[str], args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """An offload region larger than /dev/shm: refused before it is made."""
     free = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
     size = int(free / GiB) + 8
     log = args.work / "shm.log"
@@ -175,8 +227,6 @@ def main() -> int:
         }
     finally:
         stop(proc)
-    save()
-    return 0
 
 
 if __name__ == "__main__":

@@ -199,6 +199,7 @@ class Engine:
             "--max-num-seqs", str(args.max_num_seqs), "--gpu-memory-utilization", str(args.utilization),
             "--enable-lora", "--max-loras", str(args.max_loras), "--max-cpu-loras", str(args.max_cpu_loras),
             "--max-lora-rank", str(args.rank), "--port", str(self.port),
+            "--tensor-parallel-size", str(args.tensor_parallel_size),
         ]  # fmt: skip
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
         if case == "stock":
@@ -435,6 +436,7 @@ def main() -> int:
     parser.add_argument("--passes", type=int, default=2, help="requests per adapter (one pass over all each)")
     parser.add_argument("--utilization", type=float, default=0.85, help="of GPU memory (of host RAM on CPU)")
     parser.add_argument("--start-timeout", type=float, default=300)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per engine (each rank its own pool)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--std",
@@ -464,14 +466,18 @@ def main() -> int:
             "bytes": sum(2 * len(names) * math.prod(shape) for names, shape in blocks),
             "value_std": args.std,
         },
-        "settings": {k: getattr(args, k) for k in ("max_loras", "max_cpu_loras", "max_model_len", "max_tokens")},
+        "settings": {
+            k: getattr(args, k)
+            for k in ("max_loras", "max_cpu_loras", "max_model_len", "max_tokens", "tensor_parallel_size")
+        },
         "cases": {},
     }
 
     def save(case: str | None = None, out: dict[str, Any] | None = None) -> None:
         if case is not None:
             results["cases"][case] = out
-        (args.out / "gpu_lora.json").write_text(json.dumps(results, indent=1))
+        suffix = f"_tp{args.tensor_parallel_size}" if args.tensor_parallel_size > 1 else ""
+        (args.out / f"gpu_lora{suffix}.json").write_text(json.dumps(results, indent=1))
 
     def write_all() -> list[Path]:
         t0 = time.perf_counter()

@@ -484,6 +484,108 @@ def case_shared_box(run: Run, work: Path, args: argparse.Namespace) -> None:
     run.record("after stop", nvml=nvml_by_gpu() if not args.tiny else None)
 
 
+# ---- sleep_tp2 -------------------------------------------------------------------------------------
+def rank_pools(work: Path) -> dict[str, Any]:
+    """Each rank's own sleep-pool figures from its stats file (one per process that published them)."""
+    found: dict[str, Any] = {}
+    for path in sorted((work / "data").glob("**/stats-*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(path.read_text())
+            if "sleep_pool" in doc:
+                found[f"{path.parent.name}/{doc.get('role')} {doc.get('pid')}"] = doc["sleep_pool"]
+    return found
+
+
+def worker_figures(run: Run) -> dict[str, Any]:
+    """Per worker: state, the process tree's RSS and the sleep pool as the manager reports them."""
+    metrics = run.api.get("/api/metrics").json()
+    return {
+        w["model"]: {
+            "state": w["state"],
+            "tree_rss_gib": round(((w.get("process") or {}).get("rss_bytes") or 0) / GiB, 2),
+            "gpu_mib": (w["gpu_memory_bytes"] or 0) >> 20,
+            "sleep_pool": ((w.get("pools") or {}).get("totals") or {}).get("sleep_pool"),
+        }
+        for w in metrics["workers"]
+    }
+
+
+def plan_lines(run: Run, request: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    resp = run.api.post("/api/plan", json=request)
+    if not resp.is_success:
+        return {"status": resp.status_code, "error": resp.text[:500]}
+    plan = resp.json()
+    lines = {line["key"]: line["value"] for line in plan["lines"]}
+    return {"fits": plan["verdict"]["fits"], **{k: lines.get(k) for k in keys}}
+
+
+def case_sleep_tp2(run: Run, work: Path, args: argparse.Namespace) -> None:
+    """Two TP-2 models with sleep level 1 (the pool on) that cannot both be awake, swapped through /v1."""
+    shapes = {"sleep-a": "Qwen3-30B-A3B", "sleep-b": "Llama-3.1-8B-Instruct"}
+    configs = {}
+    for name, shape in shapes.items():
+        configs[name] = {
+            "name": name,
+            "model": str(fixture_model(work / "models" / shape, shape)),
+            "dtype": "bfloat16",
+            "tensor_parallel_size": 2,
+            "gpu_ids": [0, 1],
+            "gpu_memory_utilization": 0.85,
+            "max_model_len": 4096,
+            "enforce_eager": True,
+            "sleep_level": 1,
+            "start_timeout_s": 420,
+            "extra_args": ["--load-format", "dummy"],
+        }
+        run.add_config(configs[name])
+    keys = ("weights_total", "weights_on_device", "sleep_pool", "ram_held_sleep_pools", "ram_usable", "ram_needed")
+
+    def request(name: str) -> dict[str, Any]:
+        c = configs[name]
+        return {
+            "model": c["model"],
+            "dtype": "bfloat16",
+            "tensor_parallel_size": 2,
+            "max_model_len": 4096,
+            "gpu_memory_utilization": 0.85,
+            "enforce_eager": True,
+            "sleep_pool": True,
+        }
+
+    run.record(
+        "plans before any start",
+        a=plan_lines(run, request("sleep-a"), keys),
+        b=plan_lines(run, request("sleep-b"), keys),
+    )
+    steps = [
+        ("A cold through /v1", "sleep-a"),
+        ("B through /v1: A sleeps, B starts cold", "sleep-b"),
+        ("A through /v1: B sleeps, A wakes", "sleep-a"),
+        ("B through /v1: A sleeps, B wakes", "sleep-b"),
+        ("A through /v1 again", "sleep-a"),
+    ]
+    for phase, model in steps:
+        if run.left() < 60:
+            run.record("out of time", before=phase)
+            break
+        answer = ask(run.base, model)
+        time.sleep(2.5)  # the stats files are written at most once a second
+        figures = worker_figures(run)
+        extra: dict[str, Any] = {}
+        if phase.startswith("B through /v1: A sleeps, B starts"):
+            extra["plan_b_while_a_holds_its_pool"] = plan_lines(run, request("sleep-b"), keys)
+        run.record(phase, answer=answer, workers=figures, ranks=rank_pools(work), nvml=nvml_by_gpu(), **extra)
+    events = run.api.get("/api/events", params={"limit": 40}).json()
+    run.record("events", events=[e.get("message") for e in events][:40])
+    for w in run.workers().values():
+        run.api.post(f"/api/workers/{w['id']}/stop")
+    for name in shapes:
+        with contextlib.suppress(TimeoutError):
+            run.wait_state(name, {"stopped"}, 120)
+    time.sleep(2)
+    run.record("after stop", nvml=nvml_by_gpu())
+
+
 def end_engines() -> list[int]:
     """Engines start in sessions of their own, so they would outlive this call: end any still running."""
     import psutil
@@ -499,7 +601,12 @@ def end_engines() -> list[int]:
     return ended
 
 
-CASES = {"tp2": case_tp2, "shared_box": case_shared_box, "planner_tp2": case_planner_tp2}
+CASES = {
+    "tp2": case_tp2,
+    "shared_box": case_shared_box,
+    "planner_tp2": case_planner_tp2,
+    "sleep_tp2": case_sleep_tp2,
+}
 
 
 def main() -> int:
