@@ -115,7 +115,9 @@ class Room:
             nodes.setdefault(worker.node, None)
         return Snapshot(tuple(Node(name, gpus) for name, gpus in nodes.items()), tuple(running), self._clock())
 
-    def _running(self, config: str, own_too: bool = False) -> list[RunningWorker]:
+    def _running(self, config: str | None = None, own_too: bool = False) -> list[RunningWorker]:
+        """The workers holding a GPU, as the placement rules see them; ``config``'s own left out unless
+        ``own_too`` (None: every one)."""
         placements = self._placements()
         now = self._clock()
         running = []
@@ -213,7 +215,7 @@ class Room:
         first = True
         while True:
             now = self._clock()
-            running = {w.id: w for w in self._running(config="")}
+            running = {w.id: w for w in self._running()}
             left = max((residency_left(running[i], now) for i in decision.workers if i in running), default=0.0)
             if left <= 0:
                 return
@@ -233,7 +235,7 @@ class Room:
     async def _drained(self, worker_ids: tuple[int, ...], deadline: float) -> bool:
         """Wait until these workers have no request in flight; False when the deadline passes first."""
         while True:
-            running = {w.id: w for w in self._running(config="")}
+            running = {w.id: w for w in self._running()}
             if all(running[i].in_flight == 0 for i in worker_ids if i in running):
                 return True
             left = deadline - self._clock()
