@@ -120,6 +120,8 @@ class Engine:
             max_num_seqs=args.max_num_seqs,
             gpu_memory_utilization=args.utilization,
             enforce_eager=case.endswith("eager"),
+            tensor_parallel_size=args.tensor_parallel_size,
+            gpu_ids=list(range(args.tensor_parallel_size)) if args.tensor_parallel_size > 1 else None,
             extra_args=["--load-format", "dummy", *args.engine_args, *(args.uva_args if case == "vllm_uva" else [])],
         )
         profile = (
@@ -392,6 +394,7 @@ def main() -> int:
     parser.add_argument("--start-timeout", type=float, default=240)
     parser.add_argument("--name", default="gpu_moe_graphs", help="the JSON's file name under --out, without .json")
     parser.add_argument("--engine-args", nargs="*", default=[], help="more vLLM flags for every engine")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs 0..N-1 per engine, as a config's")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)

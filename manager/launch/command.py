@@ -106,7 +106,9 @@ def moe_graph_tokens(config: ModelConfig, profile: OffloadProfile | None) -> int
         folder = find_model_folder(config.model)
         hf_config = json.loads((folder / "config.json").read_text())
         weights = estimate_weights(hf_config, None, config.dtype)
-        sizing = moe_offload(weights, text_config(hf_config), profile.moe_gpu_cache_gib or 0)
+        sizing = moe_offload(
+            weights, text_config(hf_config), profile.moe_gpu_cache_gib or 0, config.tensor_parallel_size
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return sizing.graph_tokens

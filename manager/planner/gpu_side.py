@@ -62,15 +62,22 @@ class ExpertOffload:
     graph_tokens: int = 0  # largest batch the engine plans on the GPU: vLLM's max CUDA graph size
 
 
-def moe_offload(weights: WeightEstimate, cfg: dict[str, Any], cache_gib: float) -> ExpertOffload:
-    """GPU bytes our MoE expert offload frees, sized as the engine sizes its expert cache."""
+def moe_offload(
+    weights: WeightEstimate, cfg: dict[str, Any], cache_gib: float, tensor_parallel_size: int = 1
+) -> ExpertOffload:
+    """GPU bytes our MoE expert offload frees, sized as the engine sizes its expert cache.
+
+    Each rank sizes its own cache from ``cache_gib`` and the experts it holds: under tensor
+    parallelism a shard of each (1/tp of the intermediate size), so a rank fits tp times the slots
+    and keeps the whole ``cache_gib``, not a share of it."""
     if not weights.is_moe or weights.expert_bytes == 0:
         return ExpertOffload(0, 0, 1.0)
+    intermediate = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
     sizing = expert_offload_sizing(
         num_experts=weights.experts,
         num_layers=weights.moe_layers,
         hidden_size=int(cfg.get("hidden_size") or 0),
-        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0),
+        moe_intermediate_size=max(1, intermediate // max(1, tensor_parallel_size)),
         dtype_bytes=weights.bits_per_weight / 8,
         cache_gib=cache_gib,
         top_k=max(1, weights.experts_per_token),
@@ -157,7 +164,7 @@ def weights_on_gpu(req: PlanRequest, cfg: dict[str, Any], weights: WeightEstimat
     tp = req.tensor_parallel_size
     offloaded = 0
     if req.moe_expert_offload:
-        offloaded += moe_offload(weights, cfg, req.moe_gpu_cache_gib).gpu_bytes_freed // tp
+        offloaded += moe_offload(weights, cfg, req.moe_gpu_cache_gib, tp).gpu_bytes_freed // tp
     if req.cpu_offload_gb:
         on_gpu = (weights.total_bytes // tp) - offloaded
         if req.cpu_offload_params.strip() == "experts":

@@ -226,9 +226,13 @@ def _host_lines(
     cfg = text_config(model.config)
     reserve = max(OS_RESERVE_MIN, host.machine_ram // 10)
     offload = int(req.kv_offload_gib * GiB)
-    experts_host = moe_offload(w, cfg, req.moe_gpu_cache_gib).host_bytes if req.moe_expert_offload else 0
+    experts_host = (
+        moe_offload(w, cfg, req.moe_gpu_cache_gib, req.tensor_parallel_size).host_bytes if req.moe_expert_offload else 0
+    )
     uva = side.weights_offloaded_bytes * req.tensor_parallel_size - (
-        moe_offload(w, cfg, req.moe_gpu_cache_gib).gpu_bytes_freed if req.moe_expert_offload else 0
+        moe_offload(w, cfg, req.moe_gpu_cache_gib, req.tensor_parallel_size).gpu_bytes_freed
+        if req.moe_expert_offload
+        else 0
     )
     needs = [
         ("ram_reserve", "Reserve for the OS", reserve, "max(4 GiB, 10% of RAM) left for the OS and page cache"),

@@ -241,3 +241,18 @@ def test_sleep_level_one_engines_get_the_sleep_pool_unless_their_profile_turns_i
     assert not pool(base.model_copy(update={"sleep_level": 1}), OffloadProfile(name="p", sleep_pool=False))
     assert not pool(base.model_copy(update={"sleep_level": 2}))  # level 2 keeps nothing in host RAM
     assert not pool(base)
+
+
+def test_at_tensor_parallel_2_each_rank_fills_the_cache_with_its_half_experts_and_graphs_follow(tmp_path):
+    from engine_patches.moe.sizing import device_planned_tokens, expert_bytes, slots_for_budget
+
+    # Each rank holds every expert's half (the intermediate size split over two GPUs), and the engine
+    # sizes a rank's cache from the experts that rank holds: 13.5 GiB holds 64 half experts a layer.
+    profile = OffloadProfile(name="moe", moe_expert_offload=True, moe_gpu_cache_gib=13.5)
+    config = ModelConfig(name="moe", model=_qwen3_moe(tmp_path), tensor_parallel_size=2, gpu_ids=[0, 1])
+    rank_slots = slots_for_budget(
+        13.5, num_experts=128, num_layers=48, one_expert_bytes=expert_bytes(2048, 768 // 2, 2), top_k=8
+    )
+    assert rank_slots == 64
+    cmd = _build(config, profile)
+    assert cmd.argv[cmd.argv.index("--max-cudagraph-capture-size") + 1] == str(device_planned_tokens(rank_slots, 8))

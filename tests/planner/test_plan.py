@@ -262,3 +262,33 @@ def test_numa_node_memory_is_read_as_linux_reports_it(tmp_path):
     (no_cgroup / "memory.max").write_text(str(8 * GiB))
     (no_cgroup / "memory.current").write_text(str(5 * GiB))
     assert read_node_memory(0, tmp_path, no_cgroup) == (8 * GiB, 3 * GiB)
+
+
+def test_at_tensor_parallel_2_each_rank_keeps_the_whole_expert_cache_it_is_given():
+    from engine_patches.moe.sizing import expert_bytes, slots_for_budget
+    from manager.planner.weights import estimate_weights
+
+    config = load_config("Qwen3-30B-A3B")
+    weights = estimate_weights(config, None, "auto")
+    for tp in (1, 2):
+        plan = make_plan(
+            PlanRequest(
+                model="qwen3",
+                hf_config=config,
+                max_model_len=4096,
+                gpu="h100-80",
+                host_ram_gib=512,
+                tensor_parallel_size=tp,
+                moe_expert_offload=True,
+                moe_gpu_cache_gib=8,
+            )
+        )
+        # A rank holds a tp-th of each expert and sizes its 8 GiB cache from those shards, as the
+        # engine does: tp times the slots, so it keeps the whole 8 GiB, not a tp-th of it.
+        slots = slots_for_budget(
+            8, num_experts=128, num_layers=48, one_expert_bytes=expert_bytes(2048, 768 // tp, 2), top_k=8
+        )
+        kept = weights.expert_bytes / tp * slots / 128
+        expected = (weights.total_bytes - weights.expert_bytes) / tp + kept
+        assert plan.line("weights_on_device").value == pytest.approx(expected / GiB, abs=0.01), tp
+        assert 7.5 < kept / GiB <= 8
