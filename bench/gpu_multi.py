@@ -44,6 +44,8 @@ from gpu_e2e import make_model
 from gpu_planner import make_model as fixture_model
 from gpu_planner import plan_for, read_engine, run_engine
 
+from manager.processes import alive  # a rank whose main thread ended still runs
+
 GiB = 1024**3
 PLUGIN_LINE = re.compile(r"offload_patches active in pid (\d+) \(([^)]*)\)")
 RANK_AVAILABLE = re.compile(r"\((\w+) pid=(\d+)\).*Available KV cache memory: ([\d.]+) GiB")
@@ -97,14 +99,6 @@ def nvml_by_gpu() -> dict[int, Any]:
         return found
     finally:
         pynvml.nvmlShutdown()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return not Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
 
 
 def tree(pid: int) -> list[int]:

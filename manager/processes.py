@@ -50,9 +50,17 @@ def matches(pid: int | None, create_time: float | None, cmdline: list[str] | tup
 
 
 def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs. A process whose main thread has ended shows as a zombie while its
+    other threads go on, and the last of them closes its files: an engine rank killed while it holds
+    a GPU is still freeing it then. Only a zombie with no thread left is ended."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            return True
     except psutil.NoSuchProcess:
+        return False
+    try:
+        return any(task != str(pid) for task in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
         return False
 
 

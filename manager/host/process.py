@@ -43,9 +43,9 @@ def spawn(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path | None
 
 def group_members(pgid: int) -> list[int]:
     members = []
-    for proc in psutil.process_iter(["pid", "status"]):
+    for proc in psutil.process_iter(["pid"]):
         try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.info["pid"]) == pgid:
+            if os.getpgid(proc.info["pid"]) == pgid and alive(proc.info["pid"]):
                 members.append(proc.info["pid"])
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue

@@ -109,6 +109,39 @@ def test_stop_group_is_graceful_when_the_engine_listens(tmp_path):
     assert report.graceful and report.seconds < 5
 
 
+# On SIGTERM its main thread ends at once; another thread goes on for a second and a half, then
+# writes "released" and ends the process, as a vLLM rank's last thread frees its GPU at exit.
+SLOW_LAST_THREAD = """
+import ctypes, os, signal, sys, threading, time
+done = threading.Event()
+def last_thread():
+    done.wait()
+    time.sleep(1.5)
+    open(sys.argv[1], "w").write("released")
+    os._exit(0)
+threading.Thread(target=last_thread).start()
+def on_term(*_):
+    done.set()
+    ctypes.CDLL(None).pthread_exit(None)
+signal.signal(signal.SIGTERM, on_term)
+print("up", flush=True)
+time.sleep(600)
+"""
+
+
+def test_stop_waits_for_the_last_thread_of_a_process_whose_main_thread_has_ended(tmp_path):
+    # Its main thread gone, the process shows as a zombie while the other thread still runs (and
+    # would still hold a GPU): a stop that took it for ended said so while the GPU was still held.
+    log, released = tmp_path / "out.log", tmp_path / "released"
+    popen = process.spawn([sys.executable, "-c", SLOW_LAST_THREAD, str(released)], {}, log)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and "up" not in log.read_text():
+        time.sleep(0.05)
+    report = process.stop_group(popen.pid, grace_s=10, popen=popen)
+    assert released.read_text() == "released"
+    assert report.graceful and report.seconds >= 1.4
+
+
 def test_identity_matches_only_the_same_process(tmp_path):
     popen = process.spawn([sys.executable, "-c", "import time; time.sleep(600)"], {}, tmp_path / "l.log")
     try:
