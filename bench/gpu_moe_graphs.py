@@ -121,7 +121,7 @@ class Engine:
             gpu_memory_utilization=args.utilization,
             enforce_eager=case.endswith("eager"),
             tensor_parallel_size=args.tensor_parallel_size,
-            gpu_ids=list(range(args.tensor_parallel_size)) if args.tensor_parallel_size > 1 else None,
+            gpu_ids=list(range(args.tensor_parallel_size)) if args.tensor_parallel_size > 1 else [],
             extra_args=["--load-format", "dummy", *args.engine_args, *(args.uva_args if case == "vllm_uva" else [])],
         )
         profile = (
@@ -132,6 +132,11 @@ class Engine:
         cmd = build_command(config, profile, engine_python=sys.executable, port=port, run_dir=self.run_dir)
         self.argv, self.notes = cmd.argv, cmd.notes
         env = {**os.environ, **cmd.env}
+        if args.stream_below_hit_rate:
+            patches = json.loads(env["VLLM_MANAGER_PATCHES"])
+            env["VLLM_MANAGER_PATCHES"] = json.dumps(
+                {**patches, "moe_stream_below_hit_rate": args.stream_below_hit_rate}
+            )
         env.pop("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", None)
         if args.routing == "zipf":
             env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] = STANDIN
@@ -395,6 +400,12 @@ def main() -> int:
     parser.add_argument("--name", default="gpu_moe_graphs", help="the JSON's file name under --out, without .json")
     parser.add_argument("--engine-args", nargs="*", default=[], help="more vLLM flags for every engine")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs 0..N-1 per engine, as a config's")
+    parser.add_argument(
+        "--stream-below-hit-rate",
+        type=float,
+        default=0.0,
+        help="the plugin's moe_stream_below_hit_rate for the offload cases (0: off, as by default)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)

@@ -51,6 +51,10 @@ class PatchSettings:
     # MoE expert offload (read by engine_patches.moe).
     moe_gpu_cache_gib: float | None = None
     moe_mode: Literal["cached", "copy_all"] = "cached"
+    # A batch of one layer whose experts do not fit in the cache at once, and of which fewer than
+    # this share are resident, is computed from host memory in place (UVA), as vLLM's own expert
+    # offload does, instead of in rounds through the cache. 0 turns it off.
+    moe_stream_below_hit_rate: float = 0.0
 
     # Unknown keys seen while parsing; kept so the plugin can report them once.
     unknown_keys: tuple[str, ...] = field(default=(), compare=False)
@@ -58,6 +62,10 @@ class PatchSettings:
     def __post_init__(self) -> None:
         if self.moe_mode not in ("cached", "copy_all"):
             raise SettingsError(f"moe_mode must be 'cached' or 'copy_all', got {self.moe_mode!r}")
+        if not 0.0 <= self.moe_stream_below_hit_rate <= 1.0:
+            raise SettingsError(
+                f"moe_stream_below_hit_rate must be between 0 and 1, got {self.moe_stream_below_hit_rate}"
+            )
         if self.pin_chunk_bytes <= 0:
             raise SettingsError(f"pin_chunk_bytes must be positive, got {self.pin_chunk_bytes}")
         for name in ("pin_budget_bytes", "lora_pool_bytes", "max_cpu_loras"):

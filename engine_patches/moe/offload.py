@@ -23,6 +23,7 @@ Two modes, chosen per engine:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Literal, TypedDict
 
 import torch
@@ -68,6 +69,8 @@ class ExpertOffload:
         gather_programs: int = 0,
         device_overlap: bool = False,
         fetch_in_kernel: bool = True,
+        stream_view: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        stream_below_hit_rate: float = 0.0,
     ) -> None:
         if not store.layers:
             raise ValueError("the expert store is empty: add every MoE layer before building the cache")
@@ -88,6 +91,18 @@ class ExpertOffload:
         self.fetch_in_kernel = fetch_in_kernel
         self.measure = measure_copy_time
         self.experts_fn = experts_fn
+        # Host path, a batch whose experts do not fit in the cache at once: rounds through the cache
+        # copy each expert in, compute, and evict it for the next round, one round after another.
+        # When fewer than ``stream_below_hit_rate`` of its experts are resident, the expert kernels
+        # read them all in place from host memory instead (``stream_view``: a device view of a
+        # pinned host tensor, UVA on CUDA), as vLLM's own expert offload does: the same bytes over
+        # the link, read inside the kernels, and the cache left as it was. 0 (or no view): rounds.
+        if not 0.0 <= stream_below_hit_rate <= 1.0:
+            raise ValueError(f"stream_below_hit_rate must be in 0..1, got {stream_below_hit_rate}")
+        self._stream_view = stream_view if stream_below_hit_rate > 0 else None
+        self.stream_below_hit_rate = stream_below_hit_rate
+        self._views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._streamed_calls = self._streamed_bytes = 0
         self._cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device) if self._cuda else None
         num_experts = store.layers[0].num_experts
@@ -317,6 +332,10 @@ class ExpertOffload:
         slots = self._slots[layer]
         needed = [e for e in torch.unique(topk_ids.detach().to("cpu")).tolist() if e >= 0]
         resident = table.resident()
+        if self._stream_view is not None and len(needed) > table.num_slots:
+            found = sum(1 for e in needed if e in resident)
+            if found < self.stream_below_hit_rate * len(needed):
+                return self._forward_streamed(layer, x, topk_weights, topk_ids, fn, len(needed))
         # Resident experts go first so the first round computes them while the rest load.
         order = [e for e in needed if e in resident] + [e for e in needed if e not in resident]
         out = None
@@ -339,6 +358,17 @@ class ExpertOffload:
         if self._device is not None:  # keep the device tables current for the next small batch
             self._device.load(layer, table.lru_pairs())
         return out if out is not None else torch.zeros_like(x)
+
+    def _forward_streamed(self, layer, x, topk_weights, topk_ids, fn, distinct: int) -> torch.Tensor:
+        """Every routed expert of this layer read in place from host memory by the expert kernels."""
+        if layer not in self._views:
+            assert self._stream_view is not None  # the caller checked
+            lay = self.store.layers[layer]
+            self._views[layer] = (self._stream_view(lay.w13), self._stream_view(lay.w2))
+        self._streamed_calls += 1
+        self._streamed_bytes += distinct * self.store.layers[layer].expert_bytes
+        w13, w2 = self._views[layer]
+        return fn(x, w13, w2, topk_weights, topk_ids)
 
     def _lookup_tables(self, passes: list[dict[int, int]]) -> torch.Tensor:
         """Expert id -> slot (-1: not in this pass), one row per pass, uploaded in one copy."""
@@ -410,6 +440,8 @@ class ExpertOffload:
             copy_time_s=self._copy_s,
             exposed_time_s=self._exposed_s,
             timed=(self.measure or not self._cuda) and not self._untimed_calls,
+            streamed_layers=self._streamed_calls,
+            streamed_bytes=self._streamed_bytes,
         )
 
     def reset_stats(self) -> None:
@@ -418,4 +450,5 @@ class ExpertOffload:
             self._device.reset_counts()
         self._hits = self._misses = self._bytes = self._tokens_in = 0
         self._untimed_calls = 0
+        self._streamed_calls = self._streamed_bytes = 0
         self._copy_s = self._exposed_s = 0.0

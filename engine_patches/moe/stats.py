@@ -25,6 +25,8 @@ class ExpertCacheStats:
     copy_time_s: float  # time the copies ran
     exposed_time_s: float  # part of it the compute stream sat waiting
     timed: bool  # False: copy times were not measured (they cost a few events per layer)
+    streamed_layers: int = 0  # layer calls whose experts were read in place from host memory
+    streamed_bytes: int = 0  # expert bytes those calls read over the link (not in bytes_moved)
 
     @property
     def hit_rate(self) -> float:
@@ -33,7 +35,8 @@ class ExpertCacheStats:
 
     @property
     def bytes_per_token(self) -> float:
-        return self.bytes_moved / self.tokens if self.tokens else 0.0
+        """Bytes over the link per token: copied into the cache and read in place."""
+        return (self.bytes_moved + self.streamed_bytes) / self.tokens if self.tokens else 0.0
 
     @property
     def hidden_time_s(self) -> float:

@@ -68,6 +68,7 @@ class _Runtime:
             gib = getattr(self.settings, "moe_gpu_cache_gib", None)
             if gib is None:
                 gib = DEFAULT_CACHE_FRACTION * self.store.host_bytes / GIB
+            stream_below = float(getattr(self.settings, "moe_stream_below_hit_rate", 0.0) or 0.0)
             self.offload = ExpertOffload.from_budget(
                 self.store,
                 float(gib),
@@ -75,6 +76,8 @@ class _Runtime:
                 device=device,
                 mode=mode,
                 measure_copy_time=device.type == "cuda",
+                stream_view=_host_view(device, self.store.pinned) if stream_below > 0 else None,
+                stream_below_hit_rate=stream_below,
             )
             if not self.store.pinned and torch.cuda.is_available():
                 log.warning(
@@ -108,6 +111,19 @@ class _Runtime:
 
 RUNTIME = _Runtime()
 _method_cls: type | None = None
+
+
+def _host_view(device: torch.device, pinned: bool) -> Any:
+    """How the expert kernels read host experts in place: vLLM's UVA view of a pinned tensor on a GPU,
+    the tensor itself on the CPU; None where neither works (pageable memory on a GPU)."""
+    if device.type != "cuda":
+        return lambda t: t
+    if not pinned:
+        log.warning("engine_patches: MoE experts are not pinned, so they cannot be read in place; no streaming")
+        return None
+    from vllm.utils.torch_utils import get_accelerator_view_from_cpu_tensor
+
+    return get_accelerator_view_from_cpu_tensor
 
 
 def install(settings: Any = None) -> list[str]:

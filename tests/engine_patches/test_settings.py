@@ -38,6 +38,7 @@ def test_unknown_keys_warn_but_do_not_fail(caplog):
         ({"pin_budget_bytes": 1.5}, "pin_budget_bytes"),
         ({"moe_mode": "fast"}, "moe_mode"),
         ({"pin_budget_bytes": -1}, "pin_budget_bytes"),
+        ({"moe_stream_below_hit_rate": 1.5}, "moe_stream_below_hit_rate"),
     ],
 )
 def test_wrong_values_name_the_key(raw, word):

@@ -203,3 +203,38 @@ def test_host_path_rereads_device_tables_that_cuda_graph_replays_changed(model):
                     offload._host_stale[layer] = False  # as after a replay: no Python ran
                 ref = reference_moe(x, w13, w2, w, ids)
                 assert float((got - ref).norm() / ref.norm()) < 1e-5
+
+
+def test_a_batch_the_cache_cannot_hold_is_read_in_place_when_too_few_of_its_experts_are_resident(model):
+    weights, store = model
+    # 4 slots for 16 experts; 8 tokens x top-4 need about all 16, few of them resident.
+    rounds = ExpertOffload(store, device="cpu", slots_per_layer=TOP_K, planner="host")
+    streamed = ExpertOffload(
+        store, device="cpu", slots_per_layer=TOP_K, planner="host", stream_view=lambda t: t, stream_below_hit_rate=0.5
+    )
+    assert _run_many_batches(rounds, weights, seed=3) < 1e-5
+    assert _run_many_batches(streamed, weights, seed=3) < 1e-5  # the same answers
+    by_rounds, in_place = rounds.stats(), streamed.stats()
+    assert in_place.streamed_layers > 0 and by_rounds.streamed_layers == 0
+    # Read in place, each layer's experts cross the link once and the cache is not churned.
+    assert in_place.misses < by_rounds.misses
+    assert in_place.streamed_bytes % store.layers[0].expert_bytes == 0
+    assert in_place.bytes_per_token > 0
+
+
+def test_a_batch_that_fits_in_the_cache_never_streams(model):
+    weights, store = model
+    offload = ExpertOffload(
+        store, device="cpu", slots_per_layer=E, planner="host", stream_view=lambda t: t, stream_below_hit_rate=1.0
+    )
+    assert _run_many_batches(offload, weights) < 1e-5
+    assert offload.stats().streamed_layers == 0
+
+
+def test_streaming_is_off_by_default_and_its_share_is_checked(model):
+    weights, store = model
+    offload = ExpertOffload(store, device="cpu", slots_per_layer=TOP_K, planner="host", stream_view=lambda t: t)
+    assert _run_many_batches(offload, weights, seed=3) < 1e-5
+    assert offload.stats().streamed_layers == 0
+    with pytest.raises(ValueError, match="stream_below_hit_rate"):
+        ExpertOffload(store, device="cpu", slots_per_layer=TOP_K, stream_below_hit_rate=1.5)
