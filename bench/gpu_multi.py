@@ -156,6 +156,18 @@ class Run:
         self.record(f"config {body['name']}", status=resp.status_code, error=None if resp.is_success else resp.text)
         resp.raise_for_status()
 
+    def events_and_stop(self, models: list[str], nvml: bool = True) -> None:
+        """The last events, then every worker stopped, and what NVML shows 2 s after."""
+        events = self.api.get("/api/events", params={"limit": 40}).json()
+        self.record("events", events=[e.get("message") for e in events][:40])
+        for w in self.workers().values():
+            self.api.post(f"/api/workers/{w['id']}/stop")
+        for name in models:
+            with contextlib.suppress(TimeoutError):
+                self.wait_state(name, {"stopped"}, 120)
+        time.sleep(2)
+        self.record("after stop", nvml=nvml_by_gpu() if nvml else None)
+
     def gpu_view(self) -> dict[str, Any]:
         """What the manager reports: per GPU the processes NVML lists, with the worker each belongs to,
         and each worker's total."""
@@ -464,18 +476,8 @@ def case_shared_box(run: Run, work: Path, args: argparse.Namespace) -> None:
         manager=run.gpu_view(),
         nvml=nvml_by_gpu() if not args.tiny else None,
     )
-    events = run.api.get("/api/events", params={"limit": 40}).json()
-    run.record("events", events=[e.get("message") for e in events][:40])
-    page = run.api.get("/").text
-    (run.out / "overview_shared_box.html").write_text(page)
-
-    for w in run.workers().values():
-        run.api.post(f"/api/workers/{w['id']}/stop")
-    for name in placed:
-        with contextlib.suppress(TimeoutError):
-            run.wait_state(name, {"stopped"}, 120)
-    time.sleep(2)
-    run.record("after stop", nvml=nvml_by_gpu() if not args.tiny else None)
+    (run.out / "overview_shared_box.html").write_text(run.api.get("/").text)
+    run.events_and_stop(list(placed), nvml=not args.tiny)
 
 
 # ---- sleep_tp2 -------------------------------------------------------------------------------------
@@ -569,15 +571,7 @@ def case_sleep_tp2(run: Run, work: Path, args: argparse.Namespace) -> None:
         if phase.startswith("B through /v1: A sleeps, B starts"):
             extra["plan_b_while_a_holds_its_pool"] = plan_lines(run, request("sleep-b"), keys)
         run.record(phase, answer=answer, workers=figures, ranks=rank_pools(work), nvml=nvml_by_gpu(), **extra)
-    events = run.api.get("/api/events", params={"limit": 40}).json()
-    run.record("events", events=[e.get("message") for e in events][:40])
-    for w in run.workers().values():
-        run.api.post(f"/api/workers/{w['id']}/stop")
-    for name in shapes:
-        with contextlib.suppress(TimeoutError):
-            run.wait_state(name, {"stopped"}, 120)
-    time.sleep(2)
-    run.record("after stop", nvml=nvml_by_gpu())
+    run.events_and_stop(list(shapes))
 
 
 def end_engines() -> list[int]:
