@@ -37,6 +37,6 @@ class Placement:
     # swap-in time plus a margin (``placement.residency``).
     min_residency_s: float | None = 0.0
 
-    def need(self) -> Need:
-        """What ``manager.placement`` is asked to find room for."""
-        return Need(self.config, self.gpus, self.gpu_bytes, self.nodes, self.gpu_share)
+    def need(self, waiting: int = 0) -> Need:
+        """What ``manager.placement`` is asked to find room for, with ``waiting`` requests waiting for it."""
+        return Need(self.config, self.gpus, self.gpu_bytes, self.nodes, self.gpu_share, waiting)

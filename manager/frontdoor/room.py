@@ -5,7 +5,8 @@ config starts and which workers to put to sleep or stop first, or which busy one
 they are drained (their new requests wait), put to sleep (when their config allows it and host RAM has
 room for what sleeping keeps there) or stopped. A worker swapped in moments ago that is still in use
 is not drained: it keeps serving until its residency ends or it goes idle (``placement.residency``),
-so two busy models that share a GPU take turns in batches rather than a swap per request. A start the
+and past it while more requests wait for it than for the model asking for its room (at most twice its
+residency), so two busy models that share a GPU take turns in batches rather than a swap per request. A start the
 pre-start check refuses because sleeping workers hold the host RAM it needs stops some of them on that
 node (``placement.free_host_ram``) and is tried again. Also where another replica of a running model fits (``placement.place_replica``).
 
@@ -36,6 +37,7 @@ from manager.placement import (
     WaitForDrain,
     decide,
     free_host_ram,
+    held_for_queue,
     place_replica,
     residency_left,
     residency_of,
@@ -75,7 +77,7 @@ class Room:
     def decide(self, placement: Placement) -> Place | MakeRoom | WaitForDrain:
         """Where ``placement`` starts and what must go first (the node it is tried on first is the one with
         the room); ModelUnavailable when it cannot start at all."""
-        decision = decide(placement.need(), self._snapshot(placement.config))
+        decision = decide(placement.need(self._waiting_for(placement.config)), self._snapshot(placement.config))
         if isinstance(decision, CannotFit):
             raise ModelUnavailable(f"{placement.config} cannot be started: {decision.reason}")
         if isinstance(decision, Place | MakeRoom):
@@ -106,6 +108,11 @@ class Room:
             return True
         available = self._host_available(node)
         return available is not None and available >= need
+
+    def _waiting_for(self, config: str) -> int:
+        """The requests waiting for ``config`` (for its start, as it is not running)."""
+        slot = self._slots.get(config)
+        return slot.queued if slot is not None else 0
 
     def _snapshot(self, config: str, own_too: bool = False) -> Snapshot:
         running = self._running(config, own_too)
@@ -176,7 +183,7 @@ class Room:
                             await self.evict(decision, f"to make room for {config}")
                         return
                     self.drain(decision, draining)
-                deadline = await self.until_drained(decision, deadline)
+                deadline = await self.until_drained(decision, deadline, config)
         except FrontDoorError as exc:
             raise Conflict(exc.message) from exc
         finally:
@@ -197,11 +204,12 @@ class Room:
         for name, leaving in draining.items():
             self._slots.end_leaving(name, leaving)
 
-    async def until_drained(self, decision: WaitForDrain, deadline: float) -> float:
+    async def until_drained(self, decision: WaitForDrain, deadline: float, config: str) -> float:
         """Wait for the workers to drain (ModelUnavailable past ``deadline``), or for their residency to
-        end; returns the deadline of the drain that may follow (a drain after a residency gets its own)."""
+        end (``config``: the model that needs their room); returns the deadline of the drain that may
+        follow (a drain after a residency gets its own)."""
         if decision.resident_s > 0:
-            await self._until_resident_ends(decision)
+            await self._until_resident_ends(decision, config)
             return max(deadline, self._clock() + self._drain_timeout_s)
         if not await self._drained(decision.workers, deadline):
             raise ModelUnavailable(
@@ -210,23 +218,30 @@ class Room:
             )
         return deadline
 
-    async def _until_resident_ends(self, decision: WaitForDrain) -> None:
-        """Until none of the workers is kept by its residency (it ended, or the worker went idle)."""
-        first = True
+    async def _until_resident_ends(self, decision: WaitForDrain, config: str) -> None:
+        """Until none of the workers is kept by its residency (it ended, or the worker went idle), nor by
+        more requests waiting for it than for ``config``. The wait is told, and told again when it goes on
+        for a queue that the first telling did not name."""
+        told = False
+        told_queue = False
         while True:
             now = self._clock()
+            asking = self._waiting_for(config)  # re-read: requests for it come and go while it waits
             running = {w.id: w for w in self._running()}
-            left = max((residency_left(running[i], now) for i in decision.workers if i in running), default=0.0)
+            held = [(running[i], residency_left(running[i], now, asking)) for i in decision.workers if i in running]
+            left = max((s for _, s in held), default=0.0)
             if left <= 0:
                 return
-            if first:
-                first = False
-                held = [running[i] for i in decision.workers if i in running]
+            kept = [w for w, s in held if s > 0]
+            queues = [w for w in kept if held_for_queue(w, asking)]
+            if not told or (queues and not told_queue):
+                why = decision.reason if not told else _held_for_queues(config, queues, asking)
+                told, told_queue = True, told_queue or bool(queues)
                 self.workers.events.record(
                     "swap_held",
-                    f"{decision.reason}: the swap waits up to {left:.1f} s",
-                    held[0].id if held else None,
-                    model=held[0].config if held else None,
+                    f"{why}: the swap waits up to {left:.1f} s",
+                    kept[0].id,
+                    model=kept[0].config,
                     seconds_left=round(left, 1),
                 )
             # A request's end may leave the worker idle a moment later: look again at least every second.
@@ -345,3 +360,9 @@ class Room:
                 )
             )
         return out
+
+
+def _held_for_queues(config: str, queues: list[RunningWorker], asking: int) -> str:
+    waits = ", ".join(f"{w.waiting} requests wait on {w.config}" for w in queues)
+    names = ", ".join(w.config for w in queues)
+    return f"{config} waits past the residency of {names} (at most twice it): {waits}, {asking} on {config}"

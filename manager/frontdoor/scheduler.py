@@ -347,7 +347,7 @@ class Scheduler:
                             slot.loading = Loading("cold", target.id, started)
                         break
                     self.room.drain(decision, draining)
-                drain_deadline = await self.room.until_drained(decision, drain_deadline)
+                drain_deadline = await self.room.until_drained(decision, drain_deadline, config)
         except ManagerError as exc:  # a worker deleted meanwhile, a stop that failed
             raise ModelUnavailable(f"{config} could not be started: {exc.message}") from exc
         finally:

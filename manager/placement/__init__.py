@@ -13,7 +13,7 @@ from manager.placement.decide import decide
 from manager.placement.decisions import CannotFit, Decision, FreeHostRam, MakeRoom, Place, WaitForDrain
 from manager.placement.host_ram import free_host_ram, sleep_level_of
 from manager.placement.replica import place_replica
-from manager.placement.residency import idle, residency_left, residency_of
+from manager.placement.residency import held_for_queue, idle, residency_left, residency_of
 from manager.placement.snapshot import Need, Node, RunningWorker, SleepingWorker, Snapshot
 from manager.placement.start_node import Candidate, NodeCheck, StopSleepersFirst, start_node, start_order
 
@@ -34,6 +34,7 @@ __all__ = [
     "WaitForDrain",
     "decide",
     "free_host_ram",
+    "held_for_queue",
     "idle",
     "place_replica",
     "residency_left",

@@ -2,7 +2,8 @@
 
 A worker shares the need's room only through a GPU id they have in common on this node; a
 persistent worker is never chosen, nor is one with requests in flight (the caller waits for those to
-drain and asks again), nor one still within its residency after a swap while it is in use
+drain and asks again), nor one still within its residency after a swap while it is in use,
+or past it while more requests wait for it than for the need, up to twice its residency
 (``residency``: the caller waits for that to end and asks again). Those go first that are out of their
 residency, idle, with the fewest requests on them, quickest to bring back (a measured wake before a
 slower or unmeasured cold start), then least recently used; and only as many as the need takes: none
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from manager.placement.decisions import CannotFit, WaitForDrain
-from manager.placement.residency import residency_left
+from manager.placement.residency import held_for_queue, residency_left
 from manager.placement.snapshot import Need, Node, RunningWorker
 
 GIB = 1 << 30
@@ -101,7 +102,7 @@ def _by_bytes(sharing: list[RunningWorker], need: Need, need_bytes: int, free: d
     deficit = {g: need_bytes - room for g, room in free.items()}
     if all(d <= 0 for d in deficit.values()):
         return Evict()
-    candidates = sorted((w for w in sharing if not w.persistent), key=lambda w: _eviction_order(w, now))
+    candidates = sorted((w for w in sharing if not w.persistent), key=lambda w: _eviction_order(w, now, need.waiting))
     chosen: list[RunningWorker] = []
     for worker in candidates:
         if any(deficit[g] > 0 for g in worker.gpus if g in deficit):
@@ -130,13 +131,9 @@ def _by_bytes(sharing: list[RunningWorker], need: Need, need_bytes: int, free: d
 
 
 def _decide(chosen: list[RunningWorker], need: Need, now: float) -> OnNode:
-    kept = [(w, left) for w in chosen if (left := residency_left(w, now)) > 0]
+    kept = [(w, left) for w in chosen if (left := residency_left(w, now, need.waiting)) > 0]
     if kept:
-        staying = ", ".join(
-            f"{w.config} (swapped in {now - (w.resident_since or now):.1f} s ago, staying {left:.1f} s more "
-            f"of its min_residency_s {w.min_residency_s:g} unless it goes idle)"
-            for w, left in kept
-        )
+        staying = ", ".join(_staying(w, left, need, now) for w, left in kept)
         return WaitForDrain(
             tuple(w.id for w, _ in kept),
             f"{need.config} needs the room of {staying}",
@@ -149,16 +146,26 @@ def _decide(chosen: list[RunningWorker], need: Need, now: float) -> OnNode:
             tuple(w.id for w in busy),
             f"{need.config} needs the room of {serving}, which must finish its requests first",
         )
-    ordered = sorted(chosen, key=lambda w: _eviction_order(w, now))
+    ordered = sorted(chosen, key=lambda w: _eviction_order(w, now, need.waiting))
     return Evict(sleep=tuple(w for w in ordered if w.may_sleep), stop=tuple(w for w in ordered if not w.may_sleep))
 
 
-def _eviction_order(w: RunningWorker, now: float) -> tuple[bool, bool, int, float, float, int]:
+def _staying(w: RunningWorker, left: float, need: Need, now: float) -> str:
+    ago = f"swapped in {now - (w.resident_since or now):.1f} s ago, staying {left:.1f} s more"
+    if held_for_queue(w, need.waiting):
+        return (
+            f"{w.config} ({ago}: {w.waiting} requests wait on {w.config}, {need.waiting} on {need.config}; "
+            f"kept at most twice its min_residency_s {w.min_residency_s:g} unless it goes idle)"
+        )
+    return f"{w.config} ({ago} of its min_residency_s {w.min_residency_s:g} unless it goes idle)"
+
+
+def _eviction_order(w: RunningWorker, now: float, asking: int) -> tuple[bool, bool, int, float, float, int]:
     # Out of its residency before within it, idle before busy, fewer requests on it first, then the
     # quickest to bring back (never measured counts as slowest), then least recently used.
     back_in = w.back_in_s if w.back_in_s is not None else float("inf")
     on_it = w.in_flight + w.waiting
-    return (residency_left(w, now) > 0, w.in_flight > 0, on_it, back_in, lru_time(w.last_request_at), w.id)
+    return (residency_left(w, now, asking) > 0, w.in_flight > 0, on_it, back_in, lru_time(w.last_request_at), w.id)
 
 
 def lru_time(last_request_at: float | None) -> float:

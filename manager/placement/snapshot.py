@@ -37,7 +37,8 @@ class RunningWorker:
     # GPU sizes are known, where ``gpu_bytes`` is not given.
     gpu_share: float | None = None
     # When it was last swapped in for requests (started or woken for them, on the snapshot's clock);
-    # None: not swapped in that way (started by hand). It stays ``min_residency_s`` after that unless idle.
+    # None: not swapped in that way (started by hand). It stays ``min_residency_s`` after that unless idle
+    # (longer while its queue is longer than the asking model's: ``residency``).
     resident_since: float | None = None
     min_residency_s: float = 0.0
     # Measured seconds to bring it back the way it would go (its wake where it may sleep, else its
@@ -68,6 +69,9 @@ class Need:
     gpu_bytes: int | None
     nodes: tuple[str | None, ...] | None = None
     gpu_share: float | None = None
+    # Requests waiting for it to start (0: a start nobody waits for, as one asked for by hand): a busy
+    # worker with more requests waiting for it stays past its residency (``residency``).
+    waiting: int = 0
 
 
 @dataclass(frozen=True)
