@@ -28,9 +28,24 @@ CODE_FLAGS = {
     "--io-processor-plugin": "loads an IO processor plugin",
     "--model-class-overrides": "replaces model classes with ones from module paths",
     "--log-config-file": "loads a logging configuration that can name handler classes",
-    "--distributed-executor-backend": "can name an executor class path",
+    "--distributed-executor-backend": "can name an executor class path (ray, mp, uni and external_launcher are "
+    "allowed)",
     "--config": "reads further arguments from a file, which could set any flag refused here",
 }
+
+
+# Code flags whose value may also be one of vLLM's own names, which load nothing of the user's.
+BUILTIN_VALUES = {"--distributed-executor-backend": ("ray", "mp", "uni", "external_launcher")}
+
+
+def _loads_code(code: str, args: list[str], i: int) -> bool:
+    """Whether ``args[i]`` (the code flag ``code``) loads code: any value but one of vLLM's own names."""
+    names = BUILTIN_VALUES.get(code)
+    if names is None:
+        return True
+    arg = args[i]
+    value = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else None)
+    return value not in names
 
 
 def _canonical(flag: str) -> str:
@@ -52,7 +67,7 @@ def _protected_by(flag: str, table: dict[str, str]) -> str | None:
 
 def check_extra_args(args: list[str], allow_code_flags: bool) -> None:
     """Refuse flags that run user-chosen code (unless allowed) and flags the config already owns."""
-    for arg in args:
+    for i, arg in enumerate(args):
         flag = flag_name(arg)
         if flag is None:
             continue
@@ -67,7 +82,7 @@ def check_extra_args(args: list[str], allow_code_flags: bool) -> None:
                 field="extra_args",
             )
         code = _protected_by(flag, CODE_FLAGS)
-        if code and not allow_code_flags:
+        if code and not allow_code_flags and _loads_code(code, args, i):
             raise Invalid(
                 f"extra_args: {arg.split('=', 1)[0]} is refused because {code} {CODE_FLAGS[code]}; an "
                 "operator can allow such flags with VLLM_MANAGER_ALLOW_CODE_FLAGS=1",
@@ -113,13 +128,13 @@ def check_engine_argv(argv: list[str], allow_code_flags: bool) -> None:
     loading as extra_args are: whatever reaches vLLM's parser has passed this check."""
     if allow_code_flags:
         return
-    for arg in argv:
+    for i, arg in enumerate(argv):
         flag = flag_name(arg)
         if flag is None or flag in WRITTEN_FLAGS:
             continue  # a flag the manager writes is itself, not the start of a longer one
         flag = _canonical(flag).split(".", 1)[0]
         code = _protected_by(flag, CODE_FLAGS)
-        if code:
+        if code and _loads_code(code, argv, i):
             raise Invalid(
                 f"the engine's command line: {arg.split('=', 1)[0]} is refused because {code} {CODE_FLAGS[code]}; "
                 "an operator can allow such flags with VLLM_MANAGER_ALLOW_CODE_FLAGS=1",

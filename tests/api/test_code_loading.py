@@ -32,6 +32,9 @@ YAML = {"Content-Type": "application/yaml"}
         ({"extra_args": ["--kv-transfer-config.kv_connector_module_path", "my_pkg"]}, "kv_connector_module_path"),
         ({"extra_args": ["--speculative-config", '{"model": "my_pkg.Proposer"}']}, "model"),
         ({"extra_args": ["--hf-overrides", '{"rope_scaling": {"factor": 4.0}']}, "--hf-overrides is not valid JSON"),
+        ({"extra_args": ["--distributed-executor-backend", "my_pkg.MyExecutor"]}, "executor class path"),
+        ({"extra_args": ["--distributed-executor-backend=my_pkg.MyExecutor"]}, "executor class path"),
+        ({"extra_args": ["--distributed-executor"]}, "executor class path"),
     ],
 )
 def test_each_code_loading_setting_is_a_422_that_names_it(client, fields, named):
@@ -62,6 +65,14 @@ def test_a_typical_config_is_stored(client):
     created = client.post("/api/models", json=typical)
     assert created.status_code == 201, created.text
     assert created.json()["extra_args"] == typical["extra_args"]
+
+
+@pytest.mark.parametrize("args", [["--distributed-executor-backend", "ray"], ["--distributed-executor-backend=mp"]])
+def test_one_of_vllms_own_executors_is_not_code_loading(client, args):
+    created = client.post("/api/models", json={**BASE, "extra_args": args})
+    assert created.status_code == 201, created.text
+    preview = client.get("/api/models/m/command")
+    assert preview.status_code == 200, preview.text
 
 
 def test_the_opt_out_stores_them(settings):
