@@ -59,7 +59,13 @@ class OffloadProfileFields(SQLModel):
     lora_cpu_pooling: bool = False
     lora_pool_gib: float | None = Field(default=None, gt=0, le=MAX_GIB)
     moe_expert_offload: bool = False
-    moe_gpu_cache_gib: float | None = Field(default=None, ge=0, le=MAX_GIB)
+    moe_gpu_cache_gib: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_GIB,
+        description="GPU memory for the MoE expert cache, per GPU: under tensor parallelism each rank keeps a "
+        "cache of this size for its share of every expert",
+    )
     pinned_budget_gib: float | None = Field(default=None, gt=0, le=MAX_GIB)
     # Sleep level 1 backs the weights up into one pinned pool kept for the engine's life (about a
     # second per sleep on an H200) instead of vLLM's fresh pinned allocation at every sleep.
