@@ -150,13 +150,15 @@ def main() -> int:
 def planned_region(folder: Path, cpu_gib: float, tp: int) -> dict[str, Any]:
     """What the planner says vLLM makes of ``--kv-offloading-size`` at this world size (planner/kv.py)."""
     sys.path.append(str(Path(__file__).resolve().parents[1]))
-    from manager.planner.kv import PAGE_ALIGNMENT, cdiv, kv_page_bytes
+    from manager.planner.kv import kv_page_bytes, offload_prefix_tokens
 
     config = json.loads((folder / "config.json").read_text())
-    chunk = kv_page_bytes(config, tensor_parallel_size=tp, dtype="bfloat16")
-    aligned = cdiv(chunk, PAGE_ALIGNMENT) * PAGE_ALIGNMENT
-    blocks = int(cpu_gib * GiB) // aligned
-    return {"block_bytes_all_ranks": chunk, "cpu_blocks": blocks, "prefix_tokens": blocks * 16}
+    tokens = offload_prefix_tokens(int(cpu_gib * GiB), config, tensor_parallel_size=tp, dtype="bfloat16")
+    return {
+        "block_bytes_all_ranks": kv_page_bytes(config, tensor_parallel_size=tp, dtype="bfloat16"),
+        "cpu_blocks": tokens // 16,  # vLLM's block of 16 tokens
+        "prefix_tokens": tokens,
+    }
 
 
 def shm_regions() -> list[dict[str, Any]]:

@@ -332,12 +332,15 @@ class ExpertOffload:
         slots = self._slots[layer]
         needed = [e for e in torch.unique(topk_ids.detach().to("cpu")).tolist() if e >= 0]
         resident = table.resident()
-        if self._stream_view is not None and len(needed) > table.num_slots:
-            found = sum(1 for e in needed if e in resident)
-            if found < self.stream_below_hit_rate * len(needed):
-                return self._forward_streamed(layer, x, topk_weights, topk_ids, fn, len(needed))
+        found = [e for e in needed if e in resident]
+        if (
+            self._stream_view is not None
+            and len(needed) > table.num_slots
+            and len(found) < self.stream_below_hit_rate * len(needed)
+        ):
+            return self._forward_streamed(layer, x, topk_weights, topk_ids, fn, len(needed))
         # Resident experts go first so the first round computes them while the rest load.
-        order = [e for e in needed if e in resident] + [e for e in needed if e not in resident]
+        order = found + [e for e in needed if e not in resident]
         out = None
         for start in range(0, len(order), table.num_slots):
             plan = table.assign(order[start : start + table.num_slots])

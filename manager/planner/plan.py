@@ -76,7 +76,10 @@ def _side(req: PlanRequest, model: _Model, gpu: GPU | None, host: HostMemory, **
     return gpu_side(variant, model.config, model.weights, gpu, memory, model.max_len)
 
 
-def _ways_out(req: PlanRequest, model: _Model, gpu: GPU | None, host: HostMemory, side: GpuSide) -> list[WayOut]:
+def _ways_out(
+    req: PlanRequest, model: _Model, gpu: GPU | None, host: HostMemory, side: GpuSide, host_short: bool
+) -> list[WayOut]:
+    """The changes that would extend or fit the plan; ``host_short``: the host cannot hold it as asked."""
     ways: list[WayOut] = []
     L = model.max_len
 
@@ -84,14 +87,14 @@ def _ways_out(req: PlanRequest, model: _Model, gpu: GPU | None, host: HostMemory
         s = _side(req, model, gpu, host, **update)
         # A change that gives the KV cache room may still ask more of the host than it has (expert
         # offload pins every expert in RAM): it fits only when the host holds it too.
-        _, host_short, _ = _host_lines(req.model_copy(update=update), model, host, s, 0)
+        _, still_short, _ = _host_lines(req.model_copy(update=update), model, host, s, 0)
         ways.append(
             WayOut(
                 key=key,
                 change=change,
                 max_context=s.capacity.max_context,
                 kv_cache_tokens=s.capacity.kv_cache_tokens,
-                fits=s.kv_budget_bytes > 0 and s.capacity.max_context >= L and not host_short,
+                fits=s.kv_budget_bytes > 0 and s.capacity.max_context >= L and not still_short,
                 explanation=why,
             )
         )
@@ -141,7 +144,7 @@ def _ways_out(req: PlanRequest, model: _Model, gpu: GPU | None, host: HostMemory
                 "every forward pass: slower decode",
                 cpu_offload_gb=req.cpu_offload_gb + extra,
             )
-    if req.sleep_pool and _host_lines(req, model, host, side, 0)[1]:  # only where the host is short
+    if req.sleep_pool and host_short:
         add(
             "sleep_level_2",
             "sleep_level 2",
@@ -226,14 +229,9 @@ def _host_lines(
     cfg = text_config(model.config)
     reserve = max(OS_RESERVE_MIN, host.machine_ram // 10)
     offload = int(req.kv_offload_gib * GiB)
-    experts_host = (
-        moe_offload(w, cfg, req.moe_gpu_cache_gib, req.tensor_parallel_size).host_bytes if req.moe_expert_offload else 0
-    )
-    uva = side.weights_offloaded_bytes * req.tensor_parallel_size - (
-        moe_offload(w, cfg, req.moe_gpu_cache_gib, req.tensor_parallel_size).gpu_bytes_freed
-        if req.moe_expert_offload
-        else 0
-    )
+    experts = moe_offload(w, cfg, req.moe_gpu_cache_gib, req.tensor_parallel_size) if req.moe_expert_offload else None
+    experts_host = experts.host_bytes if experts else 0
+    uva = side.weights_offloaded_bytes * req.tensor_parallel_size - (experts.gpu_bytes_freed if experts else 0)
     needs = [
         ("ram_reserve", "Reserve for the OS", reserve, "max(4 GiB, 10% of RAM) left for the OS and page cache"),
         ("engine_host", "vLLM processes", ENGINE_HOST_BYTES, "API server, engine core and workers (estimate)"),
@@ -479,7 +477,8 @@ def _make_plan(
             f"{cap.kv_cache_tokens // side.assumptions.max_num_seqs:,} tokens each",
         ),
     ]
-    ways = _ways_out(req, model, device, host, side)
+    host_lines, host_reasons, host_needed = _host_lines(req, model, host, side, prefix_tokens)
+    ways = _ways_out(req, model, device, host, side, bool(host_reasons))
     lines += [
         PlanLine(
             key=f"way_{x.key}",
@@ -502,7 +501,6 @@ def _make_plan(
                 explanation="unchanged: CPU KV offload adds prefix-cache capacity, not context",
             )
         )
-    host_lines, host_reasons, host_needed = _host_lines(req, model, host, side, prefix_tokens)
     lines += host_lines
     verdict = _verdict(req, model, side, ways, host_reasons, prefix_tokens)
     warnings = []
@@ -604,6 +602,7 @@ def _verdict(
             f"max_model_len {L:,} needs {gib(side.kv_needed_bytes)} GiB of KV; "
             f"{gib(side.kv_budget_bytes)} GiB is left after weights: fits {cap.max_context:,} tokens"
         )
+    gpu_short = bool(reasons)
     reasons += host_reasons
     if not reasons:
         return Verdict(
@@ -613,7 +612,6 @@ def _verdict(
             f"{cap.max_concurrency:.2f} requests of {L:,} tokens at once",
         )
     # Where the GPU side fits, a change only helps if it fits the host too.
-    gpu_short = len(reasons) > len(host_reasons)
     others = [w for w in ways if w.key != "shorter_context" and (gpu_short or w.fits)]
     message = "; ".join(reasons)
     if others:
