@@ -22,17 +22,18 @@ from manager.host.local import Spawned, read_chunk
 from manager.launch.engine_key import ENV_NAME
 from manager.launch.preflight import HostClaims, Refused, refuse_if_it_cannot_fit
 from manager.metrics.gpu import GpuCollector, GpuReport
+from manager.metrics.gpu_mask import engine_devices, visible_devices
 from manager.metrics.host import HostCollector, HostSample, ProcessTreeSample
 from manager.metrics.pools import PoolReport, PoolsReader
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 
-# What Ray puts in its worker processes' environment that must not reach an engine: the agent's own
-# device mask (an actor without GPUs sees none) and the worker's identity.
+# What Ray puts in its worker processes' environment that must not reach an engine: a device mask (the
+# engine gets its own, in the driver's numbering) and the worker's identity.
 _DEVICE_MASKS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ONEAPI_DEVICE_SELECTOR")
 
 
-AGENT_VERSION = "1"  # raise it when a method's signature or meaning changes
+AGENT_VERSION = "2"  # raise it when a method's signature or meaning changes
 
 
 def engine_env(inherited: dict[str, str], wanted: dict[str, str]) -> dict[str, str]:
@@ -65,14 +66,25 @@ class NodeAgent:
         self._pools = PoolsReader.from_plugin()
 
     def hello(self) -> dict:
-        """Who answers: the agent's pid and host (a heartbeat)."""
-        return {"node": self.node_name, "pid": os.getpid(), "hostname": socket.gethostname()}
+        """Who answers: the agent's pid and host (a heartbeat), and the driver's GPUs its node lends
+        (its raylet's CUDA_VISIBLE_DEVICES; None: every GPU)."""
+        mask = visible_devices()
+        return {
+            "node": self.node_name,
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "gpus_lent": None if mask is None else list(mask),
+        }
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: str, cwd: str) -> Spawned:
         """Start an engine in a fresh run folder ``cwd`` on this node, writing to ``log_path`` here."""
         shutil.rmtree(cwd, ignore_errors=True)
         Path(cwd).mkdir(parents=True, exist_ok=True)
-        order = {"argv": argv, "env": engine_env(dict(os.environ), env), "log_path": log_path, "cwd": cwd}
+        try:
+            wanted = engine_devices(env, visible_devices())  # the GPUs this node's raylet was given
+        except ValueError as exc:
+            raise OSError(f"node {self.node_name}: {exc}") from None
+        order = {"argv": argv, "env": engine_env(dict(os.environ), wanted), "log_path": log_path, "cwd": cwd}
         done = subprocess.run(
             [sys.executable, "-m", "manager.cluster.launcher"],
             input=json.dumps(order),

@@ -34,6 +34,8 @@ AGENT_NAME = "vllm-manager-agent-{version}-{node_id}"
 CONNECT_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 10.0  # an agent call; a stop waits for its grace period on top
 HEARTBEAT_S = 1.0
+# Ray leaves CUDA_VISIBLE_DEVICES alone in a worker whose environment has this set.
+NOSET_CUDA_MASK = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 LOST_AFTER_S = 5.0  # an agent that has not answered this long: its node is lost
 
 # Called with (node name, its new state) when a node is lost or comes back.
@@ -322,6 +324,9 @@ class RayCluster:
                 num_cpus=0,
                 max_concurrency=8,  # a long stop must not hold up the heartbeat
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
+                # The agent keeps its raylet's CUDA_VISIBLE_DEVICES (the GPUs the node lends), which Ray
+                # would otherwise empty for an actor that asks for no GPU.
+                runtime_env={"env_vars": {NOSET_CUDA_MASK: "1"}},
             ).remote(name)
         except Exception:
             log.exception("could not start the agent on node %s", name)

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from manager import processes
 from manager.host import gpu_cleanup, process
+from manager.metrics.gpu_mask import engine_devices, visible_devices
 
 LOOPBACK = "127.0.0.1"
 LOG_CHUNK = 1 << 20  # the most a log read returns at once
@@ -61,6 +62,10 @@ class LocalHost:
         self._popens: dict[int, subprocess.Popen[bytes]] = {}
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> Spawned:
+        try:
+            env = engine_devices(env, visible_devices())
+        except ValueError as exc:
+            raise OSError(str(exc)) from None
         popen = process.spawn(argv, env, log_path, cwd)
         # Ended engines are kept for their exit code (a crash report reads it after the group is
         # stopped); only the oldest of many are let go.

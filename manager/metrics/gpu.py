@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from manager.metrics.gpu_mask import ENV, visible_devices
+
 log = logging.getLogger(__name__)
 
 NO_GPU = "no NVIDIA GPU detected"
@@ -112,8 +114,11 @@ class Nvml:
         *,
         retry_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        mask: tuple[str, ...] | None = None,
     ) -> None:
         self._module: Any = module  # pynvml has no type hints
+        # The GPUs this box lends the manager (gpu_mask.py): GPU i is the driver's mask[i].
+        self._mask = mask
         self._retry_s = retry_s
         self._clock = clock
         # Guards the session state only; reads run outside it (NVML itself is thread-safe), so a
@@ -145,7 +150,7 @@ class Nvml:
             return count
         found = []
         for index in range(count):
-            handle = _handle(nvml, index)
+            handle = self._handle(nvml, index)
             if isinstance(handle, NvmlUnavailable):
                 found.append(GpuDevice(index, None, None))
                 continue
@@ -161,7 +166,7 @@ class Nvml:
         if isinstance(session, NvmlUnavailable):
             return session
         nvml = session.module
-        handle = _handle(nvml, index)
+        handle = self._handle(nvml, index)
         if isinstance(handle, NvmlUnavailable):
             return handle
         try:
@@ -183,7 +188,7 @@ class Nvml:
             return GpuReport.unavailable("NVML found no devices")
         gpus = []
         for index in range(count):
-            handle = _handle(nvml, index)
+            handle = self._handle(nvml, index)
             if isinstance(handle, NvmlUnavailable):
                 log.warning("%s", handle.reason)
                 gpus.append(_empty_sample(index))
@@ -227,9 +232,23 @@ class Nvml:
             log.info("NVML not available, no GPU readings: %s", why)
             return NvmlUnavailable(why)
 
+    def _handle(self, nvml: Any, index: int) -> Any:
+        if self._mask is None:
+            return _handle(nvml, index)
+        if index >= len(self._mask):
+            return NvmlUnavailable(f"GPU {index} is not one of the {len(self._mask)} GPU(s) {ENV} lends the manager")
+        entry = self._mask[index]
+        if entry.isdigit():
+            return _handle(nvml, int(entry))
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(entry)
+        except Exception as exc:
+            return NvmlUnavailable(f"GPU {index} ({entry}) cannot be read ({type(exc).__name__}: {exc})")
+
     def _count(self, session: _Session) -> int | NvmlUnavailable:
         try:
-            return int(session.module.nvmlDeviceGetCount())
+            count = int(session.module.nvmlDeviceGetCount())
+            return count if self._mask is None else len(self._mask)
         except Exception as exc:
             why = f"NVML stopped answering ({type(exc).__name__}: {exc})"
         with self._lock:
@@ -241,7 +260,7 @@ class Nvml:
         return NvmlUnavailable(why)
 
 
-_shared = Nvml()
+_shared = Nvml(mask=visible_devices())
 
 
 def shared_nvml() -> Nvml:

@@ -64,6 +64,12 @@ class FakeNvml:
             raise pynvml.NVMLError_InvalidArgument()
         return i
 
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        for i in range(self.count):
+            if self.nvmlDeviceGetUUID(i) == uuid:
+                return i
+        raise pynvml.NVMLError_NotFound()
+
     def _unsupported_on_1(self, h: int, value: int) -> int:
         if h == 1:
             raise pynvml.NVMLError_NotSupported()
