@@ -51,13 +51,30 @@ def clean(line: str) -> str:
 
 
 def meaningful_error(lines: list[str]) -> str | None:
-    """The line a person would quote as the reason an engine died: its last exception line."""
-    stripped = [_PREFIX.sub("", clean(line)).strip() for line in lines]
-    stripped = [line for line in stripped if line]
-    exceptions = [i for i, line in enumerate(stripped) if _EXCEPTION.match(line) and not line.startswith(_NOISE)]
+    """The line a person would quote as the reason an engine died: its last exception line; where vLLM
+    ends with "see root cause above" (a start that failed), the first one, since what follows it is the
+    cleanup failing in turn. Exceptions vLLM logs below ERROR (a missing optional extension, say) are
+    not the reason."""
+    stripped: list[str] = []
+    quiet: set[int] = set()  # lines vLLM logged at DEBUG, INFO or WARNING
+    for line in lines:
+        text = clean(line)
+        prefix = _PREFIX.match(text)
+        text = _PREFIX.sub("", text).strip()
+        if not text:
+            continue
+        if prefix and prefix.group(2) in ("DEBUG", "INFO", "WARNING"):
+            quiet.add(len(stripped))
+        stripped.append(text)
+    exceptions = [
+        i
+        for i, line in enumerate(stripped)
+        if i not in quiet and _EXCEPTION.match(line) and not line.startswith(_NOISE)
+    ]
     causes = [i for i in exceptions if not any(w in stripped[i].lower() for w in _WRAPPERS)]
     if causes or exceptions:
-        i = (causes or exceptions)[-1]
+        wrapped = len(causes) < len(exceptions)
+        i = causes[0] if causes and wrapped else (causes or exceptions)[-1]
         line = stripped[i]
         if "validation error" in line and i + 1 < len(stripped):
             # pydantic puts the reason on the next line ("Value error, User-specified max_model_len ...

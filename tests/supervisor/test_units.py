@@ -56,6 +56,21 @@ def test_the_root_cause_raised_in_a_vllm_worker_process_is_found_under_the_engin
     assert "decrease `--gpu-memory-utilization`" in reason
 
 
+def test_a_start_that_failed_in_vllms_ray_workers_names_their_error_not_the_cleanup_after_it():
+    # vLLM 0.32.0 on two H200s, a TP-2 model over two raylets on one host: the workers raise IndexError,
+    # then the executor's cleanup fails (ActorHandleNotFoundError) before "See root cause above".
+    output = (Path(__file__).parents[1] / "fixtures" / "vllm_ray_tp2_failure.log").read_text().splitlines()
+    assert meaningful_error(output) == (
+        "IndexError: device_id 1 is out of range for assigned_physical_gpu_ids [0] (1 devices assigned)"
+    )
+    # An exception vLLM logs as a warning is not why the engine died.
+    warned = "(Worker_TP1 pid=1350) WARNING 11-26 20:18:51 [import_utils.py:417] AssertionError: Expected one"
+    assert meaningful_error([warned, "ValueError: Free memory on device cuda:0 is low"]) == (
+        "ValueError: Free memory on device cuda:0 is low"
+    )
+    assert meaningful_error([*VLLM_FAILURE.splitlines()[:3], warned]) != warned
+
+
 def test_log_tail_follows_appends_and_feeds_subscribers(tmp_path):
     path = new_log_file(tmp_path / "w")
     tail = LogTail()
