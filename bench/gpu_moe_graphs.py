@@ -223,8 +223,11 @@ class Engine:
         def delta(a: dict[str, Any], b: dict[str, Any], key: str) -> float:
             return float(b[key]) - float(a[key])
 
-        # Each difference holds one probe and one prefill of the same prompts: they cancel.
-        moved = delta(s0, s1, "bytes_moved") - delta(s1, s2, "bytes_moved")
+        # Each difference holds one probe and one prefill of the same prompts: they cancel. Experts read in
+        # place (moe_stream_below_hit_rate) cross the link too.
+        for snap in (s0, s1, s2):
+            snap["link_bytes"] = float(snap["bytes_moved"]) + float(snap.get("streamed_bytes") or 0)
+        moved = delta(s0, s1, "link_bytes") - delta(s1, s2, "link_bytes")
         tokens = delta(s0, s1, "tokens") - delta(s1, s2, "tokens")
         hits = delta(s0, s1, "hits") - delta(s1, s2, "hits")
         misses = delta(s0, s1, "misses") - delta(s1, s2, "misses")
@@ -233,7 +236,10 @@ class Engine:
             "decode_tokens_asked": batch * (long - short),
             "bytes_per_token": round(moved / tokens) if tokens > 0 else None,
             "hit_rate": round(hits / (hits + misses), 4) if hits + misses > 0 else None,
-            "snapshots": [{k: x[k] for k in ("tokens", "bytes_moved", "hits", "misses")} for x in (s0, s1, s2)],
+            "snapshots": [
+                {k: x.get(k) for k in ("tokens", "bytes_moved", "streamed_bytes", "hits", "misses")}
+                for x in (s0, s1, s2)
+            ],
         }
 
     def expert_stats(self) -> list[dict[str, Any]]:
@@ -407,6 +413,9 @@ def main() -> int:
         help="the plugin's moe_stream_below_hit_rate for the offload cases (0: off, as by default)",
     )
     args = parser.parse_args()
+    # `timeout` ends a run with SIGTERM: the engine in hand is then stopped as at a normal end (it runs in
+    # its own session, so nothing else would stop it, and the next check would find its GPU full).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
 

@@ -3,6 +3,7 @@
 # dependencies that the machine lacks, carried as wheels in .whl (bench/README.md says how to fetch them).
 # Only a wheel whose module cannot be imported is installed, so the machine's torch stack is untouched.
 export PYTHONPATH=/root/site:$PWD:/tmp/manager-site${PYTHONPATH:+:$PYTHONPATH}
+export PATH=/tmp/manager-site/bin:$PATH  # the `ray` command, where bench/gpu/ray-parts.sh installs it
 export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [ -d .whl ]; then

@@ -4,7 +4,7 @@
 # beyond vLLM's payload travel in parts, like the vLLM payload (../shared/tools/vllm-gpu/README.md).
 #
 #   On the CPU machine, once:  bash bench/gpu/ray-parts.sh make .gpu/ray
-#       downloads the wheels (Python 3.12, x86_64) and leaves .gpu/ray/r0/part, .gpu/ray/r1/part, ...
+#       downloads the wheels (Python 3.12, x86_64: Ray and what it needs beyond vLLM's payload) and leaves .gpu/ray/r0/part, .gpu/ray/r1/part, ...
 #   On the GPU machine, one run per part, back to back, each carrying its folder:
 #       bash bench/gpu/ray-parts.sh append .gpu/ray/r0
 #   and after the last one, in the same run as the check (or later ones while the machine stays warm):
@@ -19,7 +19,7 @@ make)
   tmp=$(mktemp -d)
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-    -d "$tmp/wheels" "ray==$RAY_VERSION" msgpack
+    -d "$tmp/wheels" "ray==$RAY_VERSION" msgpack jsonschema jsonschema-specifications referencing rpds-py attrs
   tar -C "$tmp" -cf "$tmp/ray.tar" wheels
   rm -rf "$out" && mkdir -p "$out"
   split -b "$PART_BYTES" -d -a 1 "$tmp/ray.tar" "$tmp/part."
