@@ -14,7 +14,7 @@ from manager.hub.model_location import download_note, downloads_forbidden, is_lo
 from manager.launch.allowed_env import env_notes
 from manager.launch.engine_key import ENV_NAME, key_through_env
 from manager.launch.flags import flag_value, managed_argv, quiet_paths
-from manager.launch.refusals import check_engine_argv, check_launch
+from manager.launch.refusals import check_engine_argv, check_expert_offload, check_launch
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.settings import Settings
@@ -151,6 +151,7 @@ def build_command(
     Invalid when that argv loads code (unless ``allow_code_flags``), whatever part of it says so."""
     notes: list[str] = []
     moe_offload = profile is not None and profile.moe_expert_offload
+    check_expert_offload(config.extra_args, moe_offload)
     added_eager = adds_enforce_eager(config, profile)
     eager = eager_by_choice(config) or added_eager
     graph_tokens = moe_graph_tokens(config, profile) if moe_offload and not eager else None

@@ -112,6 +112,26 @@ def check_launch(config: ModelConfig, allow_code_flags: bool) -> None:
         raise Invalid(problem, field="tensor_parallel_size")
 
 
+# vLLM's flags that split whole experts between GPUs (or move them between GPUs) itself.
+EXPERT_PLACING_FLAGS = ("--enable-expert-parallel", "-ep", "--enable-eplb")
+
+
+def check_expert_offload(extra_args: list[str], moe_offload: bool) -> None:
+    """Refuse (422) MoE expert offload beside a flag with which vLLM places the experts itself: the
+    engine keeps every expert on its GPU then, and the plan (host copies, a GPU cache) would be wrong."""
+    if not moe_offload:
+        return
+    for arg in extra_args:
+        flag = flag_name(arg)
+        if flag is not None and _canonical(flag) in EXPERT_PLACING_FLAGS:
+            raise Invalid(
+                f"extra_args: {flag} lets vLLM place the experts on the GPUs itself, so the offload "
+                "profile's MoE expert offload would not apply and the plan would be wrong; turn "
+                f"moe_expert_offload off in the profile, or drop {flag}",
+                field="extra_args",
+            )
+
+
 def check_gpus_known(config: ModelConfig, known: int | None, where: str) -> None:
     """Refuse (422) a start that needs more GPUs than ``where`` has (``known``; None: not known)."""
     needed = engine_gpus(config.tensor_parallel_size, config.extra_args)

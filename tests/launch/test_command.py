@@ -6,6 +6,9 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
+from manager.errors import Invalid
 from manager.launch.command import ENTRY_MODULE, build_command
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
@@ -256,3 +259,17 @@ def test_at_tensor_parallel_2_each_rank_fills_the_cache_with_its_half_experts_an
     assert rank_slots == 64
     cmd = _build(config, profile)
     assert cmd.argv[cmd.argv.index("--max-cudagraph-capture-size") + 1] == str(device_planned_tokens(rank_slots, 8))
+
+
+@pytest.mark.parametrize("flag", ["--enable-expert-parallel", "-ep", "--enable_eplb"])
+def test_expert_offload_beside_a_flag_that_lets_vllm_place_the_experts_is_refused_naming_both(tmp_path, flag):
+    # With expert parallelism vLLM splits whole experts between the GPUs itself and the plugin leaves
+    # such layers on the GPU: the plan (experts in host memory, a small cache) would be wrong.
+    profile = OffloadProfile(name="moe", moe_expert_offload=True, moe_gpu_cache_gib=4)
+    config = ModelConfig(
+        name="moe", model=_qwen3_moe(tmp_path), tensor_parallel_size=2, gpu_ids=[0, 1], extra_args=[flag]
+    )
+    with pytest.raises(Invalid, match=f"{flag} lets vLLM place the experts.*moe_expert_offload off") as refused:
+        _build(config, profile)
+    assert refused.value.detail["field"] == "extra_args"
+    assert flag in " ".join(_build(config, None).argv)  # without the offload the flag is the user's to use
