@@ -112,8 +112,12 @@ def check_launch(config: ModelConfig, allow_code_flags: bool) -> None:
         raise Invalid(problem, field="tensor_parallel_size")
 
 
-# vLLM's flags that split whole experts between GPUs (or move them between GPUs) itself.
-EXPERT_PLACING_FLAGS = ("--enable-expert-parallel", "-ep", "--enable-eplb")
+# vLLM's flags with which it places whole experts on the GPUs itself.
+EXPERT_PLACING_FLAGS = {
+    "--enable-expert-parallel": "splits whole experts between the GPUs",
+    "-ep": "splits whole experts between the GPUs",
+    "--enable-eplb": "moves experts between the GPUs",
+}
 
 
 def check_expert_offload(extra_args: list[str], moe_offload: bool) -> None:
@@ -123,9 +127,12 @@ def check_expert_offload(extra_args: list[str], moe_offload: bool) -> None:
         return
     for arg in extra_args:
         flag = flag_name(arg)
-        if flag is not None and _canonical(flag) in EXPERT_PLACING_FLAGS:
+        # As check_extra_args reads a flag: --some_flag for --some-flag, and any unambiguous prefix.
+        placing = _protected_by(_canonical(flag), EXPERT_PLACING_FLAGS) if flag is not None else None
+        if placing:
             raise Invalid(
-                f"extra_args: {flag} lets vLLM place the experts on the GPUs itself, so the offload "
+                f"extra_args: {flag} lets vLLM place the experts on the GPUs itself (it "
+                f"{EXPERT_PLACING_FLAGS[placing]}), so the offload "
                 "profile's MoE expert offload would not apply and the plan would be wrong; turn "
                 f"moe_expert_offload off in the profile, or drop {flag}",
                 field="extra_args",

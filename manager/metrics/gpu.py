@@ -247,7 +247,7 @@ class Nvml:
 
     def _count(self, session: _Session) -> int | NvmlUnavailable:
         try:
-            count = int(session.module.nvmlDeviceGetCount())
+            count = int(session.module.nvmlDeviceGetCount())  # asked under a mask too: is NVML still there?
             return count if self._mask is None else len(self._mask)
         except Exception as exc:
             why = f"NVML stopped answering ({type(exc).__name__}: {exc})"
