@@ -5,7 +5,8 @@ one engine at a time, each launched with the argv and environment the manager's 
 ``build_command`` makes (so the manager's CUDA graph limit for offload is what runs). Cases:
 
 - ``offload_NN``: MoE expert offload with a GPU cache of NN % of the expert bytes, CUDA graphs on;
-  the manager adds ``--max-cudagraph-capture-size`` = slots per layer / top_k. ``offload_NN_eager``
+  the manager adds ``--max-cudagraph-capture-size`` = max(slots per layer / top_k, 16): batches up to
+  16 tokens are planned on the GPU, their experts that find no slot read in place. ``offload_NN_eager``
   adds ``--enforce-eager``; ``offload_graphs`` / ``offload_eager`` use ``--cache-fraction``.
 - ``resident``: every expert on the GPU, CUDA graphs on (vLLM's defaults).
 - ``vllm_uva``: vLLM's own expert offload, ``--cpu-offload-gb <all expert GiB> --cpu-offload-params
@@ -55,7 +56,7 @@ WORDS = ("river", "bridge", "market", "tower", "garden", "harbour", "wall", "gat
 PROMPTS = [f"The {w} of the city is" for w in WORDS] + [
     f"Story {i}: the {WORDS[i % 8]} of the city is" for i in range(8, 256)
 ]
-# Probes: prompts longer than any graph size an offload engine captures (at most 8 tokens), so
+# Probes: prompts longer than any graph size an offload engine captures (16 tokens here), so
 # the MoE layer's Python runs and the plugin publishes its stats (graph replays run no Python);
 # a new one each time, so the prefix cache never shortens one.
 PROBE_WORDS = WORDS + ("north", "south", "east", "west", "old", "new", "high", "low")

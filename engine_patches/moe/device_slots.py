@@ -8,8 +8,11 @@ anything. Here the same LRU bookkeeping lives in small GPU tensors and one plann
 with -1, that the gather kernel reads. Nothing reads back to the host, so a decode step can be
 captured in one CUDA graph.
 
-It works when every expert of the batch fits at once (tokens * top_k <= slots): the runtime uses it
-then and the host table otherwise, handing the state over between the two (``export``/``load``).
+Where a batch may need more experts than there are slots (tokens * top_k > slots), a plan made with
+``overflow=True`` gives the missing experts the slots that hold no expert of this batch, in expert id
+order, and lists the rest in ``overflow_ids``: the runtime's expert kernels read those in place from
+host memory, so the step still needs no host read. Without it the runtime hands such batches to the
+host table, passing the state over between the two (``export``/``load``).
 LRU is per batch: the experts one batch uses share one clock tick, ties go to the lower slot.
 """
 
@@ -35,6 +38,7 @@ try:  # Triton is optional: the torch path below computes the same plan.
         slot_ids_out,
         hit_ids_out,
         miss_ids_out,
+        over_ids_out,
         load_e_out,
         load_s_out,
         E,
@@ -71,32 +75,40 @@ try:  # Triton is optional: the torch path below computes the same plan.
         )
         rank = tl.sum(before.to(tl.int32), axis=1)  # [BS], a permutation of 0..BS-1
         miss_rank = tl.cumsum(miss.to(tl.int32), 0) - 1
+        # Slots that hold no expert of this batch; missing experts past that many get no slot
+        # (read in place from host memory by the expert kernels).
+        free = tl.sum((cls == 0).to(tl.int32), axis=0)
+        fit = miss & (miss_rank < free)
+        over = miss & (miss_rank >= free)
         # The j-th missing expert takes the slot of rank j (and evicts what was there).
-        pick = (rank[None, :] == miss_rank[:, None]) & miss[:, None]
+        pick = (rank[None, :] == miss_rank[:, None]) & fit[:, None]
         new_slot = tl.sum(tl.where(pick, s_r[None, :] + 1, 0), axis=1) - 1
         evicted = tl.sum(tl.where(pick, se[None, :] + 1, 0), axis=1) - 1
-        slot_now = tl.where(miss, new_slot, es)
+        slot_now = tl.where(fit, new_slot, es)  # -1 for an expert read in place
         tick = tl.load(clock) + 1
         tl.store(clock, tick)
         # Evicted experts are never needed ones, so these two stores touch different entries.
-        tl.store(expert_slot + evicted, -1, mask=miss & (evicted >= 0))
-        tl.store(expert_slot + e_r, new_slot, mask=miss)
-        tl.store(slot_expert + new_slot, e_r, mask=miss)
-        tl.store(last_used + slot_now, tick + 0 * slot_now.to(tl.int64), mask=need)
+        tl.store(expert_slot + evicted, -1, mask=fit & (evicted >= 0))
+        tl.store(expert_slot + e_r, new_slot, mask=fit)
+        tl.store(slot_expert + new_slot, e_r, mask=fit)
+        tl.store(last_used + slot_now, tick + 0 * slot_now.to(tl.int64), mask=need & (slot_now >= 0))
         match = ids[:, None] == e_r[None, :]
         sid = tl.sum(tl.where(match, slot_now[None, :] + 1, 0), axis=1) - 1
         tl.store(slot_ids_out + n_r, sid, mask=n_r < n)
         # The same ids split by whether the entry's expert is being copied in right now.
-        loading = tl.sum((match & miss[None, :]).to(tl.int32), axis=1) > 0
+        loading = tl.sum((match & fit[None, :]).to(tl.int32), axis=1) > 0
         tl.store(hit_ids_out + n_r, tl.where(loading, -1, sid), mask=n_r < n)
         tl.store(miss_ids_out + n_r, tl.where(loading, sid, -1), mask=n_r < n)
+        in_place = tl.sum((match & over[None, :]).to(tl.int32), axis=1) > 0
+        tl.store(over_ids_out + n_r, tl.where(in_place, ids, -1), mask=n_r < n)
         p_r = tl.arange(0, BP)
-        at = (miss_rank[None, :] == p_r[:, None]) & miss[None, :]
+        at = (miss_rank[None, :] == p_r[:, None]) & fit[None, :]
         tl.store(load_e_out + p_r, tl.sum(tl.where(at, e_r[None, :] + 1, 0), axis=1) - 1, mask=p_r < P)
         tl.store(load_s_out + p_r, tl.sum(tl.where(at, new_slot[None, :] + 1, 0), axis=1) - 1, mask=p_r < P)
         tl.store(counts, tl.load(counts) + tl.sum(hit.to(tl.int64), axis=0))
         tl.store(counts + 1, tl.load(counts + 1) + tl.sum(miss.to(tl.int64), axis=0))
         tl.store(counts + 2, tl.load(counts + 2) + T)
+        tl.store(counts + 3, tl.load(counts + 3) + tl.sum(over.to(tl.int64), axis=0))
 
     HAVE_TRITON = True
 except Exception:  # pragma: no cover - depends on the install
@@ -112,6 +124,9 @@ class DevicePlan:
     # is in this plan's copy list (-1 elsewhere). The first can be computed while the copy runs.
     hit_slot_ids: torch.Tensor
     miss_slot_ids: torch.Tensor
+    # [T, k] int32 expert id of entries whose expert got no slot (read in place), -1 elsewhere;
+    # all -1 unless the batch needs more experts than the slots hold.
+    overflow_ids: torch.Tensor
     load_experts: torch.Tensor  # [P] int32 expert ids to copy in, -1 padding at the end
     load_slots: torch.Tensor  # [P] int32 destination slots, -1 padding
 
@@ -142,16 +157,20 @@ class DeviceSlotTables:
             (num_layers, num_slots), -1, dtype=torch.int64, device=self.device
         )  # clock tick of last use, -1: never
         self.clock = torch.zeros(num_layers, dtype=torch.int64, device=self.device)
-        # hits, misses, tokens: counted on the device so CUDA-graph replays are counted too
-        self.counts = torch.zeros(num_layers, 3, dtype=torch.int64, device=self.device)
+        # hits, misses, tokens, misses read in place (no slot): counted on the device so CUDA-graph
+        # replays are counted too
+        self.counts = torch.zeros(num_layers, 4, dtype=torch.int64, device=self.device)
 
     def fits(self, topk_ids: torch.Tensor) -> bool:
         """True when every entry of the batch can be resident at once (a shape check, no sync)."""
         return topk_ids.numel() <= self.num_slots
 
-    def plan(self, layer: int, topk_ids: torch.Tensor) -> DevicePlan:
-        """Assign slots for ``topk_ids`` [T, k] of ``layer``, updating the LRU state in place."""
-        if not self.fits(topk_ids):
+    def plan(self, layer: int, topk_ids: torch.Tensor, *, overflow: bool = False) -> DevicePlan:
+        """Assign slots for ``topk_ids`` [T, k] of ``layer``, updating the LRU state in place.
+
+        ``overflow``: the batch may need more experts than there are slots; those left without one
+        are listed in ``overflow_ids`` for the caller to read in place."""
+        if not (overflow or self.fits(topk_ids)):
             raise ValueError(
                 f"{topk_ids.numel()} (token, k) entries do not fit in "
                 f"{self.num_slots} slots: use the host table for this batch"
@@ -160,6 +179,7 @@ class DeviceSlotTables:
         p = min(n, self.num_slots)
         slot_ids = torch.empty(topk_ids.shape, dtype=torch.int32, device=self.device)
         hit_ids, miss_ids = torch.empty_like(slot_ids), torch.empty_like(slot_ids)
+        over_ids = torch.empty_like(slot_ids)
         load_e = torch.empty(p, dtype=torch.int32, device=self.device)
         load_s = torch.empty(p, dtype=torch.int32, device=self.device)
         if self.use_triton:
@@ -175,6 +195,7 @@ class DeviceSlotTables:
                 slot_ids,
                 hit_ids,
                 miss_ids,
+                over_ids,
                 load_e,
                 load_s,
                 self.num_experts,
@@ -188,15 +209,15 @@ class DeviceSlotTables:
                 num_warps=4,
             )
         else:
-            self._plan_torch(layer, topk_ids, slot_ids, load_e, load_s)
+            self._plan_torch(layer, topk_ids, slot_ids, over_ids, load_e, load_s)
             loaded = torch.zeros(self.num_experts + 1, dtype=torch.bool, device=self.device)
             loaded[torch.where(load_e >= 0, load_e.long(), self.num_experts)] = True
             loading = loaded[torch.where(topk_ids >= 0, topk_ids.long(), self.num_experts)]
             hit_ids.copy_(torch.where(loading, -1, slot_ids))
             miss_ids.copy_(torch.where(loading, slot_ids, -1))
-        return DevicePlan(slot_ids, hit_ids, miss_ids, load_e, load_s)
+        return DevicePlan(slot_ids, hit_ids, miss_ids, over_ids, load_e, load_s)
 
-    def _plan_torch(self, layer, topk_ids, slot_ids, load_e, load_s) -> None:
+    def _plan_torch(self, layer, topk_ids, slot_ids, over_ids, load_e, load_s) -> None:
         """The kernel's algorithm in torch ops (no host reads either): CPU and no-Triton path."""
         E, S, p = self.num_experts, self.num_slots, load_e.shape[0]
         ids = topk_ids.reshape(-1).long()
@@ -211,24 +232,28 @@ class DeviceSlotTables:
         # Stable sort by (held, last use): ties keep the lower slot first, as in the kernel.
         order = torch.sort(held.long() * (1 << 62) + (lu + 1), stable=True).indices
         miss_rank = torch.cumsum(miss.long(), 0) - 1
+        # Slots holding no needed expert; the missing experts past that many are read in place.
+        free = (~held).sum()
+        fit, over = miss & (miss_rank < free), miss & (miss_rank >= free)
         new_slot = order[miss_rank.clamp(0, S - 1)]
         evicted = se.long()[new_slot]
-        slot_now = torch.where(miss, new_slot, es.long())
+        slot_now = torch.where(fit, new_slot, es.long())
         self.clock[layer] += 1
-        drop = torch.where(miss & (evicted >= 0), evicted, E)
+        drop = torch.where(fit & (evicted >= 0), evicted, E)
         es_ext = torch.cat([es, es.new_full((1,), -1)])  # index E: where masked writes go
         es_ext[drop] = -1
-        es_ext[torch.where(miss, torch.arange(E, device=self.device), E)] = new_slot.int()
+        es_ext[torch.where(fit, torch.arange(E, device=self.device), E)] = new_slot.int()
         es.copy_(es_ext[:E])
         se_ext = torch.cat([se, se.new_full((1,), -1)])
-        se_ext[torch.where(miss, new_slot, S)] = torch.arange(E, device=self.device, dtype=torch.int32)
+        se_ext[torch.where(fit, new_slot, S)] = torch.arange(E, device=self.device, dtype=torch.int32)
         se.copy_(se_ext[:S])
         lu_ext = torch.cat([lu, lu.new_full((1,), -1)])
-        lu_ext[torch.where(need, slot_now, S)] = self.clock[layer]
+        lu_ext[torch.where(need & (slot_now >= 0), slot_now, S)] = self.clock[layer]
         lu.copy_(lu_ext[:S])
         slot_ids.copy_(torch.where(valid, slot_now[ids.clamp_min(0)], -1).view(slot_ids.shape))
-        # Missing experts in id order, then padding; the j-th one goes to its new slot.
-        pos = torch.where(miss, miss_rank, p).clamp_max(p)
+        over_ids.copy_(torch.where(valid & over[ids.clamp_min(0)], ids, -1).view(over_ids.shape))
+        # Missing experts given a slot, in id order, then padding; the j-th one goes to its new slot.
+        pos = torch.where(fit, miss_rank, p).clamp_max(p)
         le = torch.full((p + 1,), -1, dtype=torch.int64, device=self.device)
         ls = le.clone()
         le[pos] = torch.arange(E, device=self.device)
@@ -238,6 +263,7 @@ class DeviceSlotTables:
         self.counts[layer, 0] += hit.sum()
         self.counts[layer, 1] += miss.sum()
         self.counts[layer, 2] += topk_ids.shape[0]
+        self.counts[layer, 3] += over.sum()
 
     # -- hand-over with the host table (the host path runs for batches that do not fit) ------
 

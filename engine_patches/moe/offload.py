@@ -10,7 +10,11 @@ Two modes, chosen per engine:
     batch 1 fast. For one token the gather is folded into the expert kernels instead
     (``fetch_experts``: missing experts are computed from host memory as they are read, resident
     ones while the link is busy). ``device_overlap`` computes the resident experts beside the
-    gather.
+    gather. With a device view of host memory (``stream_view``), batches of up to
+    ``in_place_tokens`` tokens are planned there too even when their experts may not all fit: the
+    missing experts get the slots this batch does not use, and the expert kernels read the rest in
+    place from host memory, in a second pass (``in_place_fn``). So batch 8 or 16 stays in a graph
+    at a small cache, and a step never waits on the host.
   - host (larger batches): the ids are read on the host (one small sync per layer), the
     ``ExpertSlotTable`` plans rounds when the batch needs more experts than there are slots, and
     the copies run on a side stream while the resident experts are computed.
@@ -71,6 +75,7 @@ class ExpertOffload:
         fetch_in_kernel: bool = True,
         stream_view: Callable[[torch.Tensor], torch.Tensor] | None = None,
         stream_below_hit_rate: float = 0.0,
+        in_place_tokens: int = 0,
     ) -> None:
         if not store.layers:
             raise ValueError("the expert store is empty: add every MoE layer before building the cache")
@@ -99,8 +104,14 @@ class ExpertOffload:
         # the link, read inside the kernels, and the cache left as it was. 0 (or no view): rounds.
         if not 0.0 <= stream_below_hit_rate <= 1.0:
             raise ValueError(f"stream_below_hit_rate must be in 0..1, got {stream_below_hit_rate}")
-        self._stream_view = stream_view if stream_below_hit_rate > 0 else None
+        self._stream_view = stream_view
         self.stream_below_hit_rate = stream_below_hit_rate
+        # Device planner: batches of up to this many tokens whose experts may not fit in the slots
+        # (more than slots/top_k tokens) are still planned on the device, the experts left without a
+        # slot read in place through ``stream_view``. 0 (or no view): such batches go to the host.
+        if in_place_tokens < 0:
+            raise ValueError(f"in_place_tokens must be >= 0, got {in_place_tokens}")
+        self.in_place_tokens = in_place_tokens if stream_view is not None else 0
         self._views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._streamed_calls = self._streamed_bytes = 0
         self._cuda = self.device.type == "cuda"
@@ -240,13 +251,17 @@ class ExpertOffload:
         experts_fn: ExpertsFn | None = None,
         *,
         own_math: bool = False,
+        in_place_fn: ExpertsFn | None = None,
     ) -> torch.Tensor:
         """The MoE output of ``layer`` for hidden states ``x`` [T, H] routed by ``topk_ids`` [T, k].
 
         ``own_math``: ``experts_fn`` computes the plain silu-gated MoE, so for one token the
-        runtime may use its own kernels instead (the fetch path)."""
+        runtime may use its own kernels instead (the fetch path). ``in_place_fn``: the experts
+        function for the pass over host memory (expert ids, -1 skipped); ``experts_fn`` if None."""
         fn = experts_fn or self.experts_fn
         if self.plans_on_device(topk_ids):  # counts its tokens on the device
+            if self._device is not None and not self._device.fits(topk_ids):
+                return self._forward_device_in_place(layer, x, topk_weights, topk_ids, fn, in_place_fn or fn)
             return self._forward_device(layer, x, topk_weights, topk_ids, fn, own_math or fn is auto_experts)
         self._tokens_in += x.shape[0]
         if self.mode == "copy_all":
@@ -255,7 +270,38 @@ class ExpertOffload:
 
     def plans_on_device(self, topk_ids: torch.Tensor) -> bool:
         """Whether this batch runs without host reads (and so may be captured in a CUDA graph)."""
-        return self.mode == "cached" and self._device is not None and self._device.fits(topk_ids)
+        if self.mode != "cached" or self._device is None:
+            return False
+        return self._device.fits(topk_ids) or topk_ids.shape[0] <= self.in_place_tokens
+
+    def _forward_device_in_place(self, layer, x, topk_weights, topk_ids, fn, in_place_fn) -> torch.Tensor:
+        """A batch that may need more experts than the slots hold, planned on the device: the
+        missing experts that find a free slot are gathered into it, the rest read in place."""
+        assert self._device is not None and self._stream_view is not None  # plans_on_device() said so
+        plan = self._device.plan(layer, topk_ids, overflow=True)
+        self._host_stale[layer] = True
+        if self._cuda and torch.cuda.is_current_stream_capturing():
+            self._graph_captured = True
+        src, dst = self.store.layers[layer], self._slots[layer]
+        t0 = time.perf_counter()
+        copy_expert_pairs_indexed((src.w13, src.w2), dst, plan.load_experts, plan.load_slots, **self._gather_kw)
+        if not self._cuda:
+            dt = time.perf_counter() - t0
+            self._copy_s += dt
+            self._exposed_s += dt
+        else:
+            self._untimed_calls += 1  # the in-place reads are inside the expert kernels
+        out = fn(x, dst[0], dst[1], topk_weights, plan.slot_ids)
+        w13, w2 = self._view(layer)
+        return out + in_place_fn(x, w13, w2, topk_weights, plan.overflow_ids)
+
+    def _view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Device views of ``layer``'s host experts, for the expert kernels to read in place."""
+        if layer not in self._views:
+            assert self._stream_view is not None  # callers check
+            lay = self.store.layers[layer]
+            self._views[layer] = (self._stream_view(lay.w13), self._stream_view(lay.w2))
+        return self._views[layer]
 
     def _forward_device(self, layer, x, topk_weights, topk_ids, fn, own_math) -> torch.Tensor:
         assert self._device is not None  # plans_on_device() said so
@@ -335,6 +381,7 @@ class ExpertOffload:
         found = [e for e in needed if e in resident]
         if (
             self._stream_view is not None
+            and self.stream_below_hit_rate > 0
             and len(needed) > table.num_slots
             and len(found) < self.stream_below_hit_rate * len(needed)
         ):
@@ -364,13 +411,9 @@ class ExpertOffload:
 
     def _forward_streamed(self, layer, x, topk_weights, topk_ids, fn, distinct: int) -> torch.Tensor:
         """Every routed expert of this layer read in place from host memory by the expert kernels."""
-        if layer not in self._views:
-            assert self._stream_view is not None  # the caller checked
-            lay = self.store.layers[layer]
-            self._views[layer] = (self._stream_view(lay.w13), self._stream_view(lay.w2))
         self._streamed_calls += 1
         self._streamed_bytes += distinct * self.store.layers[layer].expert_bytes
-        w13, w2 = self._views[layer]
+        w13, w2 = self._view(layer)
         return fn(x, w13, w2, topk_weights, topk_ids)
 
     def _lookup_tables(self, passes: list[dict[int, int]]) -> torch.Tensor:
@@ -424,13 +467,16 @@ class ExpertOffload:
             for events in (self._copy_events, self._wait_events, self._critical_events):
                 events.clear()
         hits, misses, moved, tokens = self._hits, self._misses, self._bytes, self._tokens_in
+        streamed = self._streamed_bytes
         device = self._device
         if device is not None:
             counts = device.counts.tolist()
             hits += sum(c[0] for c in counts)
             misses += sum(c[1] for c in counts)
             tokens += sum(c[2] for c in counts)
-            moved += sum(c[1] * lay.expert_bytes for c, lay in zip(counts, self.store.layers, strict=False))
+            # Misses are copied into a slot or, where none was free, read in place by the kernels.
+            moved += sum((c[1] - c[3]) * lay.expert_bytes for c, lay in zip(counts, self.store.layers, strict=False))
+            streamed += sum(c[3] * lay.expert_bytes for c, lay in zip(counts, self.store.layers, strict=False))
         return ExpertCacheStats(
             mode=self.mode,
             gpu_cache_bytes=self.gpu_cache_bytes,
@@ -444,7 +490,7 @@ class ExpertOffload:
             exposed_time_s=self._exposed_s,
             timed=(self.measure or not self._cuda) and not self._untimed_calls,
             streamed_layers=self._streamed_calls,
-            streamed_bytes=self._streamed_bytes,
+            streamed_bytes=streamed,
         )
 
     def reset_stats(self) -> None:

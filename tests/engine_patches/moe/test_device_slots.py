@@ -78,6 +78,51 @@ def test_a_batch_that_does_not_fit_is_left_to_the_host_table():
         tables.plan(0, ids)
 
 
+def test_a_batch_with_more_experts_than_slots_fills_the_free_slots_and_leaves_the_rest_to_be_read_in_place():
+    tables = DeviceSlotTables(1, E, 4, "cpu", use_triton=False)
+    tables.plan(0, torch.tensor([[0, 1]]))  # 0 and 1 resident, two slots free
+    ids = torch.tensor([[0, 2, 3, 4], [1, 5, 6, 2]])  # 7 experts for 4 slots
+    assert not tables.fits(ids)
+    plan = tables.plan(0, ids, overflow=True)
+    se = tables.slot_expert[0]
+    for t in range(2):
+        for k in range(4):
+            e, sid, over = int(ids[t, k]), int(plan.slot_ids[t, k]), int(plan.overflow_ids[t, k])
+            # every entry is computed exactly once: from its slot, or read in place
+            assert (sid >= 0) != (over >= 0)
+            assert (int(se[sid]) if sid >= 0 else over) == e
+    # The resident experts keep their slots; the two lowest missing ids take the free ones.
+    assert {int(e) for e in se} == {0, 1, 2, 3}
+    assert sorted(x for x in plan.load_experts.tolist() if x >= 0) == [2, 3]
+    assert sorted({int(e) for e in plan.overflow_ids.flatten() if e >= 0}) == [4, 5, 6]
+    # hits, misses (read in place included), tokens, misses read in place
+    assert tables.counts[0].tolist() == [2, 2 + 5, 1 + 2, 3]
+    # A batch that fits plans as before, with nothing read in place.
+    again = tables.plan(0, torch.tensor([[2, 3]]), overflow=True)
+    assert int((again.overflow_ids >= 0).sum()) == 0 and int((again.load_experts >= 0).sum()) == 0
+
+
+def test_many_batches_past_the_cache_keep_the_tables_consistent():
+    g = torch.Generator().manual_seed(8)
+    tables = DeviceSlotTables(2, E, 5, "cpu", use_triton=False)
+    for step in range(80):
+        layer = step % 2
+        before = {int(e) for e in tables.slot_expert[layer] if e >= 0}
+        ids = torch.stack(
+            [torch.randperm(E, generator=g)[:TOP_K] for _ in range(int(torch.randint(1, 5, (1,), generator=g)))]
+        )
+        plan = tables.plan(layer, ids, overflow=True)
+        se, es = tables.slot_expert[layer], tables.expert_slot[layer]
+        needed = {int(e) for e in ids.flatten()}
+        in_slots = {int(se[s]) for s in plan.slot_ids.flatten() if s >= 0}
+        in_place = {int(e) for e in plan.overflow_ids.flatten() if e >= 0}
+        assert in_slots | in_place == needed and not in_slots & in_place
+        assert needed & before <= in_slots  # a resident expert of the batch is never read in place
+        assert len(in_place) == max(0, len(needed) - 5)  # only what cannot fit is read in place
+        held = {int(e): s for s, e in enumerate(se.tolist()) if e >= 0}
+        assert all(int(es[e]) == s for e, s in held.items()) and int((es >= 0).sum()) == len(held)
+
+
 def test_state_hands_over_between_host_and_device_tables_in_lru_order():
     tables = DeviceSlotTables(1, E, 4, "cpu", use_triton=False)
     for ids in ([5, 6], [7], [5]):

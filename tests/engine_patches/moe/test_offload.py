@@ -238,3 +238,30 @@ def test_streaming_is_off_by_default_and_its_share_is_checked(model):
     assert offload.stats().streamed_layers == 0
     with pytest.raises(ValueError, match="stream_below_hit_rate"):
         ExpertOffload(store, device="cpu", slots_per_layer=TOP_K, stream_below_hit_rate=1.5)
+
+
+@pytest.mark.parametrize("slots", [TOP_K, 6])
+def test_batches_past_the_cache_are_planned_on_the_device_with_the_rest_read_in_place(model, slots):
+    """Up to in_place_tokens tokens stay on the device planner (no host read, so inside a CUDA
+    graph) however many experts they need: the missing ones fill the slots this batch does not
+    use, the rest are read in place, and the answer is the plain MoE's."""
+    weights, store = model
+    offload = ExpertOffload(store, device="cpu", slots_per_layer=slots, stream_view=lambda t: t, in_place_tokens=8)
+    assert all(offload.plans_on_device(torch.zeros(t, TOP_K, dtype=torch.long)) for t in range(1, 9))
+    assert not offload.plans_on_device(torch.zeros(9, TOP_K, dtype=torch.long))
+    assert _run_many_batches(offload, weights, seed=3) < 1e-5  # 1 to 8 tokens a batch
+    s = offload.stats()
+    one = store.layers[0].expert_bytes
+    assert s.streamed_bytes > 0 and s.streamed_bytes % one == 0  # experts read in place, counted
+    assert s.bytes_moved + s.streamed_bytes == s.misses * one and s.hits > 0  # each miss crossed once
+    assert not offload._tables[0].resident()  # the host table was never used
+
+
+def test_without_a_view_of_host_memory_such_batches_go_to_the_host_table(model):
+    weights, store = model
+    offload = ExpertOffload(store, device="cpu", slots_per_layer=TOP_K, in_place_tokens=8)
+    assert offload.in_place_tokens == 0 and not offload.plans_on_device(torch.zeros(2, TOP_K, dtype=torch.long))
+    assert _run_many_batches(offload, weights, seed=3) < 1e-5
+    assert offload.stats().streamed_bytes == 0
+    with pytest.raises(ValueError, match="in_place_tokens"):
+        ExpertOffload(store, device="cpu", stream_view=lambda t: t, in_place_tokens=-1)

@@ -1,6 +1,6 @@
 import pytest
 
-from engine_patches.moe.sizing import GIB, device_planned_tokens, expert_offload_sizing
+from engine_patches.moe.sizing import GIB, IN_PLACE_TOKENS, device_planned_tokens, expert_offload_sizing
 
 QWEN3_30B_A3B = dict(
     num_experts=128, num_layers=48, hidden_size=2048, moe_intermediate_size=768, dtype_bytes=2, top_k=8
@@ -28,13 +28,16 @@ def test_budget_above_all_experts_frees_nothing():
     assert s.slots_per_layer == 128 and s.gpu_bytes_freed == 0
 
 
-def test_cuda_graph_batches_are_the_slots_every_entry_of_a_batch_fits_in():
-    # Qwen3-30B-A3B, top_k 8: a quarter of the experts is 32 slots per layer, 4 tokens at once.
+def test_cuda_graph_batches_are_the_slots_every_entry_fits_in_or_the_batches_read_partly_in_place():
+    # Qwen3-30B-A3B, top_k 8: a quarter of the experts is 32 slots per layer, 4 tokens at once...
     quarter = expert_offload_sizing(cache_gib=13.5, **QWEN3_30B_A3B)
-    assert quarter.slots_per_layer == 32 and device_planned_tokens(quarter.slots_per_layer, 8) == 4
-    assert device_planned_tokens(8, 8) == 1 and device_planned_tokens(15, 8) == 1
-    assert device_planned_tokens(128, 8) == 16
-    assert device_planned_tokens(4, 8) == 0  # fewer slots than top_k: no batch fits
+    assert quarter.slots_per_layer == 32 and device_planned_tokens(quarter.slots_per_layer, 8, 0) == 4
+    assert device_planned_tokens(8, 8, 0) == 1 and device_planned_tokens(15, 8, 0) == 1
+    assert device_planned_tokens(4, 8, 0) == 0  # fewer slots than top_k: no batch fits
+    # ...and by default batches of up to 16 tokens, whose experts without a slot are read in place.
+    assert device_planned_tokens(quarter.slots_per_layer, 8) == IN_PLACE_TOKENS == 16
+    assert device_planned_tokens(4, 8) == 16
+    assert device_planned_tokens(256, 8) == 32  # a cache that holds more than 16 tokens' experts
 
 
 def test_copy_all_keeps_two_layer_buffers():

@@ -58,6 +58,8 @@ def test_same_greedy_output_with_experts_in_host_memory(tiny_moe):
     cache = offloaded["expert_cache"]
     assert offloaded["offloaded_layers"] == 2
     assert cache["misses"] > 2 * 8  # evictions happened: more loads than experts in the model
+    # Batches of several sequences need more than the 2 slots: their other experts were read in place.
+    assert cache["streamed_bytes"] > 0
     assert cache["gpu_cache_bytes"] * 4 == cache["host_bytes"]  # 2 of 8 experts per layer kept
 
     assert offloaded["tokens"] == stock["tokens"]

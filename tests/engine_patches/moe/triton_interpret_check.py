@@ -61,14 +61,15 @@ def main() -> None:
         hot = torch.randperm(experts, generator=g)[: max(top_k, experts // 3)]
         src = torch.randn(experts, 3, 5, generator=g)
         for step in range(30):
-            tokens = int(torch.randint(1, slots // top_k + 1, (1,), generator=g))
+            # Up to three tokens more than fit at once: those plans read experts in place.
+            tokens = int(torch.randint(1, slots // top_k + 4, (1,), generator=g))
             pool = hot if step % 3 else torch.arange(experts)  # skewed, with reuse
             ids = torch.stack([pool[torch.randperm(len(pool), generator=g)[:top_k]] for _ in range(tokens)])
             if step % 7 == 3:
                 ids[0, -1] = -1  # a skipped entry
             layer = step % layers
-            a, b = kernel.plan(layer, ids), torch_.plan(layer, ids)
-            for name in ("slot_ids", "hit_slot_ids", "miss_slot_ids", "load_experts", "load_slots"):
+            a, b = kernel.plan(layer, ids, overflow=True), torch_.plan(layer, ids, overflow=True)
+            for name in ("slot_ids", "hit_slot_ids", "miss_slot_ids", "overflow_ids", "load_experts", "load_slots"):
                 assert torch.equal(getattr(a, name), getattr(b, name)), (name, step)
             for name in ("expert_slot", "slot_expert", "last_used", "clock", "counts"):
                 assert torch.equal(getattr(kernel, name), getattr(torch_, name)), (name, step)
