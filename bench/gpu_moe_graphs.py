@@ -202,10 +202,14 @@ class Engine:
         """The expert cache's counters now: a probe request a second after the last publish makes the
         plugin publish (at most once a second), and its stats writer puts that on disk within a
         second more; nothing runs meanwhile, so the file then holds the probe's publish."""
-        time.sleep(1.1)
-        self.probes += 1
-        rng = random.Random(self.probes)
-        self.complete([" ".join(rng.choice(PROBE_WORDS) for _ in range(24))], 1)
+        # Two probes: with the decode steps inside CUDA graphs (no Python, so no publish), a single
+        # probe's publish was seen missing from the file on the H200 (2026-11-27), leaving each
+        # snapshot one run behind. Both snapshots of a difference hold the same two probes.
+        for _ in range(2):
+            time.sleep(1.1)
+            self.probes += 1
+            rng = random.Random(self.probes)
+            self.complete([" ".join(rng.choice(PROBE_WORDS) for _ in range(24))], 1)
         time.sleep(2.5)
         stats = self.expert_stats()
         return stats[-1] if stats else None
@@ -364,7 +368,9 @@ def link_bounds(results: dict[str, Any], cfg: dict[str, Any], args: argparse.Nam
     """Add each case's link bound (tok/s if only its host-to-GPU bytes took time) and its ratio."""
     gbs = results.get("pinned_gb_s")
     experts = cfg.get("num_experts") or cfg["num_local_experts"]
-    per_expert = results["expert_gib"] * GiB / (args.layers * experts)
+    # Per rank: under tensor parallelism each rank reads its share of every routed expert over its own
+    # link (the offload cases' stats are already one rank's).
+    per_expert = results["expert_gib"] * GiB / (args.layers * experts) / max(1, args.tensor_parallel_size)
     for case, r in results["cases"].items():
         for b, d in r.get("decode", {}).items():
             if not gbs or "tok_s" not in d:

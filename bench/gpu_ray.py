@@ -111,6 +111,18 @@ class Run:
                 return found[0] if found else None
             time.sleep(0.5)
 
+    def workers(self) -> dict[int, dict[str, Any]]:
+        """Every worker's state, node and last error (the spanning one included)."""
+        return {
+            w["id"]: {k: w.get(k) for k in ("model", "state", "node", "last_error")}
+            for w in self.api.get("/api/workers").json()
+        }
+
+    def events(self, limit: int = 40) -> list[str]:
+        return [
+            f"{e['kind']}: {e['message']}"[:300] for e in self.api.get("/api/events", params={"limit": limit}).json()
+        ]
+
     def nodes(self) -> list[dict[str, Any]]:
         return [
             {
@@ -256,6 +268,8 @@ def phases(run: Run, work: Path, args: argparse.Namespace, raylets: dict[str, su
         orphan_stopped=orphan and orphan["message"],
         old_engine_alive=bool(old_pid and psutil.pid_exists(old_pid)),
         worker={k: run.worker(wid).get(k) for k in ("state", "node", "pid", "last_error")},
+        workers=run.workers(),  # the TP-2 worker that spanned both nodes too
+        events=run.events(),
         nodes=run.nodes(),
         nvml=None if args.tiny else nvml_by_gpu(),
     )

@@ -38,6 +38,14 @@ install)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/manager-site "$tmp"/wheels/*.whl
     rm -rf "$tmp"
   fi
+  # pip --target leaves bin/ out when /tmp/manager-site/bin exists already (env.sh installed wheels
+  # first): then the `ray` command is written here.
+  if [ ! -x /tmp/manager-site/bin/ray ]; then
+    mkdir -p /tmp/manager-site/bin
+    printf '#!/bin/sh\nexec python3 -c "import sys; from ray.scripts.scripts import main; sys.exit(main())" "$@"\n' \
+      > /tmp/manager-site/bin/ray
+    chmod +x /tmp/manager-site/bin/ray
+  fi
   PYTHONPATH=/tmp/manager-site:${PYTHONPATH:-} python3 -c "import ray; print('ray', ray.__version__)" ;;
 *)
   echo "usage: $0 make DIR | append PART_DIR | install" >&2
