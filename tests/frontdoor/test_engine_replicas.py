@@ -125,7 +125,9 @@ def test_a_replica_killed_under_load_loses_no_request(manager):
 
 def test_replicas_scale_up_under_a_queue_and_down_when_idle(manager):
     for worker in replicas_of(manager, "tiny-r", ("ready", "starting")):  # room for tiny-s's two
-        assert httpx.post(f"{manager}/api/workers/{worker['id']}/stop").status_code == 200
+        # A replica still restarting after the test before answers its stop once its engine is gone,
+        # which on this machine's two cores can take longer than httpx's 5 s default.
+        assert httpx.post(f"{manager}/api/workers/{worker['id']}/stop", timeout=LONG).status_code == 200
     assert complete(manager, "tiny-s") == 200  # started by the request: one replica
     (first,) = [w["id"] for w in wait_for_replicas(manager, "tiny-s", 1)]
     stop = threading.Event()
