@@ -32,7 +32,7 @@ from typing import Literal, TypedDict
 
 import torch
 
-from .device_slots import HAVE_TRITON, DeviceSlotTables
+from .device_slots import HAVE_TRITON, DevicePlan, DeviceSlotTables
 from .experts import ExpertsFn, auto_experts, split_experts, splits_cheaply
 from .fetch_experts import fetch_and_compute, fetches_in_kernel
 from .gather import CopyMethod, copy_expert_pairs_indexed, copy_experts
@@ -277,23 +277,29 @@ class ExpertOffload:
     def _forward_device_in_place(self, layer, x, topk_weights, topk_ids, fn, in_place_fn) -> torch.Tensor:
         """A batch that may need more experts than the slots hold, planned on the device: the
         missing experts that find a free slot are gathered into it, the rest read in place."""
-        assert self._device is not None and self._stream_view is not None  # plans_on_device() said so
-        plan = self._device.plan(layer, topk_ids, overflow=True)
-        self._host_stale[layer] = True
-        if self._cuda and torch.cuda.is_current_stream_capturing():
-            self._graph_captured = True
+        plan = self._plan_on_device(layer, topk_ids, overflow=True)
         src, dst = self.store.layers[layer], self._slots[layer]
-        t0 = time.perf_counter()
-        copy_expert_pairs_indexed((src.w13, src.w2), dst, plan.load_experts, plan.load_slots, **self._gather_kw)
-        if not self._cuda:
+        if self._cuda:
+            copy_expert_pairs_indexed((src.w13, src.w2), dst, plan.load_experts, plan.load_slots, **self._gather_kw)
+            self._untimed_calls += 1  # the in-place reads are inside the expert kernels
+        else:
+            t0 = time.perf_counter()
+            copy_expert_pairs_indexed((src.w13, src.w2), dst, plan.load_experts, plan.load_slots)
             dt = time.perf_counter() - t0
             self._copy_s += dt
             self._exposed_s += dt
-        else:
-            self._untimed_calls += 1  # the in-place reads are inside the expert kernels
         out = fn(x, dst[0], dst[1], topk_weights, plan.slot_ids)
         w13, w2 = self._view(layer)
         return out + in_place_fn(x, w13, w2, topk_weights, plan.overflow_ids)
+
+    def _plan_on_device(self, layer: int, topk_ids: torch.Tensor, *, overflow: bool = False) -> DevicePlan:
+        """The device tables' plan for this batch; the host table is stale from here on."""
+        assert self._device is not None  # plans_on_device() said so
+        plan = self._device.plan(layer, topk_ids, overflow=overflow)
+        self._host_stale[layer] = True
+        if self._cuda and torch.cuda.is_current_stream_capturing():
+            self._graph_captured = True
+        return plan
 
     def _view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Device views of ``layer``'s host experts, for the expert kernels to read in place."""
@@ -304,11 +310,7 @@ class ExpertOffload:
         return self._views[layer]
 
     def _forward_device(self, layer, x, topk_weights, topk_ids, fn, own_math) -> torch.Tensor:
-        assert self._device is not None  # plans_on_device() said so
-        plan = self._device.plan(layer, topk_ids)
-        self._host_stale[layer] = True
-        if self._cuda and torch.cuda.is_current_stream_capturing():
-            self._graph_captured = True
+        plan = self._plan_on_device(layer, topk_ids)
         src, dst = self.store.layers[layer], self._slots[layer]
         weights = (src.w13, src.w2)
         if not self._cuda:  # a plain copy, then the two passes the GPU path runs

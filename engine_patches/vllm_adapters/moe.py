@@ -70,8 +70,7 @@ class _Runtime:
             if gib is None:
                 gib = DEFAULT_CACHE_FRACTION * self.store.host_bytes / GIB
             stream_below = float(getattr(self.settings, "moe_stream_below_hit_rate", 0.0) or 0.0)
-            in_place = getattr(self.settings, "moe_in_place_tokens", IN_PLACE_TOKENS)
-            in_place = IN_PLACE_TOKENS if in_place is None else int(in_place)
+            in_place = int(getattr(self.settings, "moe_in_place_tokens", IN_PLACE_TOKENS))
             view = _host_view(device, self.store.pinned) if stream_below > 0 or in_place > 0 else None
             self.offload = ExpertOffload.from_budget(
                 self.store,
