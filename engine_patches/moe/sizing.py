@@ -56,6 +56,17 @@ def slots_for_budget(cache_gib: float, *, num_experts: int, num_layers: int, one
 IN_PLACE_TOKENS = 16
 
 
+def in_place_tokens(pin_budget_bytes: int | None, expert_bytes_per_process: int) -> int:
+    """How many tokens a batch planned on the GPU may have when its experts do not all fit in the cache.
+
+    Reading experts in place needs them all in pinned memory; a pin budget (shared by the process's
+    pinned buffers) smaller than the process's experts leaves them pageable, and then only batches
+    whose every expert fits are planned on the GPU: 0."""
+    if pin_budget_bytes is not None and pin_budget_bytes < expert_bytes_per_process:
+        return 0
+    return IN_PLACE_TOKENS
+
+
 def device_planned_tokens(slots_per_layer: int, top_k: int, in_place_tokens: int = IN_PLACE_TOKENS) -> int:
     """The largest batch (in tokens) whose experts the GPU planner places without the host.
 

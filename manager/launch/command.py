@@ -90,9 +90,10 @@ def moe_graph_tokens(config: ModelConfig, profile: OffloadProfile | None) -> int
     """With MoE expert offload on: the largest batch (tokens) that may run inside a CUDA graph.
 
     The engine plans batches of up to max(slots/top_k, 16) tokens on the GPU, with no host reads
-    (experts that find no cache slot are read in place from host memory), so those can be captured;
-    larger ones read the router's choices on the host and must run outside a graph. The slots come from the same arithmetic the engine sizes its cache with. 0 when the
-    model has no routed experts (offload changes nothing there); None when the model's
+    (experts that find no cache slot are read in place from pinned host memory; with a pin budget
+    too small for the experts, slots/top_k only), so those can be captured; larger ones read the
+    router's choices on the host and must run outside a graph. The slots come from the same
+    arithmetic the engine sizes its cache with. 0 when the model has no routed experts (offload changes nothing there); None when the model's
     config.json cannot be read: then the engine runs eager.
     """
     if profile is None or not profile.moe_expert_offload:
@@ -107,11 +108,20 @@ def moe_graph_tokens(config: ModelConfig, profile: OffloadProfile | None) -> int
         hf_config = json.loads((folder / "config.json").read_text())
         weights = estimate_weights(hf_config, None, config.dtype)
         sizing = moe_offload(
-            weights, text_config(hf_config), profile.moe_gpu_cache_gib or 0, config.tensor_parallel_size
+            weights,
+            text_config(hf_config),
+            profile.moe_gpu_cache_gib or 0,
+            config.tensor_parallel_size,
+            pin_budget_bytes=pin_budget_bytes(profile),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return sizing.graph_tokens
+
+
+def pin_budget_bytes(profile: OffloadProfile) -> int | None:
+    """The profile's cap on each engine process's pinned host memory, in bytes; None: no cap."""
+    return int(profile.pinned_budget_gib * GIB) if profile.pinned_budget_gib else None
 
 
 def sleep_pool_on(config: ModelConfig, profile: OffloadProfile | None) -> bool:
@@ -126,7 +136,7 @@ def patch_settings(profile: OffloadProfile | None, config: ModelConfig, run_dir:
     return PatchSettings(
         run_dir=str(run_dir) if run_dir else None,
         sleep_pool=pool,
-        pin_budget_bytes=int(profile.pinned_budget_gib * GIB) if profile.pinned_budget_gib else None,
+        pin_budget_bytes=pin_budget_bytes(profile),
         lora_pool=profile.lora_cpu_pooling,
         lora_pool_bytes=int(profile.lora_pool_gib * GIB) if profile.lora_pool_gib else None,
         max_cpu_loras=config.max_cpu_loras,

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from engine_patches.moe.sizing import device_planned_tokens, expert_offload_sizing
+from engine_patches.moe.sizing import device_planned_tokens, expert_offload_sizing, in_place_tokens
 from manager.planner.gpus import GPU, cuda_reserved_bytes
 from manager.planner.hf_config import text_config
 from manager.planner.kv import KVCapacity, KVLayout, block_pool, kv_capacity, kv_layout, rank_layout
@@ -63,13 +63,18 @@ class ExpertOffload:
 
 
 def moe_offload(
-    weights: WeightEstimate, cfg: dict[str, Any], cache_gib: float, tensor_parallel_size: int = 1
+    weights: WeightEstimate,
+    cfg: dict[str, Any],
+    cache_gib: float,
+    tensor_parallel_size: int = 1,
+    pin_budget_bytes: int | None = None,
 ) -> ExpertOffload:
     """GPU bytes our MoE expert offload frees, sized as the engine sizes its expert cache.
 
     Each rank sizes its own cache from ``cache_gib`` and the experts it holds: under tensor
     parallelism a shard of each (1/tp of the intermediate size), so a rank fits tp times the slots
-    and keeps the whole ``cache_gib``, not a share of it."""
+    and keeps the whole ``cache_gib``, not a share of it. ``pin_budget_bytes``: the engine's pin
+    budget per process, which decides whether its experts can be read in place (``graph_tokens``)."""
     if not weights.is_moe or weights.expert_bytes == 0:
         return ExpertOffload(0, 0, 1.0)
     intermediate = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
@@ -83,7 +88,12 @@ def moe_offload(
         top_k=max(1, weights.experts_per_token),
     )
     kept = sizing.cached_fraction
-    tokens = device_planned_tokens(sizing.slots_per_layer, max(1, weights.experts_per_token))
+    tp = max(1, tensor_parallel_size)
+    tokens = device_planned_tokens(
+        sizing.slots_per_layer,
+        max(1, weights.experts_per_token),
+        in_place_tokens(pin_budget_bytes, weights.expert_bytes // tp),
+    )
     # Scale by the real expert bytes (safetensors headers include scales and padding).
     return ExpertOffload(int(weights.expert_bytes * (1 - kept)), weights.expert_bytes, kept, tokens)
 

@@ -152,6 +152,15 @@ def test_moe_offload_keeps_cuda_graphs_up_to_the_batch_the_gpu_plans(tmp_path):
     small = _build(ModelConfig(name="moe", model=model), tenth)
     assert small.argv[small.argv.index("--max-cudagraph-capture-size") + 1] == "16"
 
+    # A pin budget below the experts' 54 GiB leaves them pageable: nothing can be read in place, so
+    # only the batches whose every expert fits (4 tokens at 32 slots) may be captured.
+    budget = profile.model_copy(update={"pinned_budget_gib": 8})
+    pageable = _build(ModelConfig(name="moe", model=model), budget)
+    assert pageable.argv[pageable.argv.index("--max-cudagraph-capture-size") + 1] == "4"
+    roomy = profile.model_copy(update={"pinned_budget_gib": 64})
+    wide = _build(ModelConfig(name="moe", model=model), roomy)
+    assert wide.argv[wide.argv.index("--max-cudagraph-capture-size") + 1] == "16"
+
 
 def test_moe_offload_keeps_graph_sizes_the_config_sets_and_says_what_fits(tmp_path):
     profile = OffloadProfile(name="moe", moe_expert_offload=True, moe_gpu_cache_gib=13.5)
