@@ -34,7 +34,6 @@ import contextlib
 import functools
 import json
 import os
-import random
 import re
 import signal
 import statistics
@@ -56,10 +55,6 @@ WORDS = ("river", "bridge", "market", "tower", "garden", "harbour", "wall", "gat
 PROMPTS = [f"The {w} of the city is" for w in WORDS] + [
     f"Story {i}: the {WORDS[i % 8]} of the city is" for i in range(8, 256)
 ]
-# Probes: prompts longer than any graph size an offload engine captures (16 tokens here), so
-# the MoE layer's Python runs and the plugin publishes its stats (graph replays run no Python);
-# a new one each time, so the prefix cache never shortens one.
-PROBE_WORDS = WORDS + ("north", "south", "east", "west", "old", "new", "high", "low")
 STANDIN = "engine_patches_zipf_reuse"
 LOG_NEEDLES = (
     "GPU KV cache size",
@@ -109,7 +104,6 @@ class Engine:
         from manager.schemas.offload_profile import OffloadProfile
 
         self.case, self.port = case, port
-        self.probes = 0
         self.run_dir = args.work / f"run-{case}"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = args.work / f"{case}.log"
@@ -199,16 +193,19 @@ class Engine:
         }
 
     def cache_snapshot(self) -> dict[str, Any] | None:
-        """The expert cache's counters now: a probe request a second after the last publish makes the
-        plugin publish (at most once a second), and its stats writer puts that on disk within a
-        second more; nothing runs meanwhile, so the file then holds the probe's publish."""
-        time.sleep(1.1)
-        self.probes += 1
-        rng = random.Random(self.probes)
-        self.complete([" ".join(rng.choice(PROBE_WORDS) for _ in range(24))], 1)
-        time.sleep(2.5)
-        stats = self.expert_stats()
-        return stats[-1] if stats else None
+        """The expert cache's counters once the engine is idle: the plugin's publisher thread puts the
+        counters of the last whole step (graph replays included) on the stats channel within about
+        two seconds; read until two reads a second and a half apart agree."""
+        last: dict[str, Any] | None = None
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            time.sleep(1.5)
+            stats = self.expert_stats()
+            now = stats[-1] if stats else None
+            if now is not None and last is not None and now.get("tokens") == last.get("tokens"):
+                return now
+            last = now
+        return last
 
     def decode_bytes(self, batch: int, short: int, long: int) -> dict[str, Any]:
         """Host-to-GPU bytes the expert cache moved per decode token at ``batch`` sequences."""
@@ -224,7 +221,7 @@ class Engine:
         def delta(a: dict[str, Any], b: dict[str, Any], key: str) -> float:
             return float(b[key]) - float(a[key])
 
-        # Each difference holds one probe and one prefill of the same prompts: they cancel. Experts read in
+        # Each difference holds one prefill of the same prompts: they cancel. Experts read in
         # place (moe_stream_below_hit_rate) cross the link too.
         for snap in (s0, s1, s2):
             snap["link_bytes"] = float(snap["bytes_moved"]) + float(snap.get("streamed_bytes") or 0)

@@ -22,6 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
+from engine_patches.pinned import empty_pinned
+
+from .store import is_pinned
+
 try:  # Triton is optional: the torch path below computes the same plan.
     import triton
     import triton.language as tl
@@ -160,6 +164,16 @@ class DeviceSlotTables:
         # hits, misses, tokens, misses read in place (no slot): counted on the device so CUDA-graph
         # replays are counted too
         self.counts = torch.zeros(num_layers, 4, dtype=torch.int64, device=self.device)
+        # A host copy of the counts, refreshed after the last layer's plan of every step (one small
+        # copy, captured in the graph too), so a stats thread can read them with no CUDA call: a
+        # replayed step runs no Python that could publish them.
+        # Registered (not cached) pinned memory: the copy is a plain async copy, inside a capture too;
+        # pageable memory would make it a synchronous one, so then there is no host copy.
+        self.host_counts: torch.Tensor | None = self.counts
+        if self.device.type == "cuda":
+            mirror = empty_pinned((num_layers, 4), torch.int64).zero_()
+            self.host_counts = mirror if is_pinned(mirror) else None
+        self._last_read = [[0] * 4 for _ in range(num_layers)]
 
     def fits(self, topk_ids: torch.Tensor) -> bool:
         """True when every entry of the batch can be resident at once (a shape check, no sync)."""
@@ -215,6 +229,8 @@ class DeviceSlotTables:
             loading = loaded[torch.where(topk_ids >= 0, topk_ids.long(), self.num_experts)]
             hit_ids.copy_(torch.where(loading, -1, slot_ids))
             miss_ids.copy_(torch.where(loading, slot_ids, -1))
+        if layer == self.num_layers - 1 and self.host_counts is not None and self.host_counts is not self.counts:
+            self.host_counts.copy_(self.counts, non_blocking=True)
         return DevicePlan(slot_ids, hit_ids, miss_ids, over_ids, load_e, load_s)
 
     def _plan_torch(self, layer, topk_ids, slot_ids, over_ids, load_e, load_s) -> None:
@@ -288,6 +304,18 @@ class DeviceSlotTables:
 
     def reset_counts(self) -> None:
         self.counts.zero_()
+        if self.host_counts is not None:
+            self.host_counts.zero_()
+        self._last_read = [[0] * 4 for _ in self._last_read]
+
+    def read_counts(self, *, sync: bool = True) -> list[list[int]]:
+        """[hits, misses, tokens, in-place misses] per layer. ``sync=False`` makes no CUDA call
+        (safe from another thread, even during a graph capture): the host copy as of the last
+        whole step, or without one the last synced read."""
+        if sync:
+            self._last_read = self.counts.tolist()
+            return self._last_read
+        return self.host_counts.tolist() if self.host_counts is not None else self._last_read
 
 
 def _pow2(n: int) -> int:

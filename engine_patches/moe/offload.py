@@ -82,6 +82,7 @@ class ExpertOffload:
         if mode not in ("cached", "copy_all"):
             raise ValueError(f"moe_mode must be 'cached' or 'copy_all', got {mode!r}")
         self.store = store
+        self.pinned = store.pinned  # asked once: each ask is a CUDA call per tensor
         self.device = torch.device(device)
         self.mode = mode
         self.copy_method = copy_method
@@ -459,9 +460,12 @@ class ExpertOffload:
 
     # -- stats --------------------------------------------------------------------------------
 
-    def stats(self) -> ExpertCacheStats:
-        """Counters so far. On CUDA this waits for queued work to read the copy timings."""
-        if self._copy_events or self._wait_events or self._critical_events:
+    def stats(self, *, sync: bool = True) -> ExpertCacheStats:
+        """Counters so far. On CUDA this waits for queued work to read the copy timings.
+
+        ``sync=False``: no CUDA call and no wait, for a thread beside the engine's: the device
+        planner's counts as of its last whole step, and the copy times as last folded in."""
+        if sync and (self._copy_events or self._wait_events or self._critical_events):
             torch.cuda.synchronize(self.device)
             critical = sum(a.elapsed_time(b) for a, b in self._critical_events) / 1e3
             self._copy_s += sum(a.elapsed_time(b) for a, b in self._copy_events) / 1e3 + critical
@@ -472,7 +476,7 @@ class ExpertOffload:
         streamed = self._streamed_bytes
         device = self._device
         if device is not None:
-            counts = device.counts.tolist()
+            counts = device.read_counts(sync=sync)
             hits += sum(c[0] for c in counts)
             misses += sum(c[1] for c in counts)
             tokens += sum(c[2] for c in counts)
@@ -483,7 +487,7 @@ class ExpertOffload:
             mode=self.mode,
             gpu_cache_bytes=self.gpu_cache_bytes,
             host_bytes=self.store.host_bytes,
-            pinned=self.store.pinned,
+            pinned=self.pinned,
             hits=hits,
             misses=misses,
             bytes_moved=moved,

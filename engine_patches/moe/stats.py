@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from engine_patches.stats import publish as channel_publish
@@ -56,3 +58,43 @@ def publish(stats: ExpertCacheStats) -> bool:
         log.warning("could not publish expert cache stats", exc_info=True)
         return False
     return True
+
+
+class Publisher:
+    """Publishes ``read()`` every ``interval_s`` from a daemon thread, when it changed.
+
+    Decode steps replayed from a CUDA graph run no Python, so nothing on the engine's side could
+    publish them; ``read`` must therefore be safe beside the engine (no CUDA call, no wait):
+    ``ExpertOffload.stats(sync=False)``."""
+
+    def __init__(self, read: Callable[[], ExpertCacheStats], interval_s: float = 1.0) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.read, self.interval_s = read, interval_s
+        self.last: ExpertCacheStats | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="engine-patches-moe-stats", daemon=True)
+
+    def start(self) -> Publisher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5 * self.interval_s)
+
+    def tick(self) -> bool:
+        """Publish once if the counters changed; True if it did."""
+        try:
+            now = self.read()
+        except Exception:  # stats must never take the engine down
+            log.warning("could not read expert cache stats", exc_info=True)
+            return False
+        if now == self.last:
+            return False
+        self.last = now
+        return publish(now)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.tick()

@@ -35,7 +35,7 @@ import torch
 
 from engine_patches.moe.offload import ExpertOffload
 from engine_patches.moe.sizing import GIB, IN_PLACE_TOKENS, device_planned_tokens
-from engine_patches.moe.stats import publish
+from engine_patches.moe.stats import Publisher, publish
 from engine_patches.moe.store import ExpertStore
 
 log = logging.getLogger("engine_patches.moe")
@@ -54,6 +54,7 @@ class _Runtime:
         self.offload: ExpertOffload | None = None
         self.forwards = 0
         self.published_at = 0.0
+        self.publisher: Publisher | None = None
 
     def add_layer(self, w13: torch.Tensor, w2: torch.Tensor) -> int:
         if self.offload is not None:
@@ -83,6 +84,8 @@ class _Runtime:
                 stream_below_hit_rate=stream_below,
                 in_place_tokens=in_place,
             )
+            offload = self.offload
+            self.publisher = Publisher(lambda: offload.stats(sync=False), PUBLISH_INTERVAL_S).start()
             if not self.store.pinned and torch.cuda.is_available():
                 log.warning(
                     "engine_patches: MoE experts sit in pageable host memory; every "
@@ -108,7 +111,8 @@ class _Runtime:
         self.forwards += 1
         # The first few steps (warm-up, first requests), then at most once a second: reading the
         # copy timings waits for the GPU, so not every step. By time, not by count: steps replayed
-        # from a CUDA graph run no Python, so only the steps outside graphs come here.
+        # from a CUDA graph run no Python, so only the steps outside graphs come here; the
+        # publisher thread puts their counts out.
         now = time.monotonic()
         if self.forwards <= 8 or now - self.published_at >= PUBLISH_INTERVAL_S:
             self.published_at = now

@@ -47,6 +47,14 @@ def main(model_dir: str) -> None:
     from engine_patches.vllm_adapters.moe import RUNTIME
 
     if RUNTIME.offload is not None:
+        run_dir = json.loads(os.environ.get("VLLM_MANAGER_PATCHES") or "{}").get("run_dir")
+        if run_dir:  # what the stats channel holds once the engine is idle: the manager's view
+            import time
+
+            from engine_patches.stats import read_stats
+
+            time.sleep(3)
+            result["published"] = [doc.get("expert_cache") for doc in read_stats(run_dir)]
         result["expert_cache"] = RUNTIME.offload.stats().as_dict()
         result["offloaded_layers"] = RUNTIME.offload.num_layers
     from engine_patches.vllm_adapters.routing_standin import ROUTED_LAYERS

@@ -265,3 +265,35 @@ def test_without_a_view_of_host_memory_such_batches_go_to_the_host_table(model):
     assert offload.stats().streamed_bytes == 0
     with pytest.raises(ValueError, match="in_place_tokens"):
         ExpertOffload(store, device="cpu", stream_view=lambda t: t, in_place_tokens=-1)
+
+
+def test_counters_reach_the_stats_file_without_a_step_that_runs_python(model, tmp_path):
+    """Decode steps replayed from a CUDA graph run no Python: the publisher thread reads the
+    counters beside the engine (no CUDA call, no wait) and puts them on the stats channel."""
+    import time
+
+    from engine_patches import stats as channel
+    from engine_patches.moe.stats import Publisher
+
+    weights, store = model
+    offload = ExpertOffload(store, device="cpu", slots_per_layer=8, planner="device")
+    channel.configure(tmp_path, interval_s=0.0)
+    publisher = Publisher(lambda: offload.stats(sync=False), interval_s=0.05).start()
+    try:
+        _run_many_batches(offload, weights, steps=6)  # 1-8 tokens: planned on the device and on the host
+        expected = offload.stats()
+        assert expected.tokens > 0 and offload.stats(sync=False) == expected
+        deadline = time.monotonic() + 10
+        published: dict = {}
+        while time.monotonic() < deadline:
+            docs = channel.read_stats(tmp_path)
+            published = docs[0].get("expert_cache", {}) if docs else {}
+            if published.get("tokens") == expected.tokens:
+                break
+            time.sleep(0.05)
+        assert published.get("tokens") == expected.tokens
+        assert published["hits"] == expected.hits and published["misses"] == expected.misses
+        assert publisher.tick() is False  # nothing changed since: nothing written again
+    finally:
+        publisher.stop()
+        channel.configure(None)

@@ -49,10 +49,10 @@ def _greedy(model: Path, patches: dict, eager: bool = True, routing: str | None 
     return json.loads(lines[-1][len("RESULT ") :])
 
 
-def test_same_greedy_output_with_experts_in_host_memory(tiny_moe):
+def test_same_greedy_output_with_experts_in_host_memory(tiny_moe, tmp_path):
     stock = _greedy(tiny_moe, {"moe_offload": False})
     # Budget 0: the minimum of top-2 slots for 8 experts, so experts are evicted all the time.
-    offloaded = _greedy(tiny_moe, {"moe_offload": True, "moe_gpu_cache_gib": 0.0})
+    offloaded = _greedy(tiny_moe, {"moe_offload": True, "moe_gpu_cache_gib": 0.0, "run_dir": str(tmp_path)})
 
     assert "expert_cache" not in stock
     cache = offloaded["expert_cache"]
@@ -61,6 +61,13 @@ def test_same_greedy_output_with_experts_in_host_memory(tiny_moe):
     # Batches of several sequences need more than the 2 slots: their other experts were read in place.
     assert cache["streamed_bytes"] > 0
     assert cache["gpu_cache_bytes"] * 4 == cache["host_bytes"]  # 2 of 8 experts per layer kept
+    # The stats file the manager reads holds the last step's counters once the engine is idle, not
+    # those of the last step that happened to publish.
+    published = [p for p in offloaded["published"] if p]
+    assert len(published) == 1
+    assert {k: published[0][k] for k in ("tokens", "hits", "misses", "streamed_bytes")} == {
+        k: cache[k] for k in ("tokens", "hits", "misses", "streamed_bytes")
+    }
 
     assert offloaded["tokens"] == stock["tokens"]
     for ours, theirs in zip(offloaded["logprobs"], stock["logprobs"], strict=False):
