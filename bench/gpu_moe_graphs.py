@@ -49,6 +49,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from gpu_sleep import http  # noqa: E402
 
+from engine_patches.stats import read_stats  # noqa: E402
+
 FIXTURE = ROOT / "tests" / "fixtures" / "model_configs" / "Qwen3-30B-A3B.json"
 GiB = 1024**3
 WORDS = ("river", "bridge", "market", "tower", "garden", "harbour", "wall", "gate")
@@ -241,13 +243,8 @@ class Engine:
         }
 
     def expert_stats(self) -> list[dict[str, Any]]:
-        out = []
-        for f in sorted(self.run_dir.glob("stats-*.json")):
-            with contextlib.suppress(OSError, json.JSONDecodeError):
-                doc = json.loads(f.read_text())
-                if "expert_cache" in doc:
-                    out.append(doc["expert_cache"])
-        return out
+        # Live engine processes only: an earlier engine of this case on the same machine left its file.
+        return [doc["expert_cache"] for doc in read_stats(self.run_dir) if "expert_cache" in doc]
 
     def log_lines(self) -> list[str]:
         text = self.log.read_text(errors="replace").splitlines()

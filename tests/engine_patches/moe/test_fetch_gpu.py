@@ -85,3 +85,8 @@ def test_fetch_path_runs_inside_a_cuda_graph():
         graph.replay()
         want = step(eager, ids_buf)
         assert torch.equal(out, want)
+    # Replays run no Python: their counters reach the host copy that the stats thread reads.
+    torch.cuda.synchronize()
+    beside, synced, ref = graphed.stats(sync=False), graphed.stats(), eager.stats()
+    assert (beside.hits, beside.misses, beside.tokens) == (synced.hits, synced.misses, synced.tokens)
+    assert (synced.hits, synced.misses, synced.tokens) == (ref.hits, ref.misses, ref.tokens) and ref.tokens == 8
