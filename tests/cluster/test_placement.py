@@ -169,7 +169,7 @@ def test_a_model_larger_than_any_node_is_spread_by_vllm_from_the_managers_box_af
     assert _place(sup, ModelConfig(name="m", model="/m", tensor_parallel_size=8)) == "head"
     # One GPU's share that does not fit is refused, with the planner's numbers.
     nodes.answers["box2"] = "needs 90 GiB per GPU, 80 GiB"
-    nodes.statuses_gpus = {"head": 0, "box2": 4}
+    nodes.statuses_gpus = {"head": 1, "box2": 7}  # the biggest node plans a GPU's share
     with pytest.raises(Invalid, match="one GPU's share does not fit on box2's GPUs: needs 90 GiB per GPU"):
         _place(sup, ModelConfig(name="m", model="/m", tensor_parallel_size=8))
 
@@ -189,3 +189,19 @@ def test_a_model_larger_than_any_node_is_launched_with_vllms_ray_executor_in_the
     assert any("more GPUs than any one node" in note for note in big.command.notes)
     small = sup._prepare(2, "small", 8101, [], force=False)
     assert "--distributed-executor-backend" not in small.command.argv
+
+
+def test_a_model_that_spans_nodes_is_refused_when_the_live_nodes_lack_gpus_for_it_forced_or_not(tmp_path):
+    """After a node holding some of its ranks is lost, a restart would have vLLM wait for GPUs that are
+    not there until the start times out: refused at once, with each live node's GPUs."""
+    nodes = Nodes({"box2": None}, gpus=1)
+    nodes.statuses_gpus = {"head": 1, "box2": 1}
+    sup = _supervisor(tmp_path, nodes, head_refusal=None)
+    assert _place(sup, ModelConfig(name="tp2", model="/m", tensor_parallel_size=2)) == "head"
+    with pytest.raises(Invalid) as refused:
+        _place(sup, ModelConfig(name="tp4", model="/m", tensor_parallel_size=4))
+    assert "tp4 needs 4 GPUs, spread over nodes, and the live nodes have 2 together (box2: 1, head: 1)" in str(
+        refused.value.message
+    )
+    with session(sup.engine) as db, pytest.raises(Invalid, match="needs 4 GPUs"):
+        sup.starts.place(db, 1, ModelConfig(name="tp4", model="/m", tensor_parallel_size=4), None, force=True)
