@@ -27,8 +27,9 @@ class ProcessPools:
 @dataclass(frozen=True)
 class PoolReport:
     """``totals`` holds, per section ("pinned", "lora_pool", "expert_cache", "sleep_pool"), the numeric
-    fields summed over the worker's processes (durations: the longest), plus ``hit_rate`` and the
-    sleep pool's GB/s recomputed from the sums."""
+    fields summed over the worker's processes (durations, and the expert cache's tokens, which every
+    tensor-parallel rank sees: the largest), plus ``hit_rate``, the expert cache's bytes per token and
+    the sleep pool's GB/s recomputed from the sums."""
 
     available: bool
     reason: str | None = None
@@ -103,12 +104,19 @@ def _totals(processes: tuple[ProcessPools, ...]) -> dict[str, dict[str, float]]:
                     # each rank sleeps at the same calls, side by side: counts and times are per worker
                     out[key] = max(out.get(key, 0), value)
                     continue
+                if section == "expert_cache" and "bytes" not in key and key not in ("hits", "misses"):
+                    # tensor-parallel ranks each see every token, and copy side by side over their own links
+                    out[key] = max(out.get(key, 0), value)
+                    continue
                 out[key] = out.get(key, 0) + value
     sleep = totals.get("sleep_pool", {})
     for what in ("sleep", "wake"):
         seconds, moved = sleep.get(f"last_{what}_s"), sleep.get(f"last_{what}_bytes")
         if seconds and moved:
             sleep[f"last_{what}_gbps"] = moved / seconds / 1e9
+    cache = totals.get("expert_cache", {})
+    if cache.get("tokens"):
+        cache["bytes_per_token"] = (cache.get("bytes_moved", 0) + cache.get("streamed_bytes", 0)) / cache["tokens"]
     for out in totals.values():
         if "hits" in out and "misses" in out:
             looked_up = out["hits"] + out["misses"]

@@ -41,6 +41,17 @@ def test_hit_rate_is_recomputed_over_processes_not_added(tmp_path):
     assert report.totals["expert_cache"]["hit_rate"] == 0.5
 
 
+def test_the_expert_caches_of_two_tensor_parallel_ranks_count_their_tokens_once_and_their_bytes_twice(tmp_path):
+    rank = {"hits": 30, "misses": 10, "tokens": 100, "bytes_moved": 4000, "streamed_bytes": 1000, "copy_time_s": 2.0}
+    _write(tmp_path, os.getpid(), expert_cache={**rank, "bytes_per_token": 50.0})
+    _write(tmp_path, os.getppid(), expert_cache={**rank, "copy_time_s": 3.0, "bytes_per_token": 50.0})
+    cache = PoolsReader.from_plugin().sample(tmp_path).totals["expert_cache"]
+    assert cache["tokens"] == 100  # both ranks ran the same 100 tokens
+    assert cache["bytes_moved"] == 8000 and cache["bytes_per_token"] == 100.0  # each over its own link
+    assert cache["copy_time_s"] == 3.0  # side by side: the slower rank's
+    assert cache["hits"] == 60 and cache["hit_rate"] == 0.75
+
+
 def test_files_of_dead_processes_are_ignored(tmp_path):
     _write(tmp_path, 2**22 + 12345, pinned={"pinned_bytes": 1})  # above Linux's pid_max: never alive
     report = PoolsReader.from_plugin().sample(tmp_path)
