@@ -14,6 +14,11 @@ log = logging.getLogger(__name__)
 CHANNEL = "expert_cache"
 
 
+def link_bytes_per_token(bytes_moved: float, streamed_bytes: float, tokens: float) -> float:
+    """Bytes over the link per token: copied into the cache and read in place; 0 with no tokens."""
+    return (bytes_moved + streamed_bytes) / tokens if tokens else 0.0
+
+
 @dataclass(frozen=True)
 class ExpertCacheStats:
     mode: str  # "cached" or "copy_all"
@@ -37,8 +42,7 @@ class ExpertCacheStats:
 
     @property
     def bytes_per_token(self) -> float:
-        """Bytes over the link per token: copied into the cache and read in place."""
-        return (self.bytes_moved + self.streamed_bytes) / self.tokens if self.tokens else 0.0
+        return link_bytes_per_token(self.bytes_moved, self.streamed_bytes, self.tokens)
 
     @property
     def hidden_time_s(self) -> float:

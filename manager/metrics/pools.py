@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine_patches.moe.stats import link_bytes_per_token
+
 # Per-process figures that must not be summed over processes: ratios, flags and speeds.
 _NOT_SUMMED = ("rate", "per_token", "pct", "gbps")
 
@@ -90,6 +92,18 @@ def _process(doc: dict[str, Any]) -> ProcessPools:
     )
 
 
+def _shared_by_ranks(section: str, key: str) -> bool:
+    """A figure every engine process of a worker shares rather than adds to: the largest is the
+    worker's. Ranks sleep at the same calls side by side (the sleep pool's counts and times), and
+    each tensor-parallel rank sees every token and copies over its own link beside the others
+    (the expert cache's tokens and times; its bytes and lookups add up)."""
+    if section == "sleep_pool":
+        return not key.endswith("bytes")
+    if section == "expert_cache":
+        return "bytes" not in key and key not in ("hits", "misses")
+    return False
+
+
 def _totals(processes: tuple[ProcessPools, ...]) -> dict[str, dict[str, float]]:
     totals: dict[str, dict[str, float]] = {}
     for proc in processes:
@@ -100,12 +114,7 @@ def _totals(processes: tuple[ProcessPools, ...]) -> dict[str, dict[str, float]]:
                     continue
                 if any(tag in key for tag in _NOT_SUMMED):
                     continue
-                if section == "sleep_pool" and not key.endswith("bytes"):
-                    # each rank sleeps at the same calls, side by side: counts and times are per worker
-                    out[key] = max(out.get(key, 0), value)
-                    continue
-                if section == "expert_cache" and "bytes" not in key and key not in ("hits", "misses"):
-                    # tensor-parallel ranks each see every token, and copy side by side over their own links
+                if _shared_by_ranks(section, key):
                     out[key] = max(out.get(key, 0), value)
                     continue
                 out[key] = out.get(key, 0) + value
@@ -116,7 +125,9 @@ def _totals(processes: tuple[ProcessPools, ...]) -> dict[str, dict[str, float]]:
             sleep[f"last_{what}_gbps"] = moved / seconds / 1e9
     cache = totals.get("expert_cache", {})
     if cache.get("tokens"):
-        cache["bytes_per_token"] = (cache.get("bytes_moved", 0) + cache.get("streamed_bytes", 0)) / cache["tokens"]
+        cache["bytes_per_token"] = link_bytes_per_token(
+            cache.get("bytes_moved", 0), cache.get("streamed_bytes", 0), cache["tokens"]
+        )
     for out in totals.values():
         if "hits" in out and "misses" in out:
             looked_up = out["hits"] + out["misses"]
