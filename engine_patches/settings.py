@@ -59,6 +59,9 @@ class PatchSettings:
     # even when their experts may not all fit in the cache: those left without a slot are read in
     # place from pinned host memory. 0: only batches whose every expert fits (slots / top_k tokens).
     moe_in_place_tokens: int = 16
+    # While one MoE layer runs, guess the next layer's experts (its router applied to this layer's
+    # input) and fetch the missing ones on a side stream. Batches planned on the GPU only.
+    moe_fetch_ahead: bool = False
 
     # Unknown keys seen while parsing; kept so the plugin can report them once.
     unknown_keys: tuple[str, ...] = field(default=(), compare=False)

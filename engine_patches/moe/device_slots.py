@@ -39,6 +39,7 @@ try:  # Triton is optional: the torch path below computes the same plan.
         last_used,
         clock,
         counts,
+        ahead,
         slot_ids_out,
         hit_ids_out,
         miss_ids_out,
@@ -53,6 +54,7 @@ try:  # Triton is optional: the torch path below computes the same plan.
         BE: tl.constexpr,
         BS: tl.constexpr,
         BP: tl.constexpr,
+        AHEAD: tl.constexpr,
     ):
         # One program plans one layer. Every set operation is a small all-pairs comparison
         # ([BE, BN], [BS, BS], ...): for E, S <= 256 that is cheaper than any sort.
@@ -109,14 +111,28 @@ try:  # Triton is optional: the torch path below computes the same plan.
         at = (miss_rank[None, :] == p_r[:, None]) & fit[None, :]
         tl.store(load_e_out + p_r, tl.sum(tl.where(at, e_r[None, :] + 1, 0), axis=1) - 1, mask=p_r < P)
         tl.store(load_s_out + p_r, tl.sum(tl.where(at, new_slot[None, :] + 1, 0), axis=1) - 1, mask=p_r < P)
-        tl.store(counts, tl.load(counts) + tl.sum(hit.to(tl.int64), axis=0))
-        tl.store(counts + 1, tl.load(counts + 1) + tl.sum(miss.to(tl.int64), axis=0))
-        tl.store(counts + 2, tl.load(counts + 2) + T)
-        tl.store(counts + 3, tl.load(counts + 3) + tl.sum(over.to(tl.int64), axis=0))
+        was_ahead = tl.load(ahead + e_r, mask=e_ok, other=0) > 0
+        if AHEAD:  # a guess: count what it loads, and mark it for the real plan to judge
+            tl.store(counts + 4, tl.load(counts + 4) + tl.sum(fit.to(tl.int64), axis=0))
+            tl.store(ahead + e_r, (was_ahead | fit).to(tl.int32), mask=e_ok)
+        else:
+            tl.store(counts, tl.load(counts) + tl.sum(hit.to(tl.int64), axis=0))
+            tl.store(counts + 1, tl.load(counts + 1) + tl.sum(miss.to(tl.int64), axis=0))
+            tl.store(counts + 2, tl.load(counts + 2) + T)
+            tl.store(counts + 3, tl.load(counts + 3) + tl.sum(over.to(tl.int64), axis=0))
+            tl.store(counts + 5, tl.load(counts + 5) + tl.sum((was_ahead & need).to(tl.int64), axis=0))
+            tl.store(counts + 6, tl.load(counts + 6) + tl.sum((was_ahead & (need == 0)).to(tl.int64), axis=0))
+            tl.store(ahead + e_r, 0, mask=e_ok)
 
     HAVE_TRITON = True
 except Exception:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
+
+
+# What the device counts per layer, in this column order: experts found resident, experts missing,
+# tokens, missing experts read in place (no slot), experts loaded ahead on a guess, and of those the
+# ones the layer's next real batch used or did not use.
+COUNTS = ("hits", "misses", "tokens", "in_place", "ahead", "ahead_used", "ahead_wasted")
 
 
 @dataclass
@@ -161,9 +177,10 @@ class DeviceSlotTables:
             (num_layers, num_slots), -1, dtype=torch.int64, device=self.device
         )  # clock tick of last use, -1: never
         self.clock = torch.zeros(num_layers, dtype=torch.int64, device=self.device)
-        # hits, misses, tokens, misses read in place (no slot): counted on the device so CUDA-graph
-        # replays are counted too
-        self.counts = torch.zeros(num_layers, 4, dtype=torch.int64, device=self.device)
+        # Counted on the device, so CUDA-graph replays are counted too (columns: ``COUNTS``).
+        self.counts = torch.zeros(num_layers, len(COUNTS), dtype=torch.int64, device=self.device)
+        # 1 where an expert was loaded ahead on a guess and no real plan of its layer has run since.
+        self.ahead = torch.zeros(num_layers, num_experts, dtype=torch.int32, device=self.device)
         # A host copy of the counts, refreshed after the last layer's plan of every step (one small
         # copy, captured in the graph too), so a stats thread can read them with no CUDA call: a
         # replayed step runs no Python that could publish them.
@@ -171,19 +188,24 @@ class DeviceSlotTables:
         # pageable memory would make it a synchronous one, so then there is no host copy.
         self.host_counts: torch.Tensor | None = self.counts
         if self.device.type == "cuda":
-            mirror = empty_pinned((num_layers, 4), torch.int64).zero_()
+            mirror = empty_pinned((num_layers, len(COUNTS)), torch.int64).zero_()
             self.host_counts = mirror if is_pinned(mirror) else None
-        self._last_read = [[0] * 4 for _ in range(num_layers)]
+        self._last_read = [[0] * len(COUNTS) for _ in range(num_layers)]
 
     def fits(self, topk_ids: torch.Tensor) -> bool:
         """True when every entry of the batch can be resident at once (a shape check, no sync)."""
         return topk_ids.numel() <= self.num_slots
 
-    def plan(self, layer: int, topk_ids: torch.Tensor, *, overflow: bool = False) -> DevicePlan:
+    def plan(self, layer: int, topk_ids: torch.Tensor, *, overflow: bool = False, ahead: bool = False) -> DevicePlan:
         """Assign slots for ``topk_ids`` [T, k] of ``layer``, updating the LRU state in place.
 
         ``overflow``: the batch may need more experts than there are slots; those left without one
-        are listed in ``overflow_ids`` for the caller to read in place."""
+        are listed in ``overflow_ids`` for the caller to read in place.
+        ``ahead``: ``topk_ids`` is a guess at the layer's next batch, planned before its router ran:
+        the experts it loads are counted as loaded ahead (not as hits or misses), and the layer's
+        next real plan counts each of them as used or wasted."""
+        if ahead:
+            overflow = True  # what finds no slot is simply not fetched ahead
         if not (overflow or self.fits(topk_ids)):
             raise ValueError(
                 f"{topk_ids.numel()} (token, k) entries do not fit in "
@@ -206,6 +228,7 @@ class DeviceSlotTables:
                 self.last_used[layer],
                 self.clock[layer : layer + 1],
                 self.counts[layer],
+                self.ahead[layer],
                 slot_ids,
                 hit_ids,
                 miss_ids,
@@ -220,10 +243,11 @@ class DeviceSlotTables:
                 BE=_pow2(self.num_experts),
                 BS=_pow2(self.num_slots),
                 BP=_pow2(p),
+                AHEAD=ahead,
                 num_warps=4,
             )
         else:
-            self._plan_torch(layer, topk_ids, slot_ids, over_ids, load_e, load_s)
+            self._plan_torch(layer, topk_ids, slot_ids, over_ids, load_e, load_s, ahead)
             loaded = torch.zeros(self.num_experts + 1, dtype=torch.bool, device=self.device)
             loaded[torch.where(load_e >= 0, load_e.long(), self.num_experts)] = True
             loading = loaded[torch.where(topk_ids >= 0, topk_ids.long(), self.num_experts)]
@@ -233,7 +257,7 @@ class DeviceSlotTables:
             self.host_counts.copy_(self.counts, non_blocking=True)
         return DevicePlan(slot_ids, hit_ids, miss_ids, over_ids, load_e, load_s)
 
-    def _plan_torch(self, layer, topk_ids, slot_ids, over_ids, load_e, load_s) -> None:
+    def _plan_torch(self, layer, topk_ids, slot_ids, over_ids, load_e, load_s, ahead: bool) -> None:
         """The kernel's algorithm in torch ops (no host reads either): CPU and no-Triton path."""
         E, S, p = self.num_experts, self.num_slots, load_e.shape[0]
         ids = topk_ids.reshape(-1).long()
@@ -276,10 +300,18 @@ class DeviceSlotTables:
         ls[pos] = new_slot
         load_e.copy_(le[:p])
         load_s.copy_(ls[:p])
+        was_ahead = self.ahead[layer] > 0
+        if ahead:
+            self.counts[layer, 4] += fit.sum()
+            self.ahead[layer] = (was_ahead | fit).int()
+            return
         self.counts[layer, 0] += hit.sum()
         self.counts[layer, 1] += miss.sum()
         self.counts[layer, 2] += topk_ids.shape[0]
         self.counts[layer, 3] += over.sum()
+        self.counts[layer, 5] += (was_ahead & need).sum()
+        self.counts[layer, 6] += (was_ahead & ~need).sum()
+        self.ahead[layer] = 0
 
     # -- hand-over with the host table (the host path runs for batches that do not fit) ------
 
@@ -301,15 +333,17 @@ class DeviceSlotTables:
         self.slot_expert[layer].copy_(se)
         self.last_used[layer].copy_(lu)
         self.clock[layer] = len(lru_pairs)
+        self.ahead[layer] = 0  # the host table judged nothing: what was loaded ahead is plain cache now
 
     def reset_counts(self) -> None:
         self.counts.zero_()
+        self.ahead.zero_()
         if self.host_counts is not None:
             self.host_counts.zero_()
-        self._last_read = [[0] * 4 for _ in self._last_read]
+        self._last_read = [[0] * len(COUNTS) for _ in self._last_read]
 
     def read_counts(self, *, sync: bool = True) -> list[list[int]]:
-        """[hits, misses, tokens, in-place misses] per layer. ``sync=False`` makes no CUDA call
+        """One row of ``COUNTS`` per layer. ``sync=False`` makes no CUDA call
         (safe from another thread, even during a graph capture): the host copy as of the last
         whole step, or without one the last synced read."""
         if sync:

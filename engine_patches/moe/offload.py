@@ -19,6 +19,11 @@ Two modes, chosen per engine:
     ``ExpertSlotTable`` plans rounds when the batch needs more experts than there are slots, and
     the copies run on a side stream while the resident experts are computed.
   The two hand the LRU state over when the batch size crosses the line.
+  Fetching ahead (``guess_next``, device planner only): while layer L runs, a guess at layer L+1's
+  experts (its router applied to layer L's input, say) is planned into L+1's slots and gathered on
+  the side stream, so the link works through the rest of layer L and layer L+1's attention. Layer
+  L+1's real plan then finds the guessed experts resident and fetches only what the guess missed;
+  the device counts what was loaded ahead, and of it what the real batch used and what it wasted.
 - ``copy_all`` (the plain way, kept as the baseline): every expert of the layer is copied into one
   of two staging buffers; while layer L computes from one buffer, layer L+1 is copied into the other
   (ping-pong), so copies overlap compute but every byte still crosses the link every step.
@@ -76,6 +81,7 @@ class ExpertOffload:
         stream_view: Callable[[torch.Tensor], torch.Tensor] | None = None,
         stream_below_hit_rate: float = 0.0,
         in_place_tokens: int = 0,
+        ahead_programs: int = 64,
     ) -> None:
         if not store.layers:
             raise ValueError("the expert store is empty: add every MoE layer before building the cache")
@@ -114,6 +120,9 @@ class ExpertOffload:
             raise ValueError(f"in_place_tokens must be >= 0, got {in_place_tokens}")
         self.in_place_tokens = in_place_tokens if stream_view is not None else 0
         self._views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # layer -> (event, plan) of a fetch ahead not yet waited for; the plan's tensors are kept
+        # until then, so the allocator cannot hand them out while the side stream reads them.
+        self._ahead_pending: dict[int, tuple[torch.cuda.Event | None, DevicePlan]] = {}
         self._streamed_calls = self._streamed_bytes = 0
         self._cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device) if self._cuda else None
@@ -145,6 +154,13 @@ class ExpertOffload:
             # with no Python running to set _host_stale: the host table must reload every time.
             self._graph_captured = False
             self._gather_kw = GatherTuning(block=gather_block, num_warps=gather_warps, programs=gather_programs)
+            # The gather of a fetch ahead runs beside the compute stream: on a bounded grid, or its
+            # programs fill every SM and the kernels it should hide behind wait for them to drain.
+            # On the H200, 33 programs already read host memory at the link's speed
+            # (bench/moe_fetch_ahead.py, its side-stream probe).
+            if ahead_programs < 1:
+                raise ValueError(f"ahead_programs must be >= 1, got {ahead_programs}")
+            self._ahead_kw = GatherTuning(block=gather_block, num_warps=gather_warps, programs=ahead_programs)
         else:
             first = store.layers[0]
             for lay in store.layers:
@@ -253,17 +269,28 @@ class ExpertOffload:
         *,
         own_math: bool = False,
         in_place_fn: ExpertsFn | None = None,
+        guess_next: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The MoE output of ``layer`` for hidden states ``x`` [T, H] routed by ``topk_ids`` [T, k].
 
         ``own_math``: ``experts_fn`` computes the plain silu-gated MoE, so for one token the
         runtime may use its own kernels instead (the fetch path). ``in_place_fn``: the experts
-        function for the pass over host memory (expert ids, -1 skipped); ``experts_fn`` if None."""
+        function for the pass over host memory (expert ids, -1 skipped); ``experts_fn`` if None.
+        ``guess_next``: ``x`` -> guessed expert ids [T, k] of the next layer, whose experts are then
+        fetched ahead while this layer computes. Where the step runs in a CUDA graph, the graph must
+        hold the next layer's forward too (a full graph, not one piece per layer): it waits there."""
         fn = experts_fn or self.experts_fn
-        if self.plans_on_device(topk_ids):  # counts its tokens on the device
+        if self.plans_on_device(topk_ids):  # counts its tokens on the device; waits after its own fetch ahead
+            ahead = None
+            if guess_next is not None and layer + 1 < self.num_layers:
+
+                def ahead() -> None:
+                    self._fetch_ahead(layer + 1, guess_next(x))
+
             if self._device is not None and not self._device.fits(topk_ids):
-                return self._forward_device_in_place(layer, x, topk_weights, topk_ids, fn, in_place_fn or fn)
-            return self._forward_device(layer, x, topk_weights, topk_ids, fn, own_math or fn is auto_experts)
+                return self._forward_device_in_place(layer, x, topk_weights, topk_ids, fn, in_place_fn or fn, ahead)
+            return self._forward_device(layer, x, topk_weights, topk_ids, fn, own_math or fn is auto_experts, ahead)
+        self._join_ahead(layer)
         self._tokens_in += x.shape[0]
         if self.mode == "copy_all":
             return self._forward_copy_all(layer, x, topk_weights, topk_ids, fn)
@@ -275,10 +302,13 @@ class ExpertOffload:
             return False
         return self._device.fits(topk_ids) or topk_ids.shape[0] <= self.in_place_tokens
 
-    def _forward_device_in_place(self, layer, x, topk_weights, topk_ids, fn, in_place_fn) -> torch.Tensor:
+    def _forward_device_in_place(self, layer, x, topk_weights, topk_ids, fn, in_place_fn, ahead) -> torch.Tensor:
         """A batch that may need more experts than the slots hold, planned on the device: the
         missing experts that find a free slot are gathered into it, the rest read in place."""
         plan = self._plan_on_device(layer, topk_ids, overflow=True)
+        if ahead is not None:
+            ahead()
+        self._join_ahead(layer)
         src, dst = self.store.layers[layer], self._slots[layer]
         if self._cuda:
             copy_expert_pairs_indexed((src.w13, src.w2), dst, plan.load_experts, plan.load_slots, **self._gather_kw)
@@ -293,14 +323,62 @@ class ExpertOffload:
         w13, w2 = self._view(layer)
         return out + in_place_fn(x, w13, w2, topk_weights, plan.overflow_ids)
 
-    def _plan_on_device(self, layer: int, topk_ids: torch.Tensor, *, overflow: bool = False) -> DevicePlan:
+    def _plan_on_device(
+        self, layer: int, topk_ids: torch.Tensor, *, overflow: bool = False, ahead: bool = False
+    ) -> DevicePlan:
         """The device tables' plan for this batch; the host table is stale from here on."""
         assert self._device is not None  # plans_on_device() said so
-        plan = self._device.plan(layer, topk_ids, overflow=overflow)
+        plan = self._device.plan(layer, topk_ids, overflow=overflow, ahead=ahead)
         self._host_stale[layer] = True
         if self._cuda and torch.cuda.is_current_stream_capturing():
             self._graph_captured = True
         return plan
+
+    def _fetch_ahead(self, layer: int, guess_ids: torch.Tensor) -> None:
+        """Plan ``guess_ids`` into ``layer``'s slots and start gathering what is missing, on the
+        side stream; ``layer``'s forward waits for it (``_join_ahead``)."""
+        device = self._device
+        if device is None or not (device.fits(guess_ids) or guess_ids.shape[0] <= self.in_place_tokens):
+            return
+        plan = self._plan_on_device(layer, guess_ids, ahead=True)
+        weights, dst = (self.store.layers[layer].w13, self.store.layers[layer].w2), self._slots[layer]
+        if not self._cuda:
+            t0 = time.perf_counter()
+            copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots)
+            dt = time.perf_counter() - t0
+            self._copy_s += dt
+            self._exposed_s += dt
+            self._ahead_pending[layer] = (None, plan)
+            return
+        timed = self.measure and not torch.cuda.is_current_stream_capturing()
+        self._ahead_pending[layer] = (self._gather_on_side(weights, dst, plan, self._ahead_kw, timed), plan)
+
+    def _gather_on_side(self, weights, dst, plan: DevicePlan, tuning: GatherTuning, timed: bool) -> torch.cuda.Event:
+        """Start ``plan``'s gather on the side stream, after the work queued so far on the compute
+        stream (the plan, and earlier reads of the slots it overwrites); returns its end event."""
+        main, side = torch.cuda.current_stream(self.device), self._copy_stream
+        assert side is not None  # made in __init__ on CUDA
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            start = torch.cuda.Event(enable_timing=True) if timed else None
+            if start is not None:
+                start.record(side)
+            copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots, **tuning)
+            ready = torch.cuda.Event(enable_timing=timed)
+            ready.record(side)
+        if start is not None:
+            self._copy_events.append((start, ready))
+        return ready
+
+    def _join_ahead(self, layer: int) -> None:
+        """The compute stream waits for ``layer``'s fetch ahead, if one was started."""
+        pending = self._ahead_pending.pop(layer, None)
+        if pending is None or pending[0] is None:
+            return
+        if self.measure and not torch.cuda.is_current_stream_capturing():
+            self._wait(pending[0])  # counted as exposed: the time the layer sat waiting on it
+        else:
+            torch.cuda.current_stream(self.device).wait_event(pending[0])
 
     def _view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Device views of ``layer``'s host experts, for the expert kernels to read in place."""
@@ -310,8 +388,14 @@ class ExpertOffload:
             self._views[layer] = (self._stream_view(lay.w13), self._stream_view(lay.w2))
         return self._views[layer]
 
-    def _forward_device(self, layer, x, topk_weights, topk_ids, fn, own_math) -> torch.Tensor:
+    def _forward_device(self, layer, x, topk_weights, topk_ids, fn, own_math, ahead) -> torch.Tensor:
         plan = self._plan_on_device(layer, topk_ids)
+        # The next layer's fetch ahead starts before this layer waits for its own: the plans touch
+        # only the tables, so the side stream can go from one layer's experts to the next one's
+        # with no gap, while this layer's math waits for its own experts.
+        if ahead is not None:
+            ahead()
+        self._join_ahead(layer)
         src, dst = self.store.layers[layer], self._slots[layer]
         weights = (src.w13, src.w2)
         if not self._cuda:  # a plain copy, then the two passes the GPU path runs
@@ -352,18 +436,8 @@ class ExpertOffload:
         # the plan and for earlier reads of the slots it overwrites (both on the main stream).
         # The plan's tensors outlive the copy: the main stream waits for the side stream before
         # this function returns, so the allocator cannot hand them out while the gather reads.
-        main, side = torch.cuda.current_stream(self.device), self._copy_stream
-        assert side is not None  # made in __init__ on CUDA
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            start = torch.cuda.Event(enable_timing=True) if timed else None
-            if start is not None:
-                start.record(side)
-            copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots, **self._gather_kw)
-            ready = torch.cuda.Event(enable_timing=timed)
-            ready.record(side)
-        if start is not None:
-            self._copy_events.append((start, ready))
+        main = torch.cuda.current_stream(self.device)
+        ready = self._gather_on_side(weights, dst, plan, self._gather_kw, timed)
 
         def wait_for_copy() -> None:
             if timed:
@@ -474,15 +548,18 @@ class ExpertOffload:
                 events.clear()
         hits, misses, moved, tokens = self._hits, self._misses, self._bytes, self._tokens_in
         streamed = self._streamed_bytes
+        ahead = ahead_used = ahead_wasted = ahead_bytes = wasted_bytes = 0
         device = self._device
         if device is not None:
-            counts = device.read_counts(sync=sync)
-            hits += sum(c[0] for c in counts)
-            misses += sum(c[1] for c in counts)
-            tokens += sum(c[2] for c in counts)
-            # Misses are copied into a slot or, where none was free, read in place by the kernels.
-            moved += sum((c[1] - c[3]) * lay.expert_bytes for c, lay in zip(counts, self.store.layers, strict=False))
-            streamed += sum(c[3] * lay.expert_bytes for c, lay in zip(counts, self.store.layers, strict=False))
+            for c, lay in zip(device.read_counts(sync=sync), self.store.layers, strict=False):
+                hits, misses, tokens = hits + c[0], misses + c[1], tokens + c[2]
+                # Misses are copied into a slot or, where none was free, read in place by the
+                # kernels; experts loaded ahead were copied too, used or not.
+                moved += (c[1] - c[3] + c[4]) * lay.expert_bytes
+                streamed += c[3] * lay.expert_bytes
+                ahead, ahead_used, ahead_wasted = ahead + c[4], ahead_used + c[5], ahead_wasted + c[6]
+                ahead_bytes += c[4] * lay.expert_bytes
+                wasted_bytes += c[6] * lay.expert_bytes
         return ExpertCacheStats(
             mode=self.mode,
             gpu_cache_bytes=self.gpu_cache_bytes,
@@ -497,6 +574,11 @@ class ExpertOffload:
             timed=(self.measure or not self._cuda) and not self._untimed_calls,
             streamed_layers=self._streamed_calls,
             streamed_bytes=streamed,
+            ahead_experts=ahead,
+            ahead_used=ahead_used,
+            ahead_wasted=ahead_wasted,
+            ahead_bytes=ahead_bytes,
+            ahead_wasted_bytes=wasted_bytes,
         )
 
     def reset_stats(self) -> None:

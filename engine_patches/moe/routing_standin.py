@@ -54,6 +54,7 @@ class ZipfReuseRouting:
         self._log_pop = self.popularity.log()
         gumbel = -torch.log(-torch.log(torch.rand(rows, num_experts, generator=gen, device=cpu)))
         self._prev = torch.topk(self._log_pop + gumbel, top_k, dim=1).indices  # [rows, top_k], per row
+        self._drawn: tuple[torch.Tensor, torch.Tensor] | None = None  # by draw_ahead, for the next route
 
     def _state(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's tensors on ``device``, moved at the first call (vLLM's eager profiling run)."""
@@ -63,7 +64,29 @@ class ZipfReuseRouting:
         return self._log_pop, self._prev
 
     def route(self, num_tokens: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Weights (float32, 1/top_k each) and int64 expert ids [num_tokens, top_k], distinct per row."""
+        """Weights (float32, 1/top_k each) and int64 expert ids [num_tokens, top_k], distinct per row:
+        those ``draw_ahead`` drew for this call, if it did."""
+        drawn, self._drawn = self._drawn, None
+        if drawn is not None and drawn[1].shape[0] == num_tokens:
+            return drawn
+        return self._draw(num_tokens, device)
+
+    def draw_ahead(self, num_tokens: int, device: torch.device | str, accuracy: float) -> torch.Tensor:
+        """Draw the routing of this layer's next call now, and return a guess at its ids: each
+        entry the drawn expert with probability ``accuracy``, else one drawn by popularity (which
+        may be right by chance). This stands in for a real next-layer guess (the layer's router
+        applied to the previous layer's input), whose accuracy dummy weights cannot show."""
+        if not 0.0 <= accuracy <= 1.0:
+            raise ValueError(f"accuracy must be in [0, 1], got {accuracy}")
+        device = torch.device(device)
+        self._drawn = weights, ids = self._draw(num_tokens, device)
+        log_pop, _ = self._state(device)
+        uniform = torch.rand(*ids.shape, self.num_experts, device=device).clamp_(min=1e-20)
+        other = torch.argmax(log_pop - torch.log(-torch.log(uniform)), dim=-1)
+        right = torch.rand(ids.shape, device=device) < accuracy
+        return torch.where(right, ids, other)
+
+    def _draw(self, num_tokens: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
         device = torch.device(device)
         log_pop, prev = self._state(device)
         n, rows = num_tokens, min(num_tokens, self.rows)

@@ -34,11 +34,23 @@ class ExpertCacheStats:
     timed: bool  # False: copy times were not measured (they cost a few events per layer)
     streamed_layers: int = 0  # layer calls whose experts were read in place from host memory
     streamed_bytes: int = 0  # expert bytes those calls read over the link (not in bytes_moved)
+    # Fetching ahead on a guess at the next layer's experts (their bytes are in bytes_moved too):
+    ahead_experts: int = 0  # experts loaded ahead
+    ahead_used: int = 0  # of those, the ones the layer's real batch then used
+    ahead_wasted: int = 0  # and the ones it did not use (they stay cached, but cost link time now)
+    ahead_bytes: int = 0
+    ahead_wasted_bytes: int = 0
 
     @property
     def hit_rate(self) -> float:
         total = self.hits + self.misses
         return self.hits / total if total else 0.0
+
+    @property
+    def ahead_hit_rate(self) -> float:
+        """Share of the experts loaded ahead that the real batch used (0 with none judged yet)."""
+        judged = self.ahead_used + self.ahead_wasted
+        return self.ahead_used / judged if judged else 0.0
 
     @property
     def bytes_per_token(self) -> float:
@@ -50,7 +62,12 @@ class ExpertCacheStats:
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        d.update(hit_rate=self.hit_rate, bytes_per_token=self.bytes_per_token, hidden_time_s=self.hidden_time_s)
+        d.update(
+            hit_rate=self.hit_rate,
+            ahead_hit_rate=self.ahead_hit_rate,
+            bytes_per_token=self.bytes_per_token,
+            hidden_time_s=self.hidden_time_s,
+        )
         return d
 
 

@@ -19,8 +19,10 @@ are read in place from pinned host memory); larger batches read the top-k ids on
 CUDA graph captured for such a batch size is refused (lower the largest captured size, raise the
 cache budget, or serve with ``--enforce-eager``). The manager passes vLLM
 ``--max-cudagraph-capture-size`` of that many tokens (``sizing.device_planned_tokens``), so larger
-batches run outside graphs. ``copy_all`` mode keeps Python state between layers and never runs
-inside a graph; layers with expert biases, expert parallelism or a
+batches run outside graphs. With the setting ``moe_fetch_ahead`` (off by default; bench/README.md
+has its figures), each layer starts fetching the experts that the next layer's router picks from
+this layer's input, where one graph holds the whole step. ``copy_all`` mode keeps Python state
+between layers and never runs inside a graph; layers with expert biases, expert parallelism or a
 monolithic kernel (router fused into the kernel) are left as stock vLLM, with a warning.
 vLLM is imported only inside functions, so importing this module costs nothing.
 """
@@ -259,6 +261,7 @@ def _make_method_class(base: type) -> type:
                 experts_fn,
                 own_math=own_kernels_fit(self, layer, x, shared_experts),
                 in_place_fn=in_place_fn,
+                guess_next=_next_layer_guess(self.store_index, topk_ids.shape[1]),
             )
             RUNTIME.after_forward(self.store_index)
             return out
@@ -268,6 +271,65 @@ def _make_method_class(base: type) -> type:
 
 # store index -> (method, layer): what the opaque op below runs
 _LAYERS: dict[int, tuple[Any, Any]] = {}
+_GATES: dict[int, Any] = {}  # store index -> its router (hidden -> expert logits), None: none found
+
+
+def _next_layer_guess(store_index: int, top_k: int) -> Any:
+    """How the offload guesses the experts of the MoE layer after ``store_index`` while this one
+    runs: the benchmark stand-in's guess where it routes, else that layer's router applied to this
+    layer's input (the two see nearly the same hidden state). None: no fetching ahead here."""
+    if not getattr(RUNTIME.settings, "moe_fetch_ahead", False) or not _whole_step_in_one_graph():
+        return None
+    nxt = store_index + 1
+    if nxt not in _LAYERS:
+        return None
+    from engine_patches.vllm_adapters.routing_standin import guesser
+
+    standin = guesser(nxt)
+    if standin is not None:
+        return standin
+    if nxt not in _GATES:
+        _GATES[nxt] = _router_of(_LAYERS[nxt][1])
+    gate = _GATES[nxt]
+    if gate is None:
+        return None
+    return lambda x: torch.topk(_logits(gate(x)), top_k, dim=-1).indices
+
+
+def _logits(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, tuple) else out  # vLLM's linear layers give (output, bias)
+
+
+def _router_of(layer: Any) -> Any:
+    """The router (a linear layer: hidden -> one logit per expert) of the MoE runner that owns
+    ``layer``, which vLLM keeps in the forward context under the layer's name; None where it holds
+    none of that shape. Called as a module: some platforms repack its weight for their kernels."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    name = getattr(layer, "layer_name", None)
+    if name is None or not is_forward_context_available():
+        return None
+    gate = getattr(get_forward_context().no_compile_layers.get(name), "gate", None)
+    experts = RUNTIME.store.layers[0].num_experts if RUNTIME.store is not None else None
+    if not callable(gate) or getattr(gate, "output_size", None) != experts:
+        log.warning("engine_patches: MoE layer %s: no router found, its experts are not fetched ahead", name)
+        return None
+    return gate
+
+
+def _whole_step_in_one_graph() -> bool:
+    """Whether a fetch started in one MoE layer may be waited for in the next: always outside a CUDA
+    graph capture, and inside one unless it is a piecewise capture, whose graph ends at the attention
+    between the two layers and must hold no open fetch. (vLLM's runners capture a full graph with
+    the forward context's mode FULL or, in the newer runner, NONE; piecewise ones say PIECEWISE.)"""
+    if not _capturing():
+        return True
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    return is_forward_context_available() and get_forward_context().cudagraph_runtime_mode != CUDAGraphMode.PIECEWISE
+
+
 OP_NAME = "engine_patches_moe_offload"
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,7 +24,31 @@ from engine_patches.vllm_adapters.patching import wrap
 log = logging.getLogger("engine_patches.moe")
 
 ENV_VAR = "VLLM_MOE_ROUTING_SIMULATION_STRATEGY"
+# How often the stand-in's guess at a layer's experts, made while the layer before runs, is right
+# (for fetching ahead; a real model's guess is its next router applied to the layer's input).
+GUESS_ENV_VAR = "ENGINE_PATCHES_STANDIN_GUESS"
+DEFAULT_GUESS_ACCURACY = 0.8
 ROUTED_LAYERS: list[ZipfReuseRouting] = []  # one per MoE layer that routed through the stand-in
+
+
+def guess_accuracy() -> float:
+    raw = os.environ.get(GUESS_ENV_VAR, "")
+    try:
+        value = float(raw) if raw else DEFAULT_GUESS_ACCURACY
+    except ValueError:
+        raise ValueError(f"{GUESS_ENV_VAR} must be a number in [0, 1], got {raw!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{GUESS_ENV_VAR} must be in [0, 1], got {value}")
+    return value
+
+
+def guesser(layer: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The stand-in's guess at MoE layer ``layer``'s next experts, from a batch's hidden states
+    (only their count and device matter); None when the stand-in does not route that layer."""
+    if not 0 <= layer < len(ROUTED_LAYERS):
+        return None
+    routing, accuracy = ROUTED_LAYERS[layer], guess_accuracy()
+    return lambda x: routing.draw_ahead(x.shape[0], x.device, accuracy)
 
 
 def install() -> list[str]:

@@ -30,7 +30,7 @@ class ProcessPools:
 class PoolReport:
     """``totals`` holds, per section ("pinned", "lora_pool", "expert_cache", "sleep_pool"), the numeric
     fields summed over the worker's processes (durations, and the expert cache's tokens, which every
-    tensor-parallel rank sees: the largest), plus ``hit_rate``, the expert cache's bytes per token and
+    tensor-parallel rank sees: the largest), plus ``hit_rate``, the expert cache's bytes per token and guess hit rate and
     the sleep pool's GB/s recomputed from the sums."""
 
     available: bool
@@ -96,11 +96,11 @@ def _shared_by_ranks(section: str, key: str) -> bool:
     """A figure every engine process of a worker shares rather than adds to: the largest is the
     worker's. Ranks sleep at the same calls side by side (the sleep pool's counts and times), and
     each tensor-parallel rank sees every token and copies over its own link beside the others
-    (the expert cache's tokens and times; its bytes and lookups add up)."""
+    (the expert cache's tokens and times; its bytes and lookups, those made ahead included, add up)."""
     if section == "sleep_pool":
         return not key.endswith("bytes")
     if section == "expert_cache":
-        return "bytes" not in key and key not in ("hits", "misses")
+        return "bytes" not in key and key not in ("hits", "misses") and not key.startswith("ahead_")
     return False
 
 
@@ -132,6 +132,9 @@ def _totals(processes: tuple[ProcessPools, ...]) -> dict[str, dict[str, float]]:
         if "hits" in out and "misses" in out:
             looked_up = out["hits"] + out["misses"]
             out["hit_rate"] = out["hits"] / looked_up if looked_up else 0.0
+    if "ahead_used" in cache and "ahead_wasted" in cache:  # the guess's share right, over all ranks
+        judged = cache["ahead_used"] + cache["ahead_wasted"]
+        cache["ahead_hit_rate"] = cache["ahead_used"] / judged if judged else 0.0
     return totals
 
 

@@ -52,6 +52,13 @@ def test_the_expert_caches_of_two_tensor_parallel_ranks_count_their_tokens_once_
     assert cache["hits"] == 60 and cache["hit_rate"] == 0.75
 
 
+def test_the_guess_hit_rate_of_experts_fetched_ahead_is_recomputed_over_the_ranks(tmp_path):
+    _write(tmp_path, os.getpid(), expert_cache={"ahead_used": 30, "ahead_wasted": 10, "ahead_hit_rate": 0.75})
+    _write(tmp_path, os.getppid(), expert_cache={"ahead_used": 10, "ahead_wasted": 30, "ahead_hit_rate": 0.25})
+    cache = PoolsReader.from_plugin().sample(tmp_path).totals["expert_cache"]
+    assert (cache["ahead_used"], cache["ahead_wasted"], cache["ahead_hit_rate"]) == (40, 40, 0.5)
+
+
 def test_files_of_dead_processes_are_ignored(tmp_path):
     _write(tmp_path, 2**22 + 12345, pinned={"pinned_bytes": 1})  # above Linux's pid_max: never alive
     report = PoolsReader.from_plugin().sample(tmp_path)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_patches.moe.device_slots import DeviceSlotTables
+from engine_patches.moe.device_slots import COUNTS, DeviceSlotTables
 from engine_patches.moe.slots import ExpertSlotTable
 
 E, S, TOP_K = 16, 8, 4
@@ -96,7 +96,7 @@ def test_a_batch_with_more_experts_than_slots_fills_the_free_slots_and_leaves_th
     assert sorted(x for x in plan.load_experts.tolist() if x >= 0) == [2, 3]
     assert sorted({int(e) for e in plan.overflow_ids.flatten() if e >= 0}) == [4, 5, 6]
     # hits, misses (read in place included), tokens, misses read in place
-    assert tables.counts[0].tolist() == [2, 2 + 5, 1 + 2, 3]
+    assert tables.counts[0].tolist()[:4] == [2, 2 + 5, 1 + 2, 3]
     # A batch that fits plans as before, with nothing read in place.
     again = tables.plan(0, torch.tensor([[2, 3]]), overflow=True)
     assert int((again.overflow_ids >= 0).sum()) == 0 and int((again.load_experts >= 0).sum()) == 0
@@ -146,3 +146,29 @@ def test_triton_kernels_compute_the_torch_plan_in_the_interpreter():
     if proc.returncode == 0 and proc.stdout.startswith("SKIP"):
         pytest.skip(proc.stdout.strip())  # that interpreter runs no kernel with a runtime loop
     assert proc.returncode == 0 and proc.stdout.startswith("OK"), proc.stderr[-3000:]
+
+
+def test_a_guess_is_loaded_ahead_and_the_next_real_batch_says_what_it_used():
+    tables = DeviceSlotTables(1, E, S, "cpu", use_triton=False)
+    tables.plan(0, torch.tensor([[1, 2, 3, 4]]))
+    guess = tables.plan(0, torch.tensor([[5, 6, 2, 7]]), ahead=True)
+    assert sorted(x for x in guess.load_experts.tolist() if x >= 0) == [5, 6, 7]  # 2 was resident
+    counts = dict(zip(COUNTS, tables.counts[0].tolist(), strict=True))
+    assert counts["ahead"] == 3 and counts["hits"] == 0 and counts["misses"] == 4  # a guess looks nothing up
+    assert counts["tokens"] == 1
+
+    real = tables.plan(0, torch.tensor([[5, 6, 9, 1]]))
+    assert real.load_experts.tolist()[:1] == [9] and max(real.load_experts.tolist()[1:]) < 0  # only 9 is copied
+    counts = dict(zip(COUNTS, tables.counts[0].tolist(), strict=True))
+    assert (counts["ahead_used"], counts["ahead_wasted"]) == (2, 1)  # 5 and 6 used, 7 not
+    assert (counts["hits"], counts["misses"]) == (3, 5)
+
+    tables.plan(0, torch.tensor([[7, 1, 2, 3]]))  # 7 is plain cache now: no longer judged
+    assert tables.counts[0].tolist()[5:] == [2, 1]
+
+
+def test_a_guess_with_more_experts_than_slots_loads_what_fits():
+    tables = DeviceSlotTables(1, E, 4, "cpu", use_triton=False)
+    guess = tables.plan(0, torch.arange(8).view(2, 4), ahead=True)
+    assert len([x for x in guess.load_experts.tolist() if x >= 0]) == 4
+    assert int(tables.counts[0, COUNTS.index("ahead")]) == 4

@@ -90,3 +90,39 @@ def test_fetch_path_runs_inside_a_cuda_graph():
     beside, synced, ref = graphed.stats(sync=False), graphed.stats(), eager.stats()
     assert (beside.hits, beside.misses, beside.tokens) == (synced.hits, synced.misses, synced.tokens)
     assert (synced.hits, synced.misses, synced.tokens) == (ref.hits, ref.misses, ref.tokens) and ref.tokens == 8
+
+
+def test_experts_fetched_ahead_on_the_side_stream_inside_a_cuda_graph():
+    """Layer 0 fetches layer 1's guessed experts on the side stream; layer 1 waits for them. The
+    fork and the join are both in the one graph (as in vLLM's full graphs), and replays give what
+    the same steps give with no fetching ahead."""
+    store = _store(layers=2)
+    ahead, plain = _offload(store), _offload(store)
+    steps = _steps(8, 2, store.layers[0].num_experts, seed=7)
+    x = torch.randn(1, 640).bfloat16().cuda()
+    w = torch.softmax(torch.randn(1, 8), -1).cuda()
+    ids_buf = [s.cuda() for s in steps[0]]
+    guess_buf = ids_buf[1].clone()  # a right guess at layer 1, with its last expert wrong below
+
+    def step(off, ids, guess):
+        y = off.forward(0, x, w, ids[0], guess_next=(lambda _x: guess) if guess is not None else None)
+        return y + off.forward(1, x, w, ids[1])
+
+    step(ahead, ids_buf, guess_buf)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(ahead, ids_buf, guess_buf)
+    step(plain, ids_buf, None)
+    for ids in steps[1:]:
+        for buf, new in zip(ids_buf, ids, strict=False):
+            buf.copy_(new)
+        guess_buf.copy_(ids[1])
+        guess_buf[0, -1] = (int(ids[1][0, -1]) + 1) % store.layers[0].num_experts
+        graph.replay()
+        want = step(plain, ids_buf, None)
+        assert torch.equal(out, want)
+    torch.cuda.synchronize()
+    s = ahead.stats()
+    assert s.ahead_experts > 0 and s.ahead_used > 0
+    assert s.misses < plain.stats().misses  # layer 1 found most of its experts fetched ahead

@@ -297,3 +297,55 @@ def test_counters_reach_the_stats_file_without_a_step_that_runs_python(model, tm
     finally:
         publisher.stop()
         channel.configure(None)
+
+
+def _run_with_guesses(offload, weights, guess, seed=11, steps=30):
+    """Batches of 1-2 tokens through every layer; layer L guesses layer L+1's experts with
+    ``guess(true_ids)`` (None: no guessing). Returns the worst relative error against the plain MoE."""
+    g = torch.Generator().manual_seed(seed)
+    worst = 0.0
+    for _ in range(steps):
+        tokens = int(torch.randint(1, 3, (1,), generator=g))
+        x = torch.randn(tokens, H, generator=g)
+        routes = [_routing(g, tokens) for _ in weights]
+        for layer, (w13, w2) in enumerate(weights):
+            w, ids = routes[layer]
+            nxt = routes[layer + 1][1] if layer + 1 < len(routes) else None
+            guess_next = None if nxt is None or guess is None else (lambda _x, nxt=nxt: guess(nxt))
+            got = offload.forward(layer, x, w, ids, guess_next=guess_next)
+            ref = reference_moe(x, w13, w2, w, ids)
+            worst = max(worst, float((got - ref).norm() / ref.norm()))
+            x = torch.tanh(got + x)
+    return worst
+
+
+def test_experts_fetched_ahead_on_a_right_guess_are_hits_and_the_output_is_unchanged(model):
+    weights, store = model
+    plain = ExpertOffload(store, device="cpu", slots_per_layer=8, planner="device")
+    assert _run_with_guesses(plain, weights, None) < 1e-5  # the same routing, no guesses
+    ahead = ExpertOffload(store, device="cpu", slots_per_layer=8, planner="device")
+    assert _run_with_guesses(ahead, weights, lambda ids: ids) < 1e-5
+    s, p = ahead.stats(), plain.stats()
+    assert s.ahead_experts > 0 and s.ahead_used == s.ahead_experts and s.ahead_wasted == 0
+    assert s.ahead_hit_rate == 1.0
+    # Every layer after the first found its experts already fetched: only layer 0 missed.
+    assert s.misses < p.misses and s.hit_rate > p.hit_rate
+    assert s.bytes_moved == (s.misses + s.ahead_experts) * store.layers[0].expert_bytes
+    assert s.ahead_bytes == s.ahead_experts * store.layers[0].expert_bytes
+
+
+def test_a_wrong_guess_wastes_link_bytes_but_never_changes_the_output(model):
+    weights, store = model
+    offload = ExpertOffload(store, device="cpu", slots_per_layer=8, planner="device")
+    # Always the same four experts: mostly not the ones the layer then needs.
+    assert _run_with_guesses(offload, weights, lambda ids: torch.arange(TOP_K).expand_as(ids)) < 1e-5
+    s = offload.stats()
+    assert s.ahead_wasted > 0 and s.ahead_wasted_bytes == s.ahead_wasted * store.layers[0].expert_bytes
+    assert 0.0 < s.ahead_hit_rate < 1.0
+
+
+def test_the_host_planner_fetches_nothing_ahead(model):
+    weights, store = model
+    offload = ExpertOffload(store, device="cpu", slots_per_layer=8, planner="host")
+    assert _run_with_guesses(offload, weights, lambda ids: ids) < 1e-5
+    assert offload.stats().ahead_experts == 0

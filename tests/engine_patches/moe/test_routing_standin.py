@@ -113,3 +113,26 @@ def test_vllm_routes_through_the_stand_in_only_when_its_switch_names_it(monkeypa
         assert routing_standin.ROUTED_LAYERS[-2:] == [first, second]
     finally:
         unwrap_all()
+
+
+@pytest.mark.parametrize("accuracy", [1.0, 0.7, 0.0])
+def test_a_guess_drawn_ahead_is_right_about_as_often_as_asked_and_routes_the_next_call(accuracy):
+    routing = ZipfReuseRouting(64, 8, layer=3)
+    right = total = 0
+    for _ in range(200):
+        guess = routing.draw_ahead(4, "cpu", accuracy)
+        _, ids = routing.route(4, "cpu")  # the routing drawn ahead, not a new draw
+        right += int((guess == ids).sum())
+        total += ids.numel()
+    # A wrong entry is a draw by popularity, which is right by chance now and then.
+    share = right / total
+    assert accuracy - 0.05 <= share <= accuracy + 0.2 if accuracy < 1 else share == 1.0
+
+
+def test_a_call_with_no_draw_ahead_draws_afresh():
+    routing = ZipfReuseRouting(64, 8, layer=0)
+    routing.draw_ahead(4, "cpu", 1.0)
+    _, ids = routing.route(2, "cpu")  # another batch size: the drawn routing is not this call's
+    assert ids.shape == (2, 8)
+    with pytest.raises(ValueError, match="accuracy"):
+        routing.draw_ahead(4, "cpu", 1.5)

@@ -85,6 +85,19 @@ def test_same_greedy_output_when_vllm_compiles_the_moe_layer_into_its_graph(tiny
         assert ours == pytest.approx(theirs, abs=1e-4)
 
 
+def test_fetching_ahead_on_the_next_layers_router_keeps_the_greedy_output(tiny_moe):
+    """moe_fetch_ahead: while layer 0 runs, layer 1's router is applied to layer 0's input and the
+    experts it picks are fetched ahead; the real router then decides, so the output is the stock one."""
+    stock = _greedy(tiny_moe, {"moe_offload": False}, eager=False)
+    ahead = _greedy(tiny_moe, {"moe_offload": True, "moe_gpu_cache_gib": 0.0, "moe_fetch_ahead": True}, eager=False)
+    cache = ahead["expert_cache"]
+    assert cache["ahead_experts"] > 0  # the guess found layer 1's router and loaded experts with it
+    assert cache["ahead_used"] + cache["ahead_wasted"] > 0 and cache["ahead_bytes"] > 0
+    assert ahead["tokens"] == stock["tokens"]
+    for ours, theirs in zip(ahead["logprobs"], stock["logprobs"], strict=False):
+        assert ours == pytest.approx(theirs, abs=1e-4)
+
+
 def test_the_benchmark_routing_stand_in_routes_every_layer_when_vllms_switch_names_it(tiny_moe):
     """bench/gpu_moe_graphs.py measures the expert cache under Zipf + reuse routing: vLLM's own
     simulator switch turns the stand-in on in a real engine, for every MoE layer, with the offload."""

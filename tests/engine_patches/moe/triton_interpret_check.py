@@ -68,10 +68,12 @@ def main() -> None:
             if step % 7 == 3:
                 ids[0, -1] = -1  # a skipped entry
             layer = step % layers
-            a, b = kernel.plan(layer, ids, overflow=True), torch_.plan(layer, ids, overflow=True)
+            ahead = step % 4 == 1  # a guess at the layer's next batch: loaded ahead, judged next time
+            a = kernel.plan(layer, ids, overflow=True, ahead=ahead)
+            b = torch_.plan(layer, ids, overflow=True, ahead=ahead)
             for name in ("slot_ids", "hit_slot_ids", "miss_slot_ids", "overflow_ids", "load_experts", "load_slots"):
                 assert torch.equal(getattr(a, name), getattr(b, name)), (name, step)
-            for name in ("expert_slot", "slot_expert", "last_used", "clock", "counts"):
+            for name in ("expert_slot", "slot_expert", "last_used", "clock", "counts", "ahead"):
                 assert torch.equal(getattr(kernel, name), getattr(torch_, name)), (name, step)
             dst_k, dst_t = torch.full((slots, 3, 5), float("nan")), torch.zeros(slots, 3, 5)
             dst_k.copy_(dst_t)
