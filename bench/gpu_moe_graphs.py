@@ -8,6 +8,9 @@ one engine at a time, each launched with the argv and environment the manager's 
   the manager adds ``--max-cudagraph-capture-size`` = max(slots per layer / top_k, 16): batches up to
   16 tokens are planned on the GPU, their experts that find no slot read in place. ``offload_NN_eager``
   adds ``--enforce-eager``; ``offload_graphs`` / ``offload_eager`` use ``--cache-fraction``.
+  ``offload_NN_ahead`` fetches ahead (the plugin's ``moe_fetch_ahead``): while a layer runs, the
+  stand-in's guess at the next layer's experts, right ``--guess-accuracy`` of the time
+  (``offload_NN_aheadAA``: AA %), is fetched on a side stream.
 - ``resident``: every expert on the GPU, CUDA graphs on (vLLM's defaults).
 - ``vllm_uva``: vLLM's own expert offload, ``--cpu-offload-gb <all expert GiB> --cpu-offload-params
   experts --offload-backend uva``: every expert stays in pinned host memory and vLLM's kernel
@@ -134,6 +137,12 @@ class Engine:
             env["VLLM_MANAGER_PATCHES"] = json.dumps(
                 {**patches, "moe_stream_below_hit_rate": args.stream_below_hit_rate}
             )
+        accuracy = guess_accuracy(case, args.guess_accuracy)
+        if accuracy is not None:
+            env["VLLM_MANAGER_PATCHES"] = json.dumps(
+                {**json.loads(env["VLLM_MANAGER_PATCHES"]), "moe_fetch_ahead": True}
+            )
+            env["ENGINE_PATCHES_STANDIN_GUESS"] = str(accuracy)
         env.pop("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", None)
         if args.routing == "zipf":
             env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] = STANDIN
@@ -231,13 +240,24 @@ class Engine:
         tokens = delta(s0, s1, "tokens") - delta(s1, s2, "tokens")
         hits = delta(s0, s1, "hits") - delta(s1, s2, "hits")
         misses = delta(s0, s1, "misses") - delta(s1, s2, "misses")
+        for snap in (s0, s1, s2):  # experts fetched ahead on a guess (their bytes are in bytes_moved)
+            for key in ("ahead_used", "ahead_wasted", "ahead_bytes"):
+                snap.setdefault(key, 0)
+        used = delta(s0, s1, "ahead_used") - delta(s1, s2, "ahead_used")
+        wasted = delta(s0, s1, "ahead_wasted") - delta(s1, s2, "ahead_wasted")
+        ahead_bytes = delta(s0, s1, "ahead_bytes") - delta(s1, s2, "ahead_bytes")
         return {
+            "guess_hit_rate": round(used / (used + wasted), 4) if used + wasted > 0 else None,
+            "ahead_bytes_per_token": round(ahead_bytes / tokens) if tokens > 0 else None,
             "decode_tokens_counted": int(tokens),
             "decode_tokens_asked": batch * (long - short),
             "bytes_per_token": round(moved / tokens) if tokens > 0 else None,
             "hit_rate": round(hits / (hits + misses), 4) if hits + misses > 0 else None,
             "snapshots": [
-                {k: x.get(k) for k in ("tokens", "bytes_moved", "streamed_bytes", "hits", "misses")}
+                {
+                    k: x.get(k)
+                    for k in ("tokens", "bytes_moved", "streamed_bytes", "hits", "misses", "ahead_used", "ahead_wasted")
+                }
                 for x in (s0, s1, s2)
             ],
         }
@@ -310,6 +330,14 @@ def compare(cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
         same_8 = [x == y for x, y in zip(cases[a]["greedy_8"], cases[b]["greedy_8"], strict=True)]
         out[f"{a}_vs_{b}"] = {"batch1_equal": same_1, "batch8_equal": same_8, "all_equal": same_1 and all(same_8)}
     return out
+
+
+def guess_accuracy(case: str, default: float) -> float | None:
+    """offload_25_ahead -> ``default``, offload_25_ahead50 -> 0.5; None for a case that does not fetch ahead."""
+    match = re.search(r"_ahead(\d*)$", case)
+    if match is None:
+        return None
+    return int(match.group(1)) / 100 if match.group(1) else default
 
 
 def cache_fraction(case: str, default: float) -> float | None:
@@ -403,6 +431,12 @@ def main() -> int:
     parser.add_argument("--name", default="gpu_moe_graphs", help="the JSON's file name under --out, without .json")
     parser.add_argument("--engine-args", nargs="*", default=[], help="more vLLM flags for every engine")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs 0..N-1 per engine, as a config's")
+    parser.add_argument(
+        "--guess-accuracy",
+        type=float,
+        default=0.8,
+        help="offload_NN_ahead cases: how often the stand-in's guess at the next layer's experts is right",
+    )
     parser.add_argument(
         "--stream-below-hit-rate",
         type=float,
