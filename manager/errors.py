@@ -27,6 +27,11 @@ class Invalid(ManagerError):
     status = 422
 
 
+class WaitsForNodes(Invalid):
+    """A start the cluster's live nodes cannot hold until a lost node is back: a model spanning nodes
+    with too few GPUs left, or a config naming a lost node."""
+
+
 class Unauthorized(ManagerError):
     status = 401
     headers = {"WWW-Authenticate": "Bearer"}

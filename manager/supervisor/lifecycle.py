@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from manager.errors import Conflict, ManagerError
+from manager.errors import Conflict, ManagerError, WaitsForNodes
 from manager.placement import sleep_level_of
 from manager.supervisor.policy import Policy, backoff_delay
 from manager.supervisor.worker_effects import (
@@ -40,6 +40,7 @@ from manager.supervisor.worker_events import (
     Launched,
     LaunchRefused,
     NeedsDownload,
+    NodeBack,
     NodeLost,
     Probed,
     RestartRequested,
@@ -99,6 +100,10 @@ def step(life: Life, event: Event, policy: Policy) -> Step:
             return new, [_moved(life, new, "stopped", "its process was gone after a manager restart; marked stopped")]
         case NodeLost():
             return _node_lost(life, event)
+        case NodeBack():
+            if life.state == State.FAILED and life.waits_for_node and life.desired == "running":
+                return _launch(life, StartKind.CRASH_RESTART, life.model, "a lost node is back", False)
+            return life, []
         case Launched():
             return _launched(life, event)
         case LaunchRefused(error=error):
@@ -153,7 +158,7 @@ def step(life: Life, event: Event, policy: Policy) -> Step:
 
 
 def _launch(life: Life, kind: StartKind, model: str, reason: str, force: bool) -> Step:
-    return replace(life, start_kind=kind, next_restart_at=None), [Launch(model, reason, force)]
+    return replace(life, start_kind=kind, next_restart_at=None, waits_for_node=False), [Launch(model, reason, force)]
 
 
 def _stop(life: Life, reason: str, alive: bool) -> Step:
@@ -315,6 +320,9 @@ def _launch_refused(life: Life, error: ManagerError) -> Step:
         stay = replace(life, start_kind=None)
         return stay, [record("move_refused", f"{life.model} stays lost: {error.message}")]
     if life.start_kind == StartKind.CRASH_RESTART:
+        if isinstance(error, WaitsForNodes):
+            reason = f"restart refused: {error.message}; it starts again when a lost node is back"
+            return _failed(replace(life, start_kind=None), reason, waits_for_node=True)
         return _failed(replace(life, start_kind=None), f"restart refused: {error.message}")
     if life.start_kind == StartKind.ROLLBACK:
         return _failed(replace(life, start_kind=None), f"{life.last_error}; the roll back was refused: {error.message}")
@@ -414,8 +422,16 @@ def _crashed(life: Life, reason: str, policy: Policy, now: float) -> Step:
     return new, [_moved(life, new, "crashed", f"{reason}; restart {count} in {delay:g} s", delay_s=delay)]
 
 
-def _failed(life: Life, reason: str) -> Step:
-    new = replace(life, state=State.FAILED, engine=None, last_error=reason, start_kind=None, switch_from=None)
+def _failed(life: Life, reason: str, waits_for_node: bool = False) -> Step:
+    new = replace(
+        life,
+        state=State.FAILED,
+        engine=None,
+        last_error=reason,
+        start_kind=None,
+        switch_from=None,
+        waits_for_node=waits_for_node,
+    )
     return new, [_moved(life, new, "failed", reason)]
 
 

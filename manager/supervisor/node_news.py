@@ -16,7 +16,7 @@ from manager.metrics.gpu import GpuReport
 from manager.metrics.host import HostSample
 from manager.supervisor.events import EventLog
 from manager.supervisor.runner import WorkerRunner
-from manager.supervisor.worker_events import NodeLost
+from manager.supervisor.worker_events import NodeBack, NodeLost
 from manager.supervisor.worker_state import Engine, State
 
 if TYPE_CHECKING:
@@ -114,6 +114,11 @@ class NodeNews:
         for runner in runners:
             if runner.life.state == State.LOST:
                 self._in_background(runner.send("node_back"))
+        # Workers on any node whose restart the live nodes could not hold (a model spanning nodes
+        # that lost one of them): the node back may be what they wait for.
+        for runner in self._runners():
+            if runner.life.state == State.FAILED and runner.life.waits_for_node:
+                self._in_background(runner.send("event", event=NodeBack()))
 
     async def _end_orphans(self, node: str) -> None:
         host = self._host_of(node)

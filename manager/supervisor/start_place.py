@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from sqlmodel import Session
 
 from manager.cluster.nodes import NodeState, gpus_needed, short_of_gpus, spans_nodes
-from manager.errors import Invalid, NotFound
+from manager.errors import Invalid, NotFound, WaitsForNodes
 from manager.launch.command import sleep_pool_on
 from manager.launch.preflight import (
     HostClaims,
@@ -95,7 +95,7 @@ class StartPlacement:
             live = {s.name: s.ray.gpus for s in cluster.statuses() if s.state == NodeState.ALIVE}
             short = short_of_gpus(config.name, gpus_needed(config.tensor_parallel_size, config.extra_args), live)
             if short:
-                raise Invalid(short, field="tensor_parallel_size")
+                raise WaitsForNodes(short, field="tensor_parallel_size")
             self._plan_per_gpu(db, worker_id, config, profile, force)
             return cluster.local_name
         runner = self._runner_of(worker_id)
@@ -105,7 +105,7 @@ class StartPlacement:
         if wanted:
             names = cluster.resolve(wanted)
             if not names:
-                raise Invalid(f"node {wanted!r} is lost: wait until it is back", field="node")
+                raise WaitsForNodes(f"node {wanted!r} is lost: wait until it is back", field="node")
         else:
             names = cluster.alive_names()
         preferred = self._preferred.pop(config.name, None)

@@ -72,6 +72,11 @@ class NodeLost:
 
 
 @dataclass(frozen=True)
+class NodeBack:
+    """A node of the Ray cluster is alive again: a worker that failed for want of it may start again."""
+
+
+@dataclass(frozen=True)
 class Launched:
     reason: str
     model: str
@@ -188,6 +193,7 @@ Event = (
     | Adopted
     | FoundGone
     | NodeLost
+    | NodeBack
     | Launched
     | LaunchRefused
     | NeedsDownload

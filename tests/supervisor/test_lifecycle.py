@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from manager.errors import Invalid
+from manager.errors import Invalid, WaitsForNodes
 from manager.supervisor import lifecycle
 from manager.supervisor.policy import Policy, tick_interval
 from manager.supervisor.worker_effects import (
@@ -39,6 +39,7 @@ from manager.supervisor.worker_events import (
     Launched,
     LaunchRefused,
     NeedsDownload,
+    NodeBack,
     NodeLost,
     Probed,
     RestartRequested,
@@ -250,6 +251,39 @@ def test_a_crash_restart_refused_by_the_planner_is_failed():
     assert life.state == State.FAILED
     assert life.last_error == "restart refused: does not fit: 4.76 GiB of KV, 4.38 GiB left"
     assert not any(isinstance(e, Reject) for e in effects)
+
+
+def test_a_crash_restart_the_live_nodes_cannot_hold_starts_again_when_a_node_is_back():
+    """A model spanning two nodes, one of them lost: its restart is refused at once, and it starts
+    again by itself when a node comes back."""
+    life = running(now=0.0)
+    life, _ = step(life, Exited("exited", None, 10.0))
+    life, _ = step(life, Tick(20.0))
+    life, _ = step(life, LaunchRefused(WaitsForNodes("a needs 2 GPUs, spread over nodes, and the live nodes have 1")))
+    assert life.state == State.FAILED and life.waits_for_node
+    assert life.last_error == (
+        "restart refused: a needs 2 GPUs, spread over nodes, and the live nodes have 1; "
+        "it starts again when a lost node is back"
+    )
+    life, effects = step(life, NodeBack())
+    assert [type(e) for e in effects] == [Launch] and effects[0].reason == "a lost node is back"
+    assert not life.waits_for_node
+    # Still too few: failed again, and waiting again.
+    life, _ = step(life, LaunchRefused(WaitsForNodes("a needs 2 GPUs")))
+    assert life.state == State.FAILED and life.waits_for_node
+
+
+def test_a_node_back_starts_no_worker_that_failed_otherwise_or_was_stopped_since():
+    life = running(now=0.0)
+    life, _ = step(life, Exited("exited", None, 10.0))
+    life, _ = step(life, Tick(20.0))
+    failed, _ = step(life, LaunchRefused(Invalid("does not fit: 4.76 GiB of KV, 4.38 GiB left")))
+    assert failed.state == State.FAILED and not failed.waits_for_node
+    assert step(failed, NodeBack()) == (failed, [])
+    waiting, _ = step(life, LaunchRefused(WaitsForNodes("node 'b' is lost: wait until it is back")))
+    stopped_since, _ = step(waiting, StopRequested("stop requested", alive=False))
+    assert stopped_since.state == State.STOPPED
+    assert step(stopped_since, NodeBack())[1] == []
 
 
 def test_a_start_the_user_asked_for_and_that_is_refused_answers_the_user():
