@@ -126,6 +126,9 @@ class ExpertOffload:
         self._streamed_calls = self._streamed_bytes = 0
         self._cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device) if self._cuda else None
+        # Fetches ahead get a stream of their own: a layer's own copies on the copy stream must not
+        # queue behind the next layer's guess.
+        self._ahead_stream = torch.cuda.Stream(self.device) if self._cuda else None
         num_experts = store.layers[0].num_experts
         self.num_experts = num_experts
 
@@ -351,12 +354,15 @@ class ExpertOffload:
             self._ahead_pending[layer] = (None, plan)
             return
         timed = self.measure and not torch.cuda.is_current_stream_capturing()
-        self._ahead_pending[layer] = (self._gather_on_side(weights, dst, plan, self._ahead_kw, timed), plan)
+        ready = self._gather_on_side(self._ahead_stream, weights, dst, plan, self._ahead_kw, timed)
+        self._ahead_pending[layer] = (ready, plan)
 
-    def _gather_on_side(self, weights, dst, plan: DevicePlan, tuning: GatherTuning, timed: bool) -> torch.cuda.Event:
-        """Start ``plan``'s gather on the side stream, after the work queued so far on the compute
-        stream (the plan, and earlier reads of the slots it overwrites); returns its end event."""
-        main, side = torch.cuda.current_stream(self.device), self._copy_stream
+    def _gather_on_side(
+        self, side: torch.cuda.Stream | None, weights, dst, plan: DevicePlan, tuning: GatherTuning, timed: bool
+    ) -> torch.cuda.Event:
+        """Start ``plan``'s gather on ``side``, after the work queued so far on the compute stream
+        (the plan, and earlier reads of the slots it overwrites); returns its end event."""
+        main = torch.cuda.current_stream(self.device)
         assert side is not None  # made in __init__ on CUDA
         side.wait_stream(main)
         with torch.cuda.stream(side):
@@ -437,7 +443,7 @@ class ExpertOffload:
         # The plan's tensors outlive the copy: the main stream waits for the side stream before
         # this function returns, so the allocator cannot hand them out while the gather reads.
         main = torch.cuda.current_stream(self.device)
-        ready = self._gather_on_side(weights, dst, plan, self._gather_kw, timed)
+        ready = self._gather_on_side(self._copy_stream, weights, dst, plan, self._gather_kw, timed)
 
         def wait_for_copy() -> None:
             if timed:

@@ -30,6 +30,7 @@ vLLM is imported only inside functions, so importing this module costs nothing.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any
 
@@ -281,7 +282,7 @@ def _next_layer_guess(store_index: int, top_k: int) -> Any:
     if not getattr(RUNTIME.settings, "moe_fetch_ahead", False) or not _whole_step_in_one_graph():
         return None
     nxt = store_index + 1
-    if nxt not in _LAYERS:
+    if nxt not in _LAYERS or not _next_in_stack(_LAYERS[store_index][1], _LAYERS[nxt][1]):
         return None
     from engine_patches.vllm_adapters.routing_standin import guesser
 
@@ -294,6 +295,25 @@ def _next_layer_guess(store_index: int, top_k: int) -> Any:
     if gate is None:
         return None
     return lambda x: torch.topk(_logits(gate(x)), top_k, dim=-1).indices
+
+
+_LAYER_NUMBER = re.compile(r"^(.*\.layers\.)(\d+)(\..*)$")
+
+
+def next_in_stack(name: str, next_name: str) -> bool:
+    """Whether the MoE layer called ``next_name`` follows ``name`` in the same stack of one model
+    (``model.layers.4.mlp.experts`` -> ``model.layers.5.mlp.experts``): a speculative decoder's
+    layers come after the model's in the store but run in forwards (and graphs) of their own, so
+    a fetch started in the model's last layer would never be waited for in the same graph."""
+    a, b = _LAYER_NUMBER.match(name), _LAYER_NUMBER.match(next_name)
+    if a is None or b is None:
+        return False
+    return (a.group(1), a.group(3)) == (b.group(1), b.group(3)) and int(b.group(2)) > int(a.group(2))
+
+
+def _next_in_stack(layer: Any, next_layer: Any) -> bool:
+    name, next_name = getattr(layer, "layer_name", None), getattr(next_layer, "layer_name", None)
+    return isinstance(name, str) and isinstance(next_name, str) and next_in_stack(name, next_name)
 
 
 def _logits(out: Any) -> torch.Tensor:

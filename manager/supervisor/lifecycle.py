@@ -162,7 +162,14 @@ def _launch(life: Life, kind: StartKind, model: str, reason: str, force: bool) -
 
 
 def _stop(life: Life, reason: str, alive: bool) -> Step:
-    calm = replace(_download_over(life), next_restart_at=None, switch_from=None, start_kind=None, sleep_level=None)
+    calm = replace(
+        _download_over(life),
+        next_restart_at=None,
+        switch_from=None,
+        start_kind=None,
+        sleep_level=None,
+        waits_for_node=False,
+    )
     effects: list[Effect] = []
     if life.state == State.DOWNLOADING:
         effects.append(StopFetching())
@@ -303,7 +310,7 @@ def _refused_after_download(life: Life, error: ManagerError) -> Step:
     waits for an answer now, so the worker does not stay downloading: it fails with the reason."""
     calm = _download_over(life)
     if life.start_kind == StartKind.CRASH_RESTART:
-        return _failed(calm, f"restart refused: {error.message}")
+        return _restart_refused(calm, error)
     if life.start_kind == StartKind.ROLLBACK:
         return _failed(calm, f"{life.last_error}; the roll back was refused: {error.message}")
     if life.switch_from:
@@ -320,13 +327,18 @@ def _launch_refused(life: Life, error: ManagerError) -> Step:
         stay = replace(life, start_kind=None)
         return stay, [record("move_refused", f"{life.model} stays lost: {error.message}")]
     if life.start_kind == StartKind.CRASH_RESTART:
-        if isinstance(error, WaitsForNodes):
-            reason = f"restart refused: {error.message}; it starts again when a lost node is back"
-            return _failed(replace(life, start_kind=None), reason, waits_for_node=True)
-        return _failed(replace(life, start_kind=None), f"restart refused: {error.message}")
+        return _restart_refused(replace(life, start_kind=None), error)
     if life.start_kind == StartKind.ROLLBACK:
         return _failed(replace(life, start_kind=None), f"{life.last_error}; the roll back was refused: {error.message}")
     return replace(life, start_kind=None, switch_from=None), [Reject(error)]
+
+
+def _restart_refused(life: Life, error: ManagerError) -> Step:
+    """A crash restart refused: failed; where the live nodes could not hold it, it waits for a node."""
+    if isinstance(error, WaitsForNodes):
+        reason = f"restart refused: {error.message}; it starts again when a lost node is back"
+        return _failed(life, reason, waits_for_node=True)
+    return _failed(life, f"restart refused: {error.message}")
 
 
 def _adopted(life: Life, event: Adopted) -> Step:

@@ -579,6 +579,7 @@ class WorkerRunner:
         row.desired = life.desired
         row.restart_count = life.restart_count
         row.last_error = life.last_error
+        row.waits_for_node = life.waits_for_node
         row.port = life.port
         row.node = self.node
         row.run_dir = str(self._run_dir) if self._run_dir else None

@@ -106,4 +106,5 @@ def life_of(row: Worker) -> Life:
         desired=row.desired,
         restart_count=row.restart_count,
         last_error=row.last_error,
+        waits_for_node=row.waits_for_node,
     )

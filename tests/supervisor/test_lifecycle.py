@@ -273,6 +273,16 @@ def test_a_crash_restart_the_live_nodes_cannot_hold_starts_again_when_a_node_is_
     assert life.state == State.FAILED and life.waits_for_node
 
 
+def test_a_crash_restart_refused_after_its_download_for_want_of_a_node_waits_for_one_too():
+    life = running(now=0.0)
+    life, _ = step(life, Exited("exited", None, 10.0))
+    life, effects = step(life, Tick(20.0))
+    life, _ = step(life, NeedsDownload(effects[0], "org/model", 21.0))
+    assert life.state == State.DOWNLOADING
+    life, _ = step(life, LaunchRefused(WaitsForNodes("node 'b' is lost: wait until it is back")))
+    assert life.state == State.FAILED and life.waits_for_node
+
+
 def test_a_node_back_starts_no_worker_that_failed_otherwise_or_was_stopped_since():
     life = running(now=0.0)
     life, _ = step(life, Exited("exited", None, 10.0))

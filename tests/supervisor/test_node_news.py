@@ -50,3 +50,28 @@ def test_a_node_back_restarts_the_workers_waiting_for_one_and_looks_for_the_lost
     assert lost.sent == [("node_back", {})]
     assert failed.sent == [] and ready.sent == []
     assert events.kinds == ["node_back"]
+
+
+def test_a_worker_waiting_for_a_node_still_waits_after_a_manager_restart(tmp_path):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlmodel import MetaData, select
+
+    from manager.db import make_engine, migrate, session
+    from manager.schemas.worker import Worker
+    from manager.supervisor.runner_deps import life_of
+
+    engine = make_engine(tmp_path / "m.db")
+    migrate(engine)
+    with session(engine) as db:
+        db.add(Worker(model_name="tp2", state="failed", desired="running", waits_for_node=True))
+        db.add(Worker(model_name="big", state="failed", desired="running"))
+        db.commit()
+    with session(engine) as db:
+        lives = [life_of(row) for row in db.exec(select(Worker).order_by(Worker.id))]
+    assert [life.waits_for_node for life in lives] == [True, False]
+    wanted = MetaData()
+    Worker.__table__.to_metadata(wanted)
+    with engine.connect() as conn:
+        diffs = [d for d in compare_metadata(MigrationContext.configure(conn), wanted) if "'worker'" in repr(d)]
+    assert diffs == []

@@ -90,3 +90,18 @@ def test_own_kernels_are_used_only_for_the_plain_silu_moe():
     ):
         assert not fits(backend=other), other
     assert not fits(backend=None)
+
+
+@pytest.mark.parametrize(
+    "name,next_name,fetches",
+    [
+        ("model.layers.4.mlp.experts", "model.layers.5.mlp.experts", True),
+        ("model.layers.1.mlp.experts", "model.layers.3.mlp.experts", True),  # a dense layer between
+        ("model.layers.47.mlp.experts", "mtp.layers.0.mlp.experts", False),  # a draft model's: another forward
+        ("model.layers.47.mlp.experts", "model.mtp.layers.0.mlp.experts", False),
+        ("model.layers.3.mlp.experts", "model.layers.1.mlp.experts", False),
+        ("experts", "model.layers.1.mlp.experts", False),
+    ],
+)
+def test_experts_are_fetched_ahead_only_for_the_next_layer_of_the_same_stack(name, next_name, fetches):
+    assert moe_adapter.next_in_stack(name, next_name) is fetches
