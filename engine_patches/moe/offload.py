@@ -251,7 +251,7 @@ class ExpertOffload:
         if ready is None:
             return
         main = torch.cuda.current_stream(self.device)
-        if not self.measure:
+        if not self.measure or torch.cuda.is_current_stream_capturing():  # no timed events in a capture
             main.wait_event(ready)
             return
         before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -259,6 +259,14 @@ class ExpertOffload:
         main.wait_event(ready)
         after.record(main)
         self._wait_events.append((before, after))
+
+    def _gather_now(self, weights: tuple[torch.Tensor, torch.Tensor], dst, plan: DevicePlan) -> None:
+        """Off CUDA: ``plan``'s copies, made here and now, timed as copy time that hides nothing."""
+        t0 = time.perf_counter()
+        copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots)
+        dt = time.perf_counter() - t0
+        self._copy_s += dt
+        self._exposed_s += dt
 
     # -- forward ------------------------------------------------------------------------------
 
@@ -317,11 +325,7 @@ class ExpertOffload:
             copy_expert_pairs_indexed((src.w13, src.w2), dst, plan.load_experts, plan.load_slots, **self._gather_kw)
             self._untimed_calls += 1  # the in-place reads are inside the expert kernels
         else:
-            t0 = time.perf_counter()
-            copy_expert_pairs_indexed((src.w13, src.w2), dst, plan.load_experts, plan.load_slots)
-            dt = time.perf_counter() - t0
-            self._copy_s += dt
-            self._exposed_s += dt
+            self._gather_now((src.w13, src.w2), dst, plan)
         out = fn(x, dst[0], dst[1], topk_weights, plan.slot_ids)
         w13, w2 = self._view(layer)
         return out + in_place_fn(x, w13, w2, topk_weights, plan.overflow_ids)
@@ -346,11 +350,7 @@ class ExpertOffload:
         plan = self._plan_on_device(layer, guess_ids, ahead=True)
         weights, dst = (self.store.layers[layer].w13, self.store.layers[layer].w2), self._slots[layer]
         if not self._cuda:
-            t0 = time.perf_counter()
-            copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots)
-            dt = time.perf_counter() - t0
-            self._copy_s += dt
-            self._exposed_s += dt
+            self._gather_now(weights, dst, plan)
             self._ahead_pending[layer] = (None, plan)
             return
         timed = self.measure and not torch.cuda.is_current_stream_capturing()
@@ -379,12 +379,8 @@ class ExpertOffload:
     def _join_ahead(self, layer: int) -> None:
         """The compute stream waits for ``layer``'s fetch ahead, if one was started."""
         pending = self._ahead_pending.pop(layer, None)
-        if pending is None or pending[0] is None:
-            return
-        if self.measure and not torch.cuda.is_current_stream_capturing():
-            self._wait(pending[0])  # counted as exposed: the time the layer sat waiting on it
-        else:
-            torch.cuda.current_stream(self.device).wait_event(pending[0])
+        if pending is not None:
+            self._wait(pending[0])  # timed, the time the layer sat waiting on it counts as exposed
 
     def _view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Device views of ``layer``'s host experts, for the expert kernels to read in place."""
@@ -405,11 +401,7 @@ class ExpertOffload:
         src, dst = self.store.layers[layer], self._slots[layer]
         weights = (src.w13, src.w2)
         if not self._cuda:  # a plain copy, then the two passes the GPU path runs
-            t0 = time.perf_counter()
-            copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots)
-            dt = time.perf_counter() - t0
-            self._copy_s += dt
-            self._exposed_s += dt
+            self._gather_now(weights, dst, plan)
             if self.device_overlap:
                 return split_experts(
                     fn, x, dst[0], dst[1], topk_weights, plan.hit_slot_ids, plan.miss_slot_ids, lambda: None
@@ -442,16 +434,10 @@ class ExpertOffload:
         # the plan and for earlier reads of the slots it overwrites (both on the main stream).
         # The plan's tensors outlive the copy: the main stream waits for the side stream before
         # this function returns, so the allocator cannot hand them out while the gather reads.
-        main = torch.cuda.current_stream(self.device)
         ready = self._gather_on_side(self._copy_stream, weights, dst, plan, self._gather_kw, timed)
-
-        def wait_for_copy() -> None:
-            if timed:
-                self._wait(ready)
-            else:
-                main.wait_event(ready)
-
-        return split_experts(fn, x, dst[0], dst[1], topk_weights, plan.hit_slot_ids, plan.miss_slot_ids, wait_for_copy)
+        return split_experts(
+            fn, x, dst[0], dst[1], topk_weights, plan.hit_slot_ids, plan.miss_slot_ids, lambda: self._wait(ready)
+        )
 
     def _forward_cached(self, layer, x, topk_weights, topk_ids, fn) -> torch.Tensor:
         table = self._tables[layer]

@@ -272,15 +272,23 @@ def _make_method_class(base: type) -> type:
 
 # store index -> (method, layer): what the opaque op below runs
 _LAYERS: dict[int, tuple[Any, Any]] = {}
-_GATES: dict[int, Any] = {}  # store index -> its router (hidden -> expert logits), None: none found
+_GUESSES: dict[int, Any] = {}  # store index -> its guess at the next layer's experts, None: no guess
 
 
 def _next_layer_guess(store_index: int, top_k: int) -> Any:
     """How the offload guesses the experts of the MoE layer after ``store_index`` while this one
-    runs: the benchmark stand-in's guess where it routes, else that layer's router applied to this
-    layer's input (the two see nearly the same hidden state). None: no fetching ahead here."""
+    runs (found at the layer's first forward, then kept); None: no fetching ahead here."""
     if not getattr(RUNTIME.settings, "moe_fetch_ahead", False) or not _whole_step_in_one_graph():
         return None
+    if store_index not in _GUESSES:
+        _GUESSES[store_index] = _guess_after(store_index, top_k)
+    return _GUESSES[store_index]
+
+
+def _guess_after(store_index: int, top_k: int) -> Any:
+    """The benchmark stand-in's guess where it routes, else the next layer's router applied to this
+    layer's input (the two see nearly the same hidden state); None where the next MoE layer is not
+    the next of this stack, or has no router to ask."""
     nxt = store_index + 1
     if nxt not in _LAYERS or not _next_in_stack(_LAYERS[store_index][1], _LAYERS[nxt][1]):
         return None
@@ -289,9 +297,7 @@ def _next_layer_guess(store_index: int, top_k: int) -> Any:
     standin = guesser(nxt)
     if standin is not None:
         return standin
-    if nxt not in _GATES:
-        _GATES[nxt] = _router_of(_LAYERS[nxt][1])
-    gate = _GATES[nxt]
+    gate = _router_of(_LAYERS[nxt][1])
     if gate is None:
         return None
     return lambda x: torch.topk(_logits(gate(x)), top_k, dim=-1).indices
