@@ -110,6 +110,12 @@ def running(model: str = "a", pid: int = 100, now: float = 0.0) -> Life:
     return life
 
 
+def restarting() -> tuple[Life, list[Effect]]:
+    """A ready worker whose engine exited at 10 s, at its crash restart (20 s): the Launch asked for."""
+    life, _ = step(running(now=0.0), Exited("exited", None, 10.0))
+    return step(life, Tick(20.0))
+
+
 def test_a_launch_on_another_port_moves_the_worker_there_and_says_why():
     life, effects = step(stopped(), StartRequested())
     moved = dataclasses.replace(launched(effects[0]), port=18007)
@@ -221,9 +227,7 @@ def test_health_failures_in_a_row_are_a_crash_and_one_success_resets_them():
 
 
 def test_restart_counter_resets_after_a_healthy_while():
-    life = running(now=0.0)
-    life, _ = step(life, Exited("exited", None, 10.0))
-    life, effects = step(life, Tick(20.0))
+    life, effects = restarting()
     life, _ = step(life, launched(effects[0], now=20.0))
     life, _ = step(life, probed(21.0))
     life, effects = step(life, probed(500.0))
@@ -234,9 +238,7 @@ def test_restart_counter_resets_after_a_healthy_while():
 
 
 def test_a_crash_restart_that_fails_to_start_counts_as_another_crash():
-    life = running(now=0.0)
-    life, _ = step(life, Exited("exited", None, 10.0))
-    life, effects = step(life, Tick(20.0))
+    life, effects = restarting()
     life, _ = step(life, launched(effects[0], now=20.0))
     life, _ = step(life, Exited("exited with code 1", "OSError: disk", 25.0))
     assert life.state == State.CRASHED and life.restart_count == 2
@@ -244,9 +246,7 @@ def test_a_crash_restart_that_fails_to_start_counts_as_another_crash():
 
 
 def test_a_crash_restart_refused_by_the_planner_is_failed():
-    life = running(now=0.0)
-    life, _ = step(life, Exited("exited", None, 10.0))
-    life, _ = step(life, Tick(20.0))
+    life, _ = restarting()
     life, effects = step(life, LaunchRefused(Invalid("does not fit: 4.76 GiB of KV, 4.38 GiB left")))
     assert life.state == State.FAILED
     assert life.last_error == "restart refused: does not fit: 4.76 GiB of KV, 4.38 GiB left"
@@ -256,9 +256,7 @@ def test_a_crash_restart_refused_by_the_planner_is_failed():
 def test_a_crash_restart_the_live_nodes_cannot_hold_starts_again_when_a_node_is_back():
     """A model spanning two nodes, one of them lost: its restart is refused at once, and it starts
     again by itself when a node comes back."""
-    life = running(now=0.0)
-    life, _ = step(life, Exited("exited", None, 10.0))
-    life, _ = step(life, Tick(20.0))
+    life, _ = restarting()
     life, _ = step(life, LaunchRefused(WaitsForNodes("a needs 2 GPUs, spread over nodes, and the live nodes have 1")))
     assert life.state == State.FAILED and life.waits_for_node
     assert life.last_error == (
@@ -274,9 +272,7 @@ def test_a_crash_restart_the_live_nodes_cannot_hold_starts_again_when_a_node_is_
 
 
 def test_a_crash_restart_refused_after_its_download_for_want_of_a_node_waits_for_one_too():
-    life = running(now=0.0)
-    life, _ = step(life, Exited("exited", None, 10.0))
-    life, effects = step(life, Tick(20.0))
+    life, effects = restarting()
     life, _ = step(life, NeedsDownload(effects[0], "org/model", 21.0))
     assert life.state == State.DOWNLOADING
     life, _ = step(life, LaunchRefused(WaitsForNodes("node 'b' is lost: wait until it is back")))
@@ -284,9 +280,7 @@ def test_a_crash_restart_refused_after_its_download_for_want_of_a_node_waits_for
 
 
 def test_a_node_back_starts_no_worker_that_failed_otherwise_or_was_stopped_since():
-    life = running(now=0.0)
-    life, _ = step(life, Exited("exited", None, 10.0))
-    life, _ = step(life, Tick(20.0))
+    life, _ = restarting()
     failed, _ = step(life, LaunchRefused(Invalid("does not fit: 4.76 GiB of KV, 4.38 GiB left")))
     assert failed.state == State.FAILED and not failed.waits_for_node
     assert step(failed, NodeBack()) == (failed, [])
