@@ -61,8 +61,9 @@ def sleep_cycles_per_us() -> float:
     return cycles / (a.elapsed_time(b) * 1e3)
 
 
-def run_case(store, layers, slots, busy_cycles, accuracy, replays, seed) -> dict:
-    off = ExpertOffload(store, device="cuda", slots_per_layer=slots, planner="device")
+def build_step(store, layers, slots, busy_cycles, accuracy, seed, **offload_kw):
+    """The offload and one captured decode step (warm: compiled, the cache filled)."""
+    off = ExpertOffload(store, device="cuda", slots_per_layer=slots, planner="device", **offload_kw)
     routes = [ZipfReuseRouting(E, K, layer=i, seed=seed) for i in range(layers)]
     x = torch.randn(1, H, device="cuda").bfloat16()
     w = torch.full((1, K), 1.0 / K, device="cuda")
@@ -89,6 +90,11 @@ def run_case(store, layers, slots, busy_cycles, accuracy, replays, seed) -> dict
     for _ in range(20):  # steady state
         graph.replay()
     torch.cuda.synchronize()
+    return off, graph
+
+
+def run_case(store, layers, slots, busy_cycles, accuracy, replays, seed, **offload_kw) -> dict:
+    off, graph = build_step(store, layers, slots, busy_cycles, accuracy, seed, **offload_kw)
     before = off.stats()
     times = replay_ms(graph, replays)
     after = off.stats()
@@ -101,6 +107,51 @@ def run_case(store, layers, slots, busy_cycles, accuracy, replays, seed) -> dict
             (after.hits - before.hits) / max(1, (after.hits + after.misses) - (before.hits + before.misses)), 4
         ),
         "guess_hit_rate": round(used / (used + wasted), 4) if used + wasted else None,
+    }
+
+
+def trace_case(store, layers, slots, busy_cycles, accuracy, seed, path: Path, **offload_kw) -> dict:
+    """One replay under the profiler: each kernel's stream, start and length, and how much of the
+    gathers ran beside a kernel of another stream (the overlap fetching ahead is for)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _, graph = build_step(store, layers, slots, busy_cycles, accuracy, seed, **offload_kw)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    if not kernels:
+        return {"error": "the profiler saw no kernels"}
+    t0 = kernels[0]["ts"]
+    rows = [
+        (e["args"].get("stream"), e["name"].split("(")[0][:40], round(e["ts"] - t0, 1), round(e["dur"], 1))
+        for e in kernels
+    ]
+    streams = sorted({r[0] for r in rows}, key=str)
+    per_stream = {}
+    for s in streams:
+        mine = [r for r in rows if r[0] == s]
+        per_stream[str(s)] = {"kernels": len(mine), "busy_us": round(sum(r[3] for r in mine), 1)}
+    gathers = [r for r in rows if "gather" in r[1]]
+    others = [r for r in rows if "gather" not in r[1]]
+    beside = 0.0
+    for g in gathers:
+        g0, g1 = g[2], g[2] + g[3]
+        spans = sorted((max(g0, o[2]), min(g1, o[2] + o[3])) for o in others if o[0] != g[0])
+        end = g0
+        for a, b in spans:  # union of the other streams' kernels inside this gather
+            a = max(a, end)
+            if b > a:
+                beside += b - a
+                end = b
+    return {
+        "step_us": round(max(r[2] + r[3] for r in rows), 1),
+        "streams": per_stream,
+        "gather_us": round(sum(g[3] for g in gathers), 1),
+        "gather_beside_other_streams_us": round(beside, 1),
+        "timeline": rows,
     }
 
 
@@ -126,10 +177,13 @@ def graph_ms(fn, replays: int = 20) -> float:
     return statistics.median(replay_ms(graph, replays)[2:])
 
 
-def side_stream_probe(store, per_us: float, programs: int, busy_us: float = 300.0, experts: int = 2) -> dict:
+def side_stream_probe(
+    store, per_us: float, programs: int, busy_us: float = 300.0, experts: int = 2, neighbour: str = "sleep"
+) -> dict:
     """Whether a gather on a side stream runs beside the compute stream inside one CUDA graph:
     the gather alone, the busy kernel alone, and both forked and joined (max of the two if they
-    overlap, their sum if not)."""
+    overlap, their sum if not). ``neighbour``: the busy kernel, ``sleep`` (one SM spinning) or
+    ``hbm`` (a copy within GPU memory on every SM, as the model's own kernels read their weights)."""
     from engine_patches.moe.gather import copy_expert_pairs_indexed
 
     lay = store.layers[0]
@@ -141,6 +195,16 @@ def side_stream_probe(store, per_us: float, programs: int, busy_us: float = 300.
     ids[:experts] = torch.arange(experts, dtype=torch.int32)
     side = torch.cuda.Stream()
     cycles = int(busy_us * per_us)
+    if neighbour == "hbm":
+        a = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        b = torch.empty_like(a)
+
+        def busy():
+            b.copy_(a)
+    else:
+
+        def busy():
+            torch.cuda._sleep(cycles)
 
     def gather():
         copy_expert_pairs_indexed((lay.w13, lay.w2), slots, ids, ids, programs=programs)
@@ -150,15 +214,16 @@ def side_stream_probe(store, per_us: float, programs: int, busy_us: float = 300.
         side.wait_stream(main)
         with torch.cuda.stream(side):
             gather()
-        torch.cuda._sleep(cycles)
+        busy()
         main.wait_stream(side)
 
     return {
         "gather_ms": round(graph_ms(gather), 3),
-        "busy_ms": round(graph_ms(lambda: torch.cuda._sleep(cycles)), 3),
+        "busy_ms": round(graph_ms(busy), 3),
         "both_ms": round(graph_ms(both), 3),
         "experts": experts,
         "programs": programs,
+        "neighbour": neighbour,
     }
 
 
@@ -173,6 +238,12 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--probe-programs", type=int, nargs="*", default=[0, 33, 66, 132, 264], help="gather grids to probe (0: widest)"
     )
+    ap.add_argument(
+        "--ahead-priorities", type=int, nargs="*", default=[0], help="stream priorities of the fetch ahead (-1: high)"
+    )
+    ap.add_argument("--ahead-programs", type=int, nargs="*", default=[64], help="gather grids of the fetch ahead")
+    ap.add_argument("--probe-neighbours", nargs="*", default=["sleep"], choices=["sleep", "hbm"])
+    ap.add_argument("--trace-busy-us", type=float, nargs="*", default=[], help="trace one replay at these busy times")
     args = ap.parse_args(argv)
     rate = pinned_rate()
     per_us = sleep_cycles_per_us()
@@ -190,14 +261,52 @@ def main(argv=None) -> int:
         "cases": [],
     }
     print(f"{result['gpu']}: pinned {rate:.2f} GB/s, {args.layers} layers, {slots} of {E} experts cached", flush=True)
-    result["side_stream_probe"] = [side_stream_probe(store, per_us, n) for n in args.probe_programs]
+    result["side_stream_probe"] = [
+        side_stream_probe(store, per_us, n, neighbour=nb) for nb in args.probe_neighbours for n in args.probe_programs
+    ]
     for probe in result["side_stream_probe"]:
         print(json.dumps(probe), flush=True)
+    result["traces"] = []
+    for busy in args.trace_busy_us:
+        variants = [(1.0, p, n) for p in args.ahead_priorities for n in args.ahead_programs]
+        for accuracy, prio, programs in [(None, 0, 64), *variants]:
+            path = args.out.with_name(f"trace_{int(busy)}_{accuracy}_{prio}_{programs}.json")
+            t = trace_case(
+                store,
+                args.layers,
+                slots,
+                int(busy * per_us),
+                accuracy,
+                1,
+                path,
+                ahead_priority=prio,
+                ahead_programs=programs,
+            )
+            t.update(busy_us=busy, accuracy=accuracy, ahead_priority=prio, ahead_programs=programs)
+            result["traces"].append(t)
+            print(json.dumps({k: v for k, v in t.items() if k != "timeline"}), flush=True)
     for busy in args.busy_us:
-        for accuracy in [None, *args.accuracies]:
-            r = run_case(store, args.layers, slots, int(busy * per_us), accuracy, args.replays, seed=1)
+        variants = [(a, p, n) for a in args.accuracies for p in args.ahead_priorities for n in args.ahead_programs]
+        for accuracy, prio, programs in [(None, 0, 64), *variants]:
+            r = run_case(
+                store,
+                args.layers,
+                slots,
+                int(busy * per_us),
+                accuracy,
+                args.replays,
+                seed=1,
+                ahead_priority=prio,
+                ahead_programs=programs,
+            )
             bound_ms = r["bytes_per_step"] / (rate * 1e9) * 1e3
-            r.update(busy_us=busy, accuracy=accuracy, link_ms=round(bound_ms, 3))
+            r.update(
+                busy_us=busy,
+                accuracy=accuracy,
+                ahead_priority=prio,
+                ahead_programs=programs,
+                link_ms=round(bound_ms, 3),
+            )
             r["x_link"] = round(r["step_ms"] / bound_ms, 3) if bound_ms else None
             r["x_link_plus_busy"] = round(r["step_ms"] / (bound_ms + busy * args.layers / 1e3), 3)
             result["cases"].append(r)

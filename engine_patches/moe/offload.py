@@ -81,7 +81,8 @@ class ExpertOffload:
         stream_view: Callable[[torch.Tensor], torch.Tensor] | None = None,
         stream_below_hit_rate: float = 0.0,
         in_place_tokens: int = 0,
-        ahead_programs: int = 64,
+        ahead_programs: int = 24,
+        ahead_priority: int = 0,
     ) -> None:
         if not store.layers:
             raise ValueError("the expert store is empty: add every MoE layer before building the cache")
@@ -128,7 +129,9 @@ class ExpertOffload:
         self._copy_stream = torch.cuda.Stream(self.device) if self._cuda else None
         # Fetches ahead get a stream of their own: a layer's own copies on the copy stream must not
         # queue behind the next layer's guess.
-        self._ahead_stream = torch.cuda.Stream(self.device) if self._cuda else None
+        # ``ahead_priority``: the stream's priority (lower runs first, as CUDA counts; a graph keeps
+        # each kernel's priority from the stream it was captured on).
+        self._ahead_stream = torch.cuda.Stream(self.device, priority=ahead_priority) if self._cuda else None
         num_experts = store.layers[0].num_experts
         self.num_experts = num_experts
 
@@ -157,10 +160,10 @@ class ExpertOffload:
             # with no Python running to set _host_stale: the host table must reload every time.
             self._graph_captured = False
             self._gather_kw = GatherTuning(block=gather_block, num_warps=gather_warps, programs=gather_programs)
-            # The gather of a fetch ahead runs beside the compute stream: on a bounded grid, or its
-            # programs fill every SM and the kernels it should hide behind wait for them to drain.
-            # On the H200, 33 programs already read host memory at the link's speed
-            # (bench/moe_fetch_ahead.py, its side-stream probe).
+            # The gather of a fetch ahead runs beside the compute stream on a small grid: the more
+            # SMs it reads host memory from, the slower the compute stream's own small kernels run
+            # beside it (twice as slow at 64 programs on the H200). 24 programs still read at the
+            # link's speed (bench/moe_fetch_ahead.py: its side-stream probe and step traces).
             if ahead_programs < 1:
                 raise ValueError(f"ahead_programs must be >= 1, got {ahead_programs}")
             self._ahead_kw = GatherTuning(block=gather_block, num_warps=gather_warps, programs=ahead_programs)
