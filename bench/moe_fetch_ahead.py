@@ -227,6 +227,12 @@ def side_stream_probe(
     }
 
 
+def ahead_kw(priority: int, programs: int | None) -> dict:
+    """The offload's fetch-ahead keywords of a case (no grid: the library's default, for the case
+    that fetches nothing ahead)."""
+    return {"ahead_priority": priority, **({"ahead_programs": programs} if programs else {})}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("/tmp/moe_fetch_ahead.json"))
@@ -241,7 +247,9 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--ahead-priorities", type=int, nargs="*", default=[0], help="stream priorities of the fetch ahead (-1: high)"
     )
-    ap.add_argument("--ahead-programs", type=int, nargs="*", default=[64], help="gather grids of the fetch ahead")
+    ap.add_argument(
+        "--ahead-programs", type=int, nargs="*", default=[24], help="gather grids of the fetch ahead (24: the default)"
+    )
     ap.add_argument("--probe-neighbours", nargs="*", default=["sleep"], choices=["sleep", "hbm"])
     ap.add_argument("--trace-busy-us", type=float, nargs="*", default=[], help="trace one replay at these busy times")
     args = ap.parse_args(argv)
@@ -269,7 +277,7 @@ def main(argv=None) -> int:
     result["traces"] = []
     for busy in args.trace_busy_us:
         variants = [(1.0, p, n) for p in args.ahead_priorities for n in args.ahead_programs]
-        for accuracy, prio, programs in [(None, 0, 64), *variants]:
+        for accuracy, prio, programs in [(None, 0, None), *variants]:
             path = args.out.with_name(f"trace_{int(busy)}_{accuracy}_{prio}_{programs}.json")
             t = trace_case(
                 store,
@@ -279,15 +287,14 @@ def main(argv=None) -> int:
                 accuracy,
                 1,
                 path,
-                ahead_priority=prio,
-                ahead_programs=programs,
+                **ahead_kw(prio, programs),
             )
             t.update(busy_us=busy, accuracy=accuracy, ahead_priority=prio, ahead_programs=programs)
             result["traces"].append(t)
             print(json.dumps({k: v for k, v in t.items() if k != "timeline"}), flush=True)
     for busy in args.busy_us:
         variants = [(a, p, n) for a in args.accuracies for p in args.ahead_priorities for n in args.ahead_programs]
-        for accuracy, prio, programs in [(None, 0, 64), *variants]:
+        for accuracy, prio, programs in [(None, 0, None), *variants]:
             r = run_case(
                 store,
                 args.layers,
@@ -296,8 +303,7 @@ def main(argv=None) -> int:
                 accuracy,
                 args.replays,
                 seed=1,
-                ahead_priority=prio,
-                ahead_programs=programs,
+                **ahead_kw(prio, programs),
             )
             bound_ms = r["bytes_per_step"] / (rate * 1e9) * 1e3
             r.update(

@@ -129,8 +129,9 @@ class ExpertOffload:
         self._copy_stream = torch.cuda.Stream(self.device) if self._cuda else None
         # Fetches ahead get a stream of their own: a layer's own copies on the copy stream must not
         # queue behind the next layer's guess.
-        # ``ahead_priority``: the stream's priority (lower runs first, as CUDA counts; a graph keeps
-        # each kernel's priority from the stream it was captured on).
+        # ``ahead_priority``: the stream's priority (lower runs first, as CUDA counts). It holds in
+        # graphs too: PyTorch instantiates them to use each kernel's priority from its capture stream.
+        # A higher one made steps slower on an H100 (bench/README.md), so 0 by default.
         self._ahead_stream = torch.cuda.Stream(self.device, priority=ahead_priority) if self._cuda else None
         num_experts = store.layers[0].num_experts
         self.num_experts = num_experts
@@ -162,8 +163,9 @@ class ExpertOffload:
             self._gather_kw = GatherTuning(block=gather_block, num_warps=gather_warps, programs=gather_programs)
             # The gather of a fetch ahead runs beside the compute stream on a small grid: the more
             # SMs it reads host memory from, the slower the compute stream's own small kernels run
-            # beside it (twice as slow at 64 programs on the H200). 24 programs still read at the
-            # link's speed (bench/moe_fetch_ahead.py: its side-stream probe and step traces).
+            # beside it (two to three times as slow at 64 programs on the H200, in traces of one
+            # step), while 8 or 16 programs slow the gather itself. Of 24, 32, 48 and 64 programs,
+            # 24 made the fastest steps in five of six cases (bench/moe_fetch_ahead.py).
             if ahead_programs < 1:
                 raise ValueError(f"ahead_programs must be >= 1, got {ahead_programs}")
             self._ahead_kw = GatherTuning(block=gather_block, num_warps=gather_warps, programs=ahead_programs)

@@ -142,13 +142,15 @@ def check_expert_offload(extra_args: list[str], moe_offload: bool) -> None:
 def check_gpus_known(config: ModelConfig, known: int | None, where: str, lost: tuple[str, ...] = ()) -> None:
     """Refuse (422) a start that needs more GPUs than ``where`` has (``known``; None: not known). With
     nodes of the cluster ``lost``, the start waits for them instead (WaitsForNodes): they may bring the
-    GPUs that are missing."""
+    GPUs that are missing. Ray lists a lost node without its GPUs, so whether they would be enough is
+    not known; a node gone for good stays lost, and the message still names the smaller config."""
     needed = engine_gpus(config.tensor_parallel_size, config.extra_args)
     if known is None or needed <= known:
         return
     if lost:
         raise WaitsForNodes(
-            f"{config.name} needs {needed} GPUs and {where} have {known}, with node {', '.join(lost)} lost",
+            f"{config.name} needs {needed} GPUs and {where} have {known}, with node {', '.join(lost)} lost "
+            "(or lower tensor_parallel_size)",
             field="tensor_parallel_size",
         )
     raise Invalid(

@@ -326,16 +326,16 @@ def _download_over(life: Life) -> Life:
 
 
 def _span_node_lost(life: Life, node: str) -> Step:
-    """A start of a model spanning nodes, under way when a node was lost: ended, and tried again as a
-    crash restart, whose placement sees the live nodes (where they cannot hold it, it waits for a node);
-    a switch rolls back.
-    Left alone, vLLM's Ray executor would wait for the lost GPUs until the start timed out. A worker
-    already serving needs nothing here: its executor fails by itself when a rank is gone."""
+    """A start of a model spanning nodes, under way when a node was lost: ended, and tried again at
+    once, as a crash restart whose placement sees the live nodes (where they cannot hold it, it waits
+    for a node); a switch rolls back. Left alone, vLLM's Ray executor would wait for the lost GPUs
+    until the start timed out. Not knowing which nodes Ray gave the start's ranks, any lost node ends
+    it: on three nodes or more, a start that did not need the lost one starts again needlessly. A
+    worker already serving needs nothing here: its executor fails by itself when a rank is gone."""
     if life.state != State.STARTING or life.engine is None:
         return life, []
-    # A switch rolls back as when its start fails; any other start is tried again.
-    retried = life if life.switch_from else replace(life, start_kind=StartKind.CRASH_RESTART)
-    return retried, [KillGroup(life.engine.pid, f"node {node} is lost while it was starting over several nodes")]
+    ended = life if life.switch_from else replace(life, start_kind=StartKind.NODE_LOST)
+    return ended, [KillGroup(life.engine.pid, f"node {node} is lost while it was starting over several nodes")]
 
 
 def _launch_refused(life: Life, error: ManagerError) -> Step:
@@ -422,6 +422,8 @@ def _start_failed(life: Life, reason: str, policy: Policy, now: float) -> Step:
     life = replace(life, engine=None)
     if life.switch_from:
         return _roll_back(life, reason)
+    if life.start_kind == StartKind.NODE_LOST:  # not the engine's fault: no crash counted, no back-off
+        return _launch(replace(life, last_error=reason), StartKind.CRASH_RESTART, life.model, reason, False)
     if life.start_kind == StartKind.CRASH_RESTART:
         return _crashed(life, f"restart did not become ready: {reason}", policy, now)
     return _failed(life, reason)

@@ -110,10 +110,13 @@ class NodeNews:
                 if runner.life.active and runner.life.state != State.LOST:
                     event = NodeLost(node, can_move=self._can_move(runner.life.model))
                     self._in_background(runner.send("event", event=event))
-            # Starts of models spanning nodes, wherever their engine runs: some of their ranks may
-            # have been waiting in Ray for that node's GPUs.
-            for runner in self._runners():
-                if runner.node != node and runner.life.state == State.STARTING and self._spans_nodes(runner.life.model):
+            # Models spanning nodes, wherever their engine runs: a start under way may be waiting in Ray
+            # for that node's GPUs. Each is told, whatever its state now, and decides when it gets to
+            # the news: a launch being carried out right now is a start by then.
+            others = [r for r in self._runners() if r.node != node]
+            spanning = {model for model in {r.life.model for r in others} if self._spans_nodes(model)}
+            for runner in others:
+                if runner.life.model in spanning:
                     self._in_background(runner.send("event", event=SpanNodeLost(node)))
             return
         self._events.record("node_back", f"node {node} is alive", None, node=node)
@@ -122,10 +125,10 @@ class NodeNews:
             if runner.life.state == State.LOST:
                 self._in_background(runner.send("node_back"))
         # Workers on any node whose restart the live nodes could not hold (a model spanning nodes
-        # that lost one of them): the node back may be what they wait for.
+        # that lost one of them): the node back may be what they wait for. Every worker is told, and
+        # decides when it gets to the news: a restart refused right now is waiting by then.
         for runner in self._runners():
-            if runner.life.state == State.FAILED and runner.life.waits_for_node:
-                self._in_background(runner.send("event", event=NodeBack()))
+            self._in_background(runner.send("event", event=NodeBack()))
 
     async def _end_orphans(self, node: str) -> None:
         host = self._host_of(node)

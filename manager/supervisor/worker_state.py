@@ -65,6 +65,7 @@ class StartKind(StrEnum):
     CRASH_RESTART = "restart after crash"
     ROLLBACK = "roll back"
     MOVE = "move to another node"
+    NODE_LOST = "start ended by a lost node"  # tried again at once; not a crash of its own
 
 
 @dataclass(frozen=True)

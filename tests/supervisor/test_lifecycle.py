@@ -294,21 +294,20 @@ def test_a_node_back_starts_no_worker_that_failed_otherwise_or_was_stopped_since
 def test_a_start_over_several_nodes_under_way_when_a_node_is_lost_is_ended_and_waits_for_the_node():
     """Seen on two GPUs: the TP-2 engine's restart began before Ray called the node lost, and then sat
     waiting in Ray for the lost GPU until its start timeout. Now the node's loss ends that start, and
-    the crash restart after it finds the live nodes too few, and waits."""
+    the start tried again at once finds the live nodes too few, and waits."""
     life, effects = restarting()
     life, _ = step(life, launched(effects[0], pid=300, now=20.0))
-    assert life.state == State.STARTING
+    assert life.state == State.STARTING and life.restart_count == 1
+    lost = "node gpu-b is lost while it was starting over several nodes"
     life, effects = step(life, SpanNodeLost("gpu-b"))
-    assert effects == [KillGroup(300, "node gpu-b is lost while it was starting over several nodes")]
-    life, effects = step(life, Killed("node gpu-b is lost while it was starting over several nodes", 25.0))
-    assert life.state == State.CRASHED and life.restart_count == 2
-    assert (
-        life.last_error == "restart did not become ready: node gpu-b is lost while it was starting over several nodes"
-    )
-    life, effects = step(life, Tick(25.0 + 40.0))
-    assert [type(e) for e in effects] == [Launch]
+    assert effects == [KillGroup(300, lost)]
+    life, effects = step(life, Killed(lost, 25.0))
+    # Tried again at once, and not counted as a crash: a flapping node never uses up the restarts.
+    assert effects == [Launch("a", lost, False)] and life.restart_count == 1
     life, _ = step(life, LaunchRefused(WaitsForNodes("a needs 2 GPUs, spread over nodes, and the live nodes have 1")))
     assert life.state == State.FAILED and life.waits_for_node
+    life, effects = step(life, NodeBack())
+    assert [type(e) for e in effects] == [Launch]
 
 
 def test_a_user_started_start_over_several_nodes_is_tried_again_too_and_a_ready_one_is_left_alone():
@@ -316,12 +315,26 @@ def test_a_user_started_start_over_several_nodes_is_tried_again_too_and_a_ready_
     life, _ = step(life, launched(effects[0], pid=301))
     life, effects = step(life, SpanNodeLost("gpu-b"))
     assert [type(e) for e in effects] == [KillGroup]
-    life, _ = step(life, Killed("node gpu-b is lost while it was starting over several nodes", 5.0))
-    assert life.state == State.CRASHED  # tried again, not failed for good
+    life, effects = step(life, Killed("node gpu-b is lost while it was starting over several nodes", 5.0))
+    assert [type(e) for e in effects] == [Launch]  # tried again, not failed for good
+    life, _ = step(life, launched(effects[0], pid=302, now=6.0))
+    assert life.state == State.STARTING and life.engine is not None and life.engine.pid == 302
     # A worker already serving: vLLM's executor fails by itself when a rank is gone.
     ready = running()
     assert step(ready, SpanNodeLost("gpu-b")) == (ready, [])
     assert step(stopped(), SpanNodeLost("gpu-b")) == (stopped(), [])
+
+
+def test_a_switch_to_a_model_over_several_nodes_rolls_back_when_a_node_is_lost_during_its_start():
+    life, effects = step(running("a", pid=1), SwitchRequested("tp2", alive=True))
+    launch = next(e for e in effects if isinstance(e, Launch))
+    life, _ = step(life, GroupStopped(True, 1.0, (), ()))
+    life, _ = step(life, launched(launch, pid=400, now=2.0))
+    assert life.state == State.STARTING and life.switch_from == "a"
+    life, effects = step(life, SpanNodeLost("gpu-b"))
+    life, effects = step(life, Killed("node gpu-b is lost while it was starting over several nodes", 3.0))
+    assert [e.model for e in effects if isinstance(e, Launch)] == ["a"]  # rolled back to the model it left
+    assert "switch_failed" in [kind for kind, _ in records(effects)]
 
 
 def test_a_start_the_user_asked_for_and_that_is_refused_answers_the_user():
