@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from manager.schemas.engine_values import engine_gpus
+
 # `ray start --labels '{"vllm-manager/node": "box2"}'` names a node; otherwise its hostname does.
 NODE_LABEL = "vllm-manager/node"
 # Ray's own resources and labels: never a user's placement label.
@@ -120,24 +122,10 @@ def state_of(ray_alive: bool, last_answer: float | None, now: float, lost_after_
     return NodeState.ALIVE
 
 
-def gpus_needed(tensor_parallel_size: int, extra_args: list[str]) -> int:
-    """The GPUs one engine of a config takes: tensor x pipeline parallel size."""
-    pipeline = 1
-    for i, arg in enumerate(extra_args):
-        value = None
-        if arg in ("--pipeline-parallel-size", "-pp") and i + 1 < len(extra_args):
-            value = extra_args[i + 1]
-        elif arg.startswith("--pipeline-parallel-size="):
-            value = arg.split("=", 1)[1]
-        if value is not None and value.isdigit():
-            pipeline = max(1, int(value))
-    return tensor_parallel_size * pipeline
-
-
 def spans_nodes(tensor_parallel_size: int, extra_args: list[str], most_gpus_on_a_node: int) -> bool:
     """A model whose engine needs more GPUs than the biggest node has is spread over several nodes by
     vLLM's own Ray executor (a cluster without GPUs has nothing to span)."""
-    return most_gpus_on_a_node > 0 and gpus_needed(tensor_parallel_size, extra_args) > most_gpus_on_a_node
+    return most_gpus_on_a_node > 0 and engine_gpus(tensor_parallel_size, extra_args) > most_gpus_on_a_node
 
 
 def short_of_gpus(name: str, needed: int, gpus_of_live_nodes: dict[str, int]) -> str | None:
@@ -149,7 +137,7 @@ def short_of_gpus(name: str, needed: int, gpus_of_live_nodes: dict[str, int]) ->
     each = ", ".join(f"{node}: {gpus}" for node, gpus in sorted(gpus_of_live_nodes.items()))
     return (
         f"{name} needs {needed} GPUs, spread over nodes, and the live nodes have {have} together ({each}): "
-        "start it once enough nodes are back, or lower its tensor (or pipeline) parallel size"
+        "start it once enough nodes are back, or lower its tensor (or pipeline, or data) parallel size"
     )
 
 

@@ -315,9 +315,12 @@ def _refused_after_download(life: Life, error: ManagerError) -> Step:
     if life.start_kind == StartKind.CRASH_RESTART:
         return _restart_refused(calm, error)
     if life.start_kind == StartKind.ROLLBACK:
-        return _failed(calm, f"{life.last_error}; the roll back was refused: {error.message}")
+        return _roll_back_refused(calm, error)
     if life.switch_from:
         return _roll_back(calm, f"start refused: {error.message}")
+    if isinstance(error, WaitsForNodes):
+        reason = f"start refused: {error.message}; it starts when a lost node is back"
+        return _failed(calm, reason, waits_for_node=True)
     return _failed(calm, f"start refused: {error.message}")
 
 
@@ -345,8 +348,17 @@ def _launch_refused(life: Life, error: ManagerError) -> Step:
     if life.start_kind == StartKind.CRASH_RESTART:
         return _restart_refused(replace(life, start_kind=None), error)
     if life.start_kind == StartKind.ROLLBACK:
-        return _failed(replace(life, start_kind=None), f"{life.last_error}; the roll back was refused: {error.message}")
+        return _roll_back_refused(replace(life, start_kind=None), error)
     return replace(life, start_kind=None, switch_from=None), [Reject(error)]
+
+
+def _roll_back_refused(life: Life, error: ManagerError) -> Step:
+    """A switch's roll back refused: failed with both reasons; where the live nodes could not hold the
+    config it rolls back to, that config starts when a lost node is back."""
+    reason = f"{life.last_error}; the roll back was refused: {error.message}"
+    if isinstance(error, WaitsForNodes):
+        return _failed(life, f"{reason}; {life.model} starts again when a lost node is back", waits_for_node=True)
+    return _failed(life, reason)
 
 
 def _restart_refused(life: Life, error: ManagerError) -> Step:
@@ -435,7 +447,9 @@ def _roll_back(life: Life, reason: str) -> Step:
     previous, failed_model = life.switch_from, life.model
     error = f"switch to {failed_model} failed: {reason}; rolled back to {previous}"
     note = record("switch_failed", f"switch to {failed_model} failed: {reason}", model=failed_model, previous=previous)
-    rolling = replace(life, switch_from=None, last_error=error)
+    # The worker's model is the one it rolls back to from here: a roll back that must wait for a node
+    # starts that one when the node is back.
+    rolling = replace(life, switch_from=None, last_error=error, model=previous)
     launched, effects = _launch(
         rolling, StartKind.ROLLBACK, previous, f"roll back after failed switch to {failed_model}", False
     )

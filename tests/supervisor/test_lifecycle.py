@@ -280,6 +280,45 @@ def test_a_crash_restart_refused_after_its_download_for_want_of_a_node_waits_for
     assert life.state == State.FAILED and life.waits_for_node
 
 
+def test_a_user_start_refused_after_its_download_for_want_of_a_node_starts_when_one_is_back():
+    """Nobody waits for the answer once a download is over: a start the live nodes cannot hold then
+    fails, and starts by itself when a node is back, as a crash restart would."""
+    life, effects = step(stopped(), StartRequested())
+    life, _ = step(life, NeedsDownload(effects[0], "org/model", 21.0))
+    life, _ = step(life, Fetched(True, "", life.download_since or 0.0, 40.0))
+    life, _ = step(life, LaunchRefused(WaitsForNodes("a needs 2 GPUs, spread over nodes, and the live nodes have 1")))
+    assert life.state == State.FAILED and life.waits_for_node
+    assert life.last_error == (
+        "start refused: a needs 2 GPUs, spread over nodes, and the live nodes have 1; it starts when a lost node is back"
+    )
+    life, effects = step(life, NodeBack())
+    assert effects == [Launch("a", "a lost node is back", False)]
+
+
+def rolling_back() -> tuple[Life, list]:
+    """Worker a switched to b, whose engine exited before it was ready: rolling back to a."""
+    life = running("a", pid=1)
+    life, effects = step(life, SwitchRequested("b", alive=True))
+    life, _ = step(life, GroupStopped(True, 1.0, (), ()))
+    life, _ = step(life, launched(effects[3], pid=2))
+    return step(life, Exited("exited", None, 9.0))
+
+
+def test_a_switch_roll_back_the_live_nodes_cannot_hold_starts_the_previous_config_when_a_node_is_back():
+    life, effects = rolling_back()
+    assert effects[-1] == Launch("a", "roll back after failed switch to b", False)
+    life, _ = step(life, LaunchRefused(WaitsForNodes("a needs 2 GPUs, spread over nodes, and the live nodes have 1")))
+    assert life.state == State.FAILED and life.waits_for_node and life.model == "a"
+    assert life.last_error.endswith(
+        "the roll back was refused: a needs 2 GPUs, spread over nodes, and the live nodes have 1; "
+        "a starts again when a lost node is back"
+    )
+    life, effects = step(life, NodeBack())
+    assert effects == [Launch("a", "a lost node is back", False)]  # the config it rolled back to, not b
+    life, _ = step(life, launched(effects[0], pid=3, now=50.0))
+    assert life.model == "a" and life.state == State.STARTING
+
+
 def test_a_node_back_starts_no_worker_that_failed_otherwise_or_was_stopped_since():
     life, _ = restarting()
     failed, _ = step(life, LaunchRefused(Invalid("does not fit: 4.76 GiB of KV, 4.38 GiB left")))
@@ -426,11 +465,7 @@ def test_a_failed_switch_rolls_back_to_the_previous_config():
 
 
 def test_a_refused_roll_back_leaves_the_worker_failed_with_both_reasons():
-    life = running("a", pid=1)
-    life, effects = step(life, SwitchRequested("b", alive=True))
-    life, _ = step(life, GroupStopped(True, 1.0, (), ()))
-    life, _ = step(life, launched(effects[3], pid=2))
-    life, _ = step(life, Exited("exited", None, 9.0))
+    life, _ = rolling_back()
     life, effects = step(life, LaunchRefused(Invalid("model config 'a' was changed and no longer fits")))
     assert life.state == State.FAILED
     assert life.last_error.endswith(
