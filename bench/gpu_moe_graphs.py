@@ -5,12 +5,15 @@ one engine at a time, each launched with the argv and environment the manager's 
 ``build_command`` makes (so the manager's CUDA graph limit for offload is what runs). Cases:
 
 - ``offload_NN``: MoE expert offload with a GPU cache of NN % of the expert bytes, CUDA graphs on;
-  the manager adds ``--max-cudagraph-capture-size`` = max(slots per layer / top_k, 16): batches up to
-  16 tokens are planned on the GPU, their experts that find no slot read in place. ``offload_NN_eager``
+  the manager adds ``--max-cudagraph-capture-size`` = max(slots per layer / top_k, 16), and the plugin
+  plans batches of up to 64 tokens on the GPU, their experts that find no slot read in place. ``offload_NN_eager``
   adds ``--enforce-eager``; ``offload_graphs`` / ``offload_eager`` use ``--cache-fraction``.
   ``offload_NN_ahead`` fetches ahead (the plugin's ``moe_fetch_ahead``): while a layer runs, the
   stand-in's guess at the next layer's experts, right ``--guess-accuracy`` of the time
-  (``offload_NN_aheadAA``: AA %), is fetched on a side stream.
+  (``offload_NN_aheadAA``: AA %), is fetched on a side stream. ``offload_NN_inplaceTT`` plans batches
+  of up to TT tokens on the GPU (the plugin's ``moe_in_place_tokens``, 64 by default) and captures
+  graphs up to that size (``--max-cudagraph-capture-size TT``). A case with ``_freq`` in its name
+  evicts by decayed use counts (the plugin's ``moe_cache_policy: "frequency"``), not LRU.
 - ``resident``: every expert on the GPU, CUDA graphs on (vLLM's defaults).
 - ``vllm_uva``: vLLM's own expert offload, ``--cpu-offload-gb <all expert GiB> --cpu-offload-params
   experts --offload-backend uva``: every expert stays in pinned host memory and vLLM's kernel
@@ -109,6 +112,7 @@ class Engine:
         from manager.schemas.offload_profile import OffloadProfile
 
         self.case, self.port = case, port
+        in_place = in_place_tokens(case)
         self.run_dir = args.work / f"run-{case}"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = args.work / f"{case}.log"
@@ -122,7 +126,13 @@ class Engine:
             enforce_eager=case.endswith("eager"),
             tensor_parallel_size=args.tensor_parallel_size,
             gpu_ids=list(range(args.tensor_parallel_size)) if args.tensor_parallel_size > 1 else [],
-            extra_args=["--load-format", "dummy", *args.engine_args, *(args.uva_args if case == "vllm_uva" else [])],
+            extra_args=[
+                "--load-format",
+                "dummy",
+                *args.engine_args,
+                *(args.uva_args if case == "vllm_uva" else []),
+                *(["--max-cudagraph-capture-size", str(in_place)] if in_place is not None else []),
+            ],
         )
         profile = (
             OffloadProfile(name="moe", moe_expert_offload=True, moe_gpu_cache_gib=cache_gib)
@@ -136,6 +146,14 @@ class Engine:
             patches = json.loads(env["VLLM_MANAGER_PATCHES"])
             env["VLLM_MANAGER_PATCHES"] = json.dumps(
                 {**patches, "moe_stream_below_hit_rate": args.stream_below_hit_rate}
+            )
+        if in_place is not None:
+            env["VLLM_MANAGER_PATCHES"] = json.dumps(
+                {**json.loads(env["VLLM_MANAGER_PATCHES"]), "moe_in_place_tokens": in_place}
+            )
+        if "_freq" in case:
+            env["VLLM_MANAGER_PATCHES"] = json.dumps(
+                {**json.loads(env["VLLM_MANAGER_PATCHES"]), "moe_cache_policy": "frequency"}
             )
         accuracy = guess_accuracy(case, args.guess_accuracy)
         if accuracy is not None:
@@ -338,6 +356,12 @@ def guess_accuracy(case: str, default: float) -> float | None:
     if match is None:
         return None
     return int(match.group(1)) / 100 if match.group(1) else default
+
+
+def in_place_tokens(case: str) -> int | None:
+    """offload_25_inplace64 -> 64; None where the case keeps the plugin's default."""
+    match = re.search(r"_inplace(\d+)$", case)
+    return int(match.group(1)) if match else None
 
 
 def cache_fraction(case: str, default: float) -> float | None:

@@ -55,13 +55,17 @@ class PatchSettings:
     # this share are resident, is computed from host memory in place (UVA), as vLLM's own expert
     # offload does, instead of in rounds through the cache. 0 turns it off.
     moe_stream_below_hit_rate: float = 0.0
-    # Batches of up to this many tokens are planned on the GPU (and so may run inside CUDA graphs)
-    # even when their experts may not all fit in the cache: those left without a slot are read in
-    # place from pinned host memory. 0: only batches whose every expert fits (slots / top_k tokens).
-    moe_in_place_tokens: int = 16
+    # Batches of up to this many tokens are planned on the GPU (no host read of the router's choices;
+    # up to 16 of them run inside CUDA graphs) even when their experts may not all fit in the cache:
+    # those left without a slot are read in place from pinned host memory. 0: only batches whose
+    # every expert fits (slots / top_k tokens).
+    moe_in_place_tokens: int = 64
     # While one MoE layer runs, guess the next layer's experts (its router applied to this layer's
     # input) and fetch the missing ones on a side stream. Batches planned on the GPU only.
     moe_fetch_ahead: bool = False
+    # Which expert the GPU planner evicts: "lru" (the least recently used), or "frequency" (the least
+    # used, counts decaying by 1 % a batch): fewer misses under the benchmark's routing stand-in.
+    moe_cache_policy: Literal["lru", "frequency"] = "lru"
 
     # Unknown keys seen while parsing; kept so the plugin can report them once.
     unknown_keys: tuple[str, ...] = field(default=(), compare=False)
@@ -75,6 +79,8 @@ class PatchSettings:
             )
         if self.pin_chunk_bytes <= 0:
             raise SettingsError(f"pin_chunk_bytes must be positive, got {self.pin_chunk_bytes}")
+        if self.moe_cache_policy not in ("lru", "frequency"):
+            raise SettingsError(f"moe_cache_policy must be 'lru' or 'frequency', got {self.moe_cache_policy!r}")
         if not 0 <= self.moe_in_place_tokens <= 64:
             raise SettingsError(f"moe_in_place_tokens must be between 0 and 64, got {self.moe_in_place_tokens}")
         for name in ("pin_budget_bytes", "lora_pool_bytes", "max_cpu_loras"):

@@ -14,11 +14,17 @@ order, and lists the rest in ``overflow_ids``: the runtime's expert kernels read
 host memory, so the step still needs no host read. Without it the runtime hands such batches to the
 host table, passing the state over between the two (``export``/``load``).
 LRU is per batch: the experts one batch uses share one clock tick, ties go to the lower slot.
+With ``policy="frequency"`` the victim is instead the expert with the lowest use count, every count
+decayed by ``FREQUENCY_DECAY`` at each of its layer's batches (ties by LRU): under the routing
+stand-in it hits 81.9 % against LRU's 77.3 % at batch 1 and a quarter of the experts
+(bench/moe_cache_policy.py). The host table, for batches planned on the host, stays LRU, and those
+batches do not count.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -40,6 +46,8 @@ try:  # Triton is optional: the torch path below computes the same plan.
         clock,
         counts,
         ahead,
+        freq,
+        decay,
         slot_ids_out,
         hit_ids_out,
         miss_ids_out,
@@ -55,6 +63,7 @@ try:  # Triton is optional: the torch path below computes the same plan.
         BS: tl.constexpr,
         BP: tl.constexpr,
         AHEAD: tl.constexpr,
+        FREQ: tl.constexpr,
     ):
         # One program plans one layer. Every set operation is a small all-pairs comparison
         # ([BE, BN], [BS, BS], ...): for E, S <= 256 that is cheaper than any sort.
@@ -76,9 +85,17 @@ try:  # Triton is optional: the torch path below computes the same plan.
         cls = tl.where(s_ok, held.to(tl.int32), 2)
         cls_a, cls_b = cls[None, :], cls[:, None]
         lu_a, lu_b = lu[None, :], lu[:, None]
-        before = (cls_a < cls_b) | (
-            (cls_a == cls_b) & ((lu_a < lu_b) | ((lu_a == lu_b) & (s_r[None, :] < s_r[:, None])))
-        )
+        older = (lu_a < lu_b) | ((lu_a == lu_b) & (s_r[None, :] < s_r[:, None]))
+        if FREQ:  # the least used (decayed counts) first, then the oldest use; an empty slot first of all
+            f = tl.load(freq + e_r, mask=e_ok, other=0.0)
+            if not AHEAD:  # a guess is no use
+                f = f * decay + need.to(tl.float32)
+                tl.store(freq + e_r, f, mask=e_ok)
+            key = tl.sum(tl.where(se[:, None] == e_r[None, :], f[None, :], 0.0), axis=1)
+            key = tl.where(se >= 0, key, -1.0)
+            key_a, key_b = key[None, :], key[:, None]
+            older = (key_a < key_b) | ((key_a == key_b) & older)
+        before = (cls_a < cls_b) | ((cls_a == cls_b) & older)
         rank = tl.sum(before.to(tl.int32), axis=1)  # [BS], a permutation of 0..BS-1
         miss_rank = tl.cumsum(miss.to(tl.int32), 0) - 1
         # Slots that hold no expert of this batch; missing experts past that many get no slot
@@ -129,6 +146,12 @@ except Exception:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
 
 
+CachePolicy = Literal["lru", "frequency"]
+# Each batch of a layer multiplies its experts' use counts by this (``policy="frequency"``): a memory
+# of about a hundred batches. Under the routing stand-in 0.999 hits a little more often (82.8 against
+# 81.9 %), but its popularity never changes, while a real router's moves with the text.
+FREQUENCY_DECAY = 0.99
+
 # What the device counts per layer, in this column order: experts found resident, experts missing,
 # tokens, missing experts read in place (no slot), experts loaded ahead on a guess, and of those the
 # ones the layer's next real batch used or did not use.
@@ -161,9 +184,13 @@ class DeviceSlotTables:
         num_slots: int,
         device: torch.device | str,
         use_triton: bool | None = None,
+        policy: CachePolicy = "lru",
     ) -> None:
         if not 1 <= num_slots <= num_experts:
             raise ValueError(f"num_slots must be in 1..{num_experts}, got {num_slots}")
+        if policy not in ("lru", "frequency"):
+            raise ValueError(f"the cache policy must be 'lru' or 'frequency', got {policy!r}")
+        self.policy = policy
         self.device = torch.device(device)
         self.num_layers, self.num_experts, self.num_slots = num_layers, num_experts, num_slots
         if use_triton is None:
@@ -181,6 +208,8 @@ class DeviceSlotTables:
         self.counts = torch.zeros(num_layers, len(COUNTS), dtype=torch.int64, device=self.device)
         # 1 where an expert was loaded ahead on a guess and no real plan of its layer has run since.
         self.ahead = torch.zeros(num_layers, num_experts, dtype=torch.int32, device=self.device)
+        # Decayed use counts per expert (``policy="frequency"``; kept, unused, under LRU).
+        self.freq = torch.zeros(num_layers, num_experts, dtype=torch.float32, device=self.device)
         # A host copy of the counts, refreshed after the last layer's plan of every step (one small
         # copy, captured in the graph too), so a stats thread can read them with no CUDA call: a
         # replayed step runs no Python that could publish them.
@@ -229,6 +258,8 @@ class DeviceSlotTables:
                 self.clock[layer : layer + 1],
                 self.counts[layer],
                 self.ahead[layer],
+                self.freq[layer],
+                FREQUENCY_DECAY,
                 slot_ids,
                 hit_ids,
                 miss_ids,
@@ -244,6 +275,7 @@ class DeviceSlotTables:
                 BS=_pow2(self.num_slots),
                 BP=_pow2(p),
                 AHEAD=ahead,
+                FREQ=self.policy == "frequency",
                 num_warps=4,
             )
         else:
@@ -271,6 +303,13 @@ class DeviceSlotTables:
         held = (se >= 0) & need[se.long().clamp_min(0)]
         # Stable sort by (held, last use): ties keep the lower slot first, as in the kernel.
         order = torch.sort(held.long() * (1 << 62) + (lu + 1), stable=True).indices
+        if self.policy == "frequency":  # by (held, decayed count, last use, slot)
+            f = self.freq[layer]
+            if not ahead:
+                f.mul_(FREQUENCY_DECAY).add_(need.float())
+            key = torch.where(se >= 0, f[se.long().clamp_min(0)], -1.0)
+            order = order[torch.sort(key[order], stable=True).indices]
+            order = order[torch.sort(held[order].long(), stable=True).indices]
         miss_rank = torch.cumsum(miss.long(), 0) - 1
         # Slots holding no needed expert; the missing experts past that many are read in place.
         free = (~held).sum()

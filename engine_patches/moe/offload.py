@@ -37,7 +37,7 @@ from typing import Literal, TypedDict
 
 import torch
 
-from .device_slots import HAVE_TRITON, DevicePlan, DeviceSlotTables
+from .device_slots import HAVE_TRITON, CachePolicy, DevicePlan, DeviceSlotTables
 from .experts import ExpertsFn, auto_experts, split_experts, splits_cheaply
 from .fetch_experts import fetch_and_compute, fetches_in_kernel
 from .gather import CopyMethod, copy_expert_pairs_indexed, copy_experts
@@ -83,12 +83,14 @@ class ExpertOffload:
         in_place_tokens: int = 0,
         ahead_programs: int = 24,
         ahead_priority: int = 0,
+        cache_policy: CachePolicy = "lru",
     ) -> None:
         if not store.layers:
             raise ValueError("the expert store is empty: add every MoE layer before building the cache")
         if mode not in ("cached", "copy_all"):
             raise ValueError(f"moe_mode must be 'cached' or 'copy_all', got {mode!r}")
         self.store = store
+        self.cache_policy = cache_policy
         self.pinned = store.pinned  # asked once: each ask is a CUDA call per tensor
         self.device = torch.device(device)
         self.mode = mode
@@ -150,8 +152,9 @@ class ExpertOffload:
             possible = not self._cuda or HAVE_TRITON
             if planner == "device" and not possible:
                 raise RuntimeError("planner='device' needs Triton on CUDA; use planner='host'")
+            # ``cache_policy``: which expert the device planner evicts (the host table's is LRU).
             self._device = (
-                DeviceSlotTables(len(store.layers), num_experts, slots, self.device)
+                DeviceSlotTables(len(store.layers), num_experts, slots, self.device, policy=cache_policy)
                 if planner != "host" and possible
                 else None
             )

@@ -53,7 +53,16 @@ def slots_for_budget(cache_gib: float, *, num_experts: int, num_layers: int, one
 # Batches of up to this many tokens are planned on the GPU even when their experts may not all fit
 # in the cache: those left without a slot are read in place from pinned host memory by the expert
 # kernels. The plugin's ``moe_in_place_tokens`` setting (0: off) changes it for one engine.
-IN_PLACE_TOKENS = 16
+# Planned on the host instead, a batch reads the router's choices back at every layer and goes
+# through the cache in rounds; on the H200, 12 layers at a 25 % cache, planning batches of 32 and 64
+# tokens on the GPU made them 25 % and 11 % faster (bench/README.md).
+IN_PLACE_TOKENS = 64
+
+# CUDA graphs are captured for batches of up to this many tokens (or slots/top_k, if more). A batch
+# of 17 to 64 tokens planned on the GPU runs outside graphs: its step is link-bound (over 100 ms at
+# a 25 % cache), so launches cost little there, while vLLM's estimate of the graph pool, which it
+# takes from the KV cache, grew from 0.07 to 1.49 GiB with graphs up to 64 tokens (12 layers).
+GRAPH_TOKENS = 16
 
 
 def in_place_tokens(pin_budget_bytes: int | None, expert_bytes_per_process: int) -> int:
@@ -71,9 +80,17 @@ def device_planned_tokens(slots_per_layer: int, top_k: int, in_place_tokens: int
     """The largest batch (in tokens) whose experts the GPU planner places without the host.
 
     A batch whose every (token, k) entry fits in a slot at once (``DeviceSlotTables.fits``), or one
-    of up to ``in_place_tokens`` tokens (the experts that find no slot read in place), so this is
-    the largest batch that may run inside a CUDA graph: vLLM's ``max_cudagraph_capture_size``."""
+    of up to ``in_place_tokens`` tokens (the experts that find no slot read in place). A CUDA graph
+    may hold only such batches."""
     return max(slots_per_layer // max(1, top_k), in_place_tokens)
+
+
+def graph_tokens(slots_per_layer: int, top_k: int, in_place_tokens: int = IN_PLACE_TOKENS) -> int:
+    """The largest batch (in tokens) captured in a CUDA graph: vLLM's ``max_cudagraph_capture_size``.
+
+    Every such batch is planned on the GPU (``device_planned_tokens``); batches planned on the GPU
+    beyond ``GRAPH_TOKENS`` run outside graphs."""
+    return max(slots_per_layer // max(1, top_k), min(in_place_tokens, GRAPH_TOKENS))
 
 
 def expert_offload_sizing(

@@ -18,8 +18,8 @@ tokens (decode) are planned on the GPU and can run inside CUDA graphs (experts t
 are read in place from pinned host memory); larger batches read the top-k ids on the host, so a
 CUDA graph captured for such a batch size is refused (lower the largest captured size, raise the
 cache budget, or serve with ``--enforce-eager``). The manager passes vLLM
-``--max-cudagraph-capture-size`` of that many tokens (``sizing.device_planned_tokens``), so larger
-batches run outside graphs. With the setting ``moe_fetch_ahead`` (off by default; bench/README.md
+``--max-cudagraph-capture-size`` max(slots/top_k, 16) (``sizing.graph_tokens``): batches of up to
+64 tokens are planned on the GPU, and those of more than 16 run outside graphs. With the setting ``moe_fetch_ahead`` (off by default; bench/README.md
 has its figures), each layer starts fetching the experts that the next layer's router picks from
 this layer's input, where one graph holds the whole step. ``copy_all`` mode keeps Python state
 between layers and never runs inside a graph; layers with expert biases, expert parallelism or a
@@ -86,6 +86,7 @@ class _Runtime:
                 stream_view=view,
                 stream_below_hit_rate=stream_below,
                 in_place_tokens=in_place,
+                cache_policy=getattr(self.settings, "moe_cache_policy", "lru") or "lru",
             )
             offload = self.offload
             self.publisher = Publisher(lambda: offload.stats(sync=False), PUBLISH_INTERVAL_S).start()
@@ -96,13 +97,14 @@ class _Runtime:
                 )
             log.info(
                 "engine_patches: MoE expert offload (%s): %d layers, %d of %d experts per "
-                "layer on the GPU (%.2f GiB), %.2f GiB of experts in host memory; batches of up to "
-                "%d tokens planned on the GPU",
+                "layer on the GPU (%.2f GiB, evicting by %s), %.2f GiB of experts in host memory; batches "
+                "of up to %d tokens planned on the GPU",
                 mode,
                 self.offload.num_layers,
                 self.offload.slots_per_layer,
                 self.offload.num_experts,
                 self.offload.gpu_cache_bytes / GIB,
+                self.offload.cache_policy,
                 self.store.host_bytes / GIB,
                 device_planned_tokens(self.offload.slots_per_layer, top_k, self.offload.in_place_tokens),
             )

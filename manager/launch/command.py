@@ -89,11 +89,12 @@ def adds_enforce_eager(config: ModelConfig, profile: OffloadProfile | None) -> b
 def moe_graph_tokens(config: ModelConfig, profile: OffloadProfile | None) -> int | None:
     """With MoE expert offload on: the largest batch (tokens) that may run inside a CUDA graph.
 
-    The engine plans batches of up to max(slots/top_k, 16) tokens on the GPU, with no host reads
+    The engine plans batches of up to max(slots/top_k, 64) tokens on the GPU, with no host reads
     (experts that find no cache slot are read in place from pinned host memory; with a pin budget
-    too small for the experts, slots/top_k only), so those can be captured; larger ones read the
-    router's choices on the host and must run outside a graph. The slots come from the same
-    arithmetic the engine sizes its cache with. 0 when the model has no routed experts (offload changes nothing there); None when the model's
+    too small for the experts, slots/top_k only), and those of up to max(slots/top_k, 16) tokens
+    run inside CUDA graphs (``engine_patches.moe.sizing.graph_tokens``); a captured batch the engine
+    plans on the host would stop it at start. The slots come from the same arithmetic the engine
+    sizes its cache with. 0 when the model has no routed experts (offload changes nothing there); None when the model's
     config.json cannot be read: then the engine runs eager.
     """
     if profile is None or not profile.moe_expert_offload:
@@ -175,8 +176,9 @@ def build_command(
         pass  # no routed experts in this model: nothing to offload, nothing to limit
     elif _sets_capture_sizes(config.extra_args):
         notes.append(
-            f"MoE expert offload plans batches of up to {graph_tokens} tokens on the GPU; the CUDA graph "
-            "sizes in extra_args are kept, and a larger captured size stops the engine at start"
+            f"MoE expert offload runs batches of up to {graph_tokens} tokens inside CUDA graphs by default; the "
+            "CUDA graph sizes in extra_args are kept, and a captured size the engine cannot plan on the GPU "
+            "stops it at start"
         )
     else:
         # Larger batches read the router's choices on the host: vLLM runs them outside graphs.

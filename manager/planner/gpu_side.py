@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from engine_patches.moe.sizing import device_planned_tokens, expert_offload_sizing, in_place_tokens
+from engine_patches.moe.sizing import expert_offload_sizing, graph_tokens, in_place_tokens
 from manager.planner.gpus import GPU, cuda_reserved_bytes
 from manager.planner.hf_config import text_config
 from manager.planner.kv import KVCapacity, KVLayout, block_pool, kv_capacity, kv_layout, rank_layout
@@ -59,7 +59,7 @@ class ExpertOffload:
     gpu_bytes_freed: int  # whole model, all GPUs
     host_bytes: int
     kept_fraction: float
-    graph_tokens: int = 0  # largest batch the engine plans on the GPU: vLLM's max CUDA graph size
+    graph_tokens: int = 0  # largest batch the engine captures in a CUDA graph: vLLM's max capture size
 
 
 def moe_offload(
@@ -89,7 +89,7 @@ def moe_offload(
     )
     kept = sizing.cached_fraction
     tp = max(1, tensor_parallel_size)
-    tokens = device_planned_tokens(
+    tokens = graph_tokens(
         sizing.slots_per_layer,
         max(1, weights.experts_per_token),
         in_place_tokens(pin_budget_bytes, weights.expert_bytes // tp),

@@ -41,6 +41,7 @@ def test_unknown_keys_warn_but_do_not_fail(caplog):
         ({"moe_stream_below_hit_rate": 1.5}, "moe_stream_below_hit_rate"),
         ({"moe_in_place_tokens": 65}, "moe_in_place_tokens"),
         ({"moe_in_place_tokens": -1}, "moe_in_place_tokens"),
+        ({"moe_cache_policy": "lfu"}, "moe_cache_policy"),
     ],
 )
 def test_wrong_values_name_the_key(raw, word):

@@ -258,7 +258,7 @@ def test_sleep_level_one_engines_get_the_sleep_pool_unless_their_profile_turns_i
 
 
 def test_at_tensor_parallel_2_each_rank_fills_the_cache_with_its_half_experts_and_graphs_follow(tmp_path):
-    from engine_patches.moe.sizing import device_planned_tokens, expert_bytes, slots_for_budget
+    from engine_patches.moe.sizing import expert_bytes, graph_tokens, slots_for_budget
 
     # Each rank holds every expert's half (the intermediate size split over two GPUs), and the engine
     # sizes a rank's cache from the experts that rank holds: 13.5 GiB holds 64 half experts a layer.
@@ -269,7 +269,7 @@ def test_at_tensor_parallel_2_each_rank_fills_the_cache_with_its_half_experts_an
     )
     assert rank_slots == 64
     cmd = _build(config, profile)
-    assert cmd.argv[cmd.argv.index("--max-cudagraph-capture-size") + 1] == str(device_planned_tokens(rank_slots, 8))
+    assert cmd.argv[cmd.argv.index("--max-cudagraph-capture-size") + 1] == str(graph_tokens(rank_slots, 8))
 
 
 @pytest.mark.parametrize("flag", ["--enable-expert-parallel", "-ep", "--enable_eplb"])

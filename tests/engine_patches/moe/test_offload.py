@@ -240,13 +240,16 @@ def test_streaming_is_off_by_default_and_its_share_is_checked(model):
         ExpertOffload(store, device="cpu", slots_per_layer=TOP_K, stream_below_hit_rate=1.5)
 
 
-@pytest.mark.parametrize("slots", [TOP_K, 6])
-def test_batches_past_the_cache_are_planned_on_the_device_with_the_rest_read_in_place(model, slots):
+@pytest.mark.parametrize("slots, policy", [(TOP_K, "lru"), (6, "lru"), (6, "frequency")])
+def test_batches_past_the_cache_are_planned_on_the_device_with_the_rest_read_in_place(model, slots, policy):
     """Up to in_place_tokens tokens stay on the device planner (no host read, so inside a CUDA
     graph) however many experts they need: the missing ones fill the slots this batch does not
-    use, the rest are read in place, and the answer is the plain MoE's."""
+    use, the rest are read in place, and the answer is the plain MoE's, whichever expert the cache
+    evicts."""
     weights, store = model
-    offload = ExpertOffload(store, device="cpu", slots_per_layer=slots, stream_view=lambda t: t, in_place_tokens=8)
+    offload = ExpertOffload(
+        store, device="cpu", slots_per_layer=slots, stream_view=lambda t: t, in_place_tokens=8, cache_policy=policy
+    )
     assert all(offload.plans_on_device(torch.zeros(t, TOP_K, dtype=torch.long)) for t in range(1, 9))
     assert not offload.plans_on_device(torch.zeros(9, TOP_K, dtype=torch.long))
     assert _run_many_batches(offload, weights, seed=3) < 1e-5  # 1 to 8 tokens a batch

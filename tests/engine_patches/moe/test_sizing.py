@@ -1,6 +1,13 @@
 import pytest
 
-from engine_patches.moe.sizing import GIB, IN_PLACE_TOKENS, device_planned_tokens, expert_offload_sizing
+from engine_patches.moe.sizing import (
+    GIB,
+    GRAPH_TOKENS,
+    IN_PLACE_TOKENS,
+    device_planned_tokens,
+    expert_offload_sizing,
+    graph_tokens,
+)
 
 QWEN3_30B_A3B = dict(
     num_experts=128, num_layers=48, hidden_size=2048, moe_intermediate_size=768, dtype_bytes=2, top_k=8
@@ -34,10 +41,16 @@ def test_cuda_graph_batches_are_the_slots_every_entry_fits_in_or_the_batches_rea
     assert quarter.slots_per_layer == 32 and device_planned_tokens(quarter.slots_per_layer, 8, 0) == 4
     assert device_planned_tokens(8, 8, 0) == 1 and device_planned_tokens(15, 8, 0) == 1
     assert device_planned_tokens(4, 8, 0) == 0  # fewer slots than top_k: no batch fits
-    # ...and by default batches of up to 16 tokens, whose experts without a slot are read in place.
-    assert device_planned_tokens(quarter.slots_per_layer, 8) == IN_PLACE_TOKENS == 16
-    assert device_planned_tokens(4, 8) == 16
-    assert device_planned_tokens(256, 8) == 32  # a cache that holds more than 16 tokens' experts
+    assert graph_tokens(quarter.slots_per_layer, 8, 0) == 4 and graph_tokens(4, 8, 0) == 0
+    # ...and by default batches of up to 64 tokens are planned on the GPU, their experts without a slot
+    # read in place; graphs hold those of up to 16 tokens.
+    assert device_planned_tokens(quarter.slots_per_layer, 8) == IN_PLACE_TOKENS == 64
+    assert graph_tokens(quarter.slots_per_layer, 8) == GRAPH_TOKENS == 16
+    assert device_planned_tokens(4, 8) == 64 and graph_tokens(4, 8) == 16
+    assert graph_tokens(4, 8, 8) == 8  # fewer in-place tokens than graph tokens: only those are captured
+    # a cache that holds more than 16 or 64 tokens' experts
+    assert graph_tokens(256, 8) == 32 and device_planned_tokens(256, 8) == 64
+    assert graph_tokens(1024, 8) == device_planned_tokens(1024, 8) == 128
 
 
 def test_copy_all_keeps_two_layer_buffers():

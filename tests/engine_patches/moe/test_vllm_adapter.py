@@ -105,3 +105,23 @@ def test_own_kernels_are_used_only_for_the_plain_silu_moe():
 )
 def test_experts_are_fetched_ahead_only_for_the_next_layer_of_the_same_stack(name, next_name, fetches):
     assert moe_adapter.next_in_stack(name, next_name) is fetches
+
+
+def test_the_plugin_settings_choose_the_eviction_rule_and_the_batches_planned_on_the_gpu():
+    import torch
+
+    class Frequency(_Settings):
+        moe_cache_policy = "frequency"
+
+    for settings, policy, in_place in ((_Settings(), "lru", 64), (Frequency(), "frequency", 64)):
+        runtime = moe_adapter._Runtime()
+        runtime.settings = settings
+        runtime.add_layer(torch.zeros(8, 6, 4), torch.zeros(8, 4, 3))
+        offload = runtime.cache(torch.device("cpu"), top_k=2)
+        try:
+            assert offload.cache_policy == policy and offload.in_place_tokens == in_place
+            assert offload.plans_on_device(torch.zeros(64, 2, dtype=torch.long))  # past the cache, on the device
+            assert not offload.plans_on_device(torch.zeros(65, 2, dtype=torch.long))
+        finally:
+            if runtime.publisher is not None:
+                runtime.publisher.stop()
