@@ -360,7 +360,7 @@ def guess_accuracy(case: str, default: float) -> float | None:
 
 def in_place_tokens(case: str) -> int | None:
     """offload_25_inplace64 -> 64; None where the case keeps the plugin's default."""
-    match = re.search(r"_inplace(\d+)$", case)
+    match = re.search(r"_inplace(\d+)", case)
     return int(match.group(1)) if match else None
 
 

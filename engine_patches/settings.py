@@ -58,8 +58,9 @@ class PatchSettings:
     # Batches of up to this many tokens are planned on the GPU (no host read of the router's choices;
     # up to 16 of them run inside CUDA graphs) even when their experts may not all fit in the cache:
     # those left without a slot are read in place from pinned host memory. 0: only batches whose
-    # every expert fits (slots / top_k tokens).
-    moe_in_place_tokens: int = 64
+    # every expert fits (slots / top_k tokens). None: by the model, 64 or 16
+    # (engine_patches.moe.sizing.planned_tokens).
+    moe_in_place_tokens: int | None = None
     # While one MoE layer runs, guess the next layer's experts (its router applied to this layer's
     # input) and fetch the missing ones on a side stream. Batches planned on the GPU only.
     moe_fetch_ahead: bool = False
@@ -81,7 +82,7 @@ class PatchSettings:
             raise SettingsError(f"pin_chunk_bytes must be positive, got {self.pin_chunk_bytes}")
         if self.moe_cache_policy not in ("lru", "frequency"):
             raise SettingsError(f"moe_cache_policy must be 'lru' or 'frequency', got {self.moe_cache_policy!r}")
-        if not 0 <= self.moe_in_place_tokens <= 64:
+        if self.moe_in_place_tokens is not None and not 0 <= self.moe_in_place_tokens <= 64:
             raise SettingsError(f"moe_in_place_tokens must be between 0 and 64, got {self.moe_in_place_tokens}")
         for name in ("pin_budget_bytes", "lora_pool_bytes", "max_cpu_loras"):
             value = getattr(self, name)

@@ -89,8 +89,9 @@ class ExpertOffload:
             raise ValueError("the expert store is empty: add every MoE layer before building the cache")
         if mode not in ("cached", "copy_all"):
             raise ValueError(f"moe_mode must be 'cached' or 'copy_all', got {mode!r}")
+        if cache_policy not in ("lru", "frequency"):
+            raise ValueError(f"cache_policy must be 'lru' or 'frequency', got {cache_policy!r}")
         self.store = store
-        self.cache_policy = cache_policy
         self.pinned = store.pinned  # asked once: each ask is a CUDA call per tensor
         self.device = torch.device(device)
         self.mode = mode
@@ -183,6 +184,8 @@ class ExpertOffload:
             self._buffer_ready: list[torch.cuda.Event | None] = [None, None]
             self._last_buffer = 1
 
+        # The eviction rule in force: the device planner's, or LRU where only the host table plans.
+        self.cache_policy: CachePolicy = cache_policy if self._device is not None else "lru"
         self._hits = self._misses = self._bytes = self._tokens_in = 0
         self._copy_s = self._exposed_s = 0.0
         self._untimed_calls = 0  # fetch-path calls: their copies are inside the expert kernels

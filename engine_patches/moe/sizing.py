@@ -52,11 +52,30 @@ def slots_for_budget(cache_gib: float, *, num_experts: int, num_layers: int, one
 
 # Batches of up to this many tokens are planned on the GPU even when their experts may not all fit
 # in the cache: those left without a slot are read in place from pinned host memory by the expert
-# kernels. The plugin's ``moe_in_place_tokens`` setting (0: off) changes it for one engine.
+# kernels. The plugin's ``moe_in_place_tokens`` setting (0: off) changes it for one engine; unset, it is
+# ``planned_tokens`` of the model.
 # Planned on the host instead, a batch reads the router's choices back at every layer and goes
 # through the cache in rounds; on the H200, 12 layers at a 25 % cache, planning batches of 32 and 64
 # tokens on the GPU made them 25 % and 11 % faster (bench/README.md).
 IN_PLACE_TOKENS = 64
+
+# The GPU planner compares every (token, k) entry of a batch with every expert in one program; up to
+# 128 experts x 512 entries (64 tokens at top-8) is what ran on the H200. A model with more experts or
+# a larger top_k keeps batches of up to 16 tokens (``planned_tokens``), as before.
+PLANNER_PAIRS = 128 * 512
+SMALL_IN_PLACE_TOKENS = 16
+
+
+def planned_tokens(num_experts: int, top_k: int) -> int:
+    """The plugin's default ``moe_in_place_tokens`` for a model: 64, or 16 where the planner's
+    comparisons of a 64-token batch would pass ``PLANNER_PAIRS``."""
+
+    def pow2(n: int) -> int:
+        return 1 << max(0, int(n) - 1).bit_length()
+
+    fits = pow2(num_experts) * pow2(IN_PLACE_TOKENS * max(1, top_k)) <= PLANNER_PAIRS
+    return IN_PLACE_TOKENS if fits else SMALL_IN_PLACE_TOKENS
+
 
 # CUDA graphs are captured for batches of up to this many tokens (or slots/top_k, if more). A batch
 # of 17 to 64 tokens planned on the GPU runs outside graphs: its step is link-bound (over 100 ms at

@@ -19,7 +19,8 @@ are read in place from pinned host memory); larger batches read the top-k ids on
 CUDA graph captured for such a batch size is refused (lower the largest captured size, raise the
 cache budget, or serve with ``--enforce-eager``). The manager passes vLLM
 ``--max-cudagraph-capture-size`` max(slots/top_k, 16) (``sizing.graph_tokens``): batches of up to
-64 tokens are planned on the GPU, and those of more than 16 run outside graphs. With the setting ``moe_fetch_ahead`` (off by default; bench/README.md
+64 tokens (16 for models of many experts: ``sizing.planned_tokens``) are planned on the GPU, and
+those of more than 16 run outside graphs. With the setting ``moe_fetch_ahead`` (off by default; bench/README.md
 has its figures), each layer starts fetching the experts that the next layer's router picks from
 this layer's input, where one graph holds the whole step. ``copy_all`` mode keeps Python state
 between layers and never runs inside a graph; layers with expert biases, expert parallelism or a
@@ -37,7 +38,7 @@ from typing import Any
 import torch
 
 from engine_patches.moe.offload import ExpertOffload
-from engine_patches.moe.sizing import GIB, IN_PLACE_TOKENS, device_planned_tokens
+from engine_patches.moe.sizing import GIB, device_planned_tokens, planned_tokens
 from engine_patches.moe.stats import Publisher, publish
 from engine_patches.moe.store import ExpertStore
 
@@ -74,7 +75,9 @@ class _Runtime:
             if gib is None:
                 gib = DEFAULT_CACHE_FRACTION * self.store.host_bytes / GIB
             stream_below = float(getattr(self.settings, "moe_stream_below_hit_rate", 0.0) or 0.0)
-            in_place = int(getattr(self.settings, "moe_in_place_tokens", IN_PLACE_TOKENS))
+            in_place = getattr(self.settings, "moe_in_place_tokens", None)
+            if in_place is None:  # by the model: how many experts the planner compares a batch with
+                in_place = planned_tokens(self.store.layers[0].num_experts, top_k)
             view = _host_view(device, self.store.pinned) if stream_below > 0 or in_place > 0 else None
             self.offload = ExpertOffload.from_budget(
                 self.store,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from manager.schemas.engine_values import engine_gpus
+from manager.schemas.engine_values import data_parallel_backend, parallel_size
 
 # `ray start --labels '{"vllm-manager/node": "box2"}'` names a node; otherwise its hostname does.
 NODE_LABEL = "vllm-manager/node"
@@ -122,10 +122,20 @@ def state_of(ray_alive: bool, last_answer: float | None, now: float, lost_after_
     return NodeState.ALIVE
 
 
+def spread_gpus(tensor_parallel_size: int, extra_args: list[str]) -> int:
+    """The GPUs of one engine that vLLM's Ray executor may place on several nodes: tensor x pipeline
+    parallel size, times the data parallel size where Ray starts those ranks too
+    (``--data-parallel-backend ray``; by default vLLM starts them all on its own node)."""
+    gpus = tensor_parallel_size * parallel_size(extra_args, "pipeline")
+    if data_parallel_backend(extra_args) == "ray":
+        gpus *= parallel_size(extra_args, "data")
+    return gpus
+
+
 def spans_nodes(tensor_parallel_size: int, extra_args: list[str], most_gpus_on_a_node: int) -> bool:
     """A model whose engine needs more GPUs than the biggest node has is spread over several nodes by
     vLLM's own Ray executor (a cluster without GPUs has nothing to span)."""
-    return most_gpus_on_a_node > 0 and engine_gpus(tensor_parallel_size, extra_args) > most_gpus_on_a_node
+    return most_gpus_on_a_node > 0 and spread_gpus(tensor_parallel_size, extra_args) > most_gpus_on_a_node
 
 
 def short_of_gpus(name: str, needed: int, gpus_of_live_nodes: dict[str, int]) -> str | None:

@@ -88,6 +88,7 @@ TEXT_FIELDS = ("model", "served_model_name", "dtype", "kv_cache_dtype", "quantiz
 _PARALLEL_FLAGS = {
     "pipeline": ("--pipeline-parallel-size", "-pp", "--pi"),
     "data": ("--data-parallel-size", "-dp", None),  # every start of it also starts other flags
+    "data_backend": ("--data-parallel-backend", "-dpb", "--data-parallel-b"),
 }
 
 
@@ -118,7 +119,21 @@ def flag_like_problem(field: str, value: object) -> str | None:
 def parallel_size(extra_args: Sequence[str], kind: str) -> int:
     """The pipeline ("pipeline") or data ("data") parallel size extra_args give, as vLLM reads them
     (the last one given counts); 1 when not given or not a whole number, which vLLM refuses itself."""
-    size = 1
+    given = _last_value(extra_args, kind)
+    try:
+        return max(1, int(given)) if given is not None else 1
+    except ValueError:
+        return 1
+
+
+def data_parallel_backend(extra_args: Sequence[str]) -> str:
+    """How vLLM starts an engine's data parallel ranks: "mp" (its default: all on this node) or "ray"."""
+    return _last_value(extra_args, "data_backend") or "mp"
+
+
+def _last_value(extra_args: Sequence[str], kind: str) -> str | None:
+    """The value of the last flag of ``kind`` in extra_args (``--flag value`` or ``--flag=value``)."""
+    found = None
     for i, arg in enumerate(extra_args):
         flag, eq, given = arg.partition("=")
         if not _spells(flag, kind):
@@ -127,11 +142,8 @@ def parallel_size(extra_args: Sequence[str], kind: str) -> int:
             if i + 1 >= len(extra_args):
                 continue
             given = extra_args[i + 1]
-        try:
-            size = max(1, int(given))
-        except ValueError:
-            size = 1
-    return size
+        found = given
+    return found
 
 
 def _spells(flag: str, kind: str) -> bool:

@@ -30,7 +30,8 @@ class Worker(SQLModel, table=True):
     cmdline: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     restart_count: int = 0
     last_error: str | None = None
-    # Failed because the live nodes could not hold its restart: started again when a lost node is back.
+    # Failed because the live nodes could not hold its start (a crash restart, a roll back, a start after
+    # its download): started again when a lost node is back.
     waits_for_node: bool = False
     started_at: datetime | None = None
     created_at: datetime = Field(default_factory=utcnow)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from sqlmodel import Session
 
-from manager.cluster.nodes import NodeState, short_of_gpus, spans_nodes
+from manager.cluster.nodes import NodeState, short_of_gpus, spans_nodes, spread_gpus
 from manager.errors import Invalid, NotFound, WaitsForNodes
 from manager.launch.command import sleep_pool_on
 from manager.launch.preflight import (
@@ -24,7 +24,6 @@ from manager.launch.preflight import (
 )
 from manager.metrics.pools import PoolsReader, launched_with_sleep_pool
 from manager.placement import Candidate, CannotFit, NodeCheck, Place, sleep_level_of, start_node, start_order
-from manager.schemas.engine_values import engine_gpus
 from manager.schemas.model_config import ModelConfig
 from manager.schemas.offload_profile import OffloadProfile
 from manager.services import models
@@ -94,7 +93,7 @@ class StartPlacement:
             # Too few GPUs in all is refused even when forced: vLLM would wait for them until the start
             # timed out (after a node holding some of its ranks was lost, for one).
             live = {s.name: s.ray.gpus for s in cluster.statuses() if s.state == NodeState.ALIVE}
-            short = short_of_gpus(config.name, engine_gpus(config.tensor_parallel_size, config.extra_args), live)
+            short = short_of_gpus(config.name, spread_gpus(config.tensor_parallel_size, config.extra_args), live)
             if short:
                 raise WaitsForNodes(short, field="tensor_parallel_size")
             self._plan_per_gpu(db, worker_id, config, profile, force)

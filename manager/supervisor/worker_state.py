@@ -92,7 +92,8 @@ class Life:
     download: str | None = None  # the hub id being downloaded, while downloading
     download_since: float | None = None  # monotonic: when this download phase began (names its Fetched)
     after_download: Launch | None = None  # the start that waits for the download
-    # Failed because the live nodes could not hold its restart: started again when a node is back.
+    # Failed because the live nodes could not hold its start (a crash restart, a roll back, a start after
+    # its download): started again when a node is back.
     waits_for_node: bool = False
 
     @property

@@ -55,11 +55,15 @@ def test_a_node_is_lost_when_ray_says_so_or_its_agent_has_not_answered_for_a_whi
 
 
 def test_a_model_larger_than_any_node_spans_nodes():
-    # One engine takes tensor x pipeline x data parallel GPUs, with the flags read as vLLM reads them.
+    # Tensor x pipeline parallel GPUs, with the flags read as vLLM reads them...
     assert n.spans_nodes(4, ["--pipeline-parallel-size", "2"], most_gpus_on_a_node=4)
     assert n.spans_nodes(2, ["-pp=3"], most_gpus_on_a_node=4)
+    assert n.spans_nodes(2, ["--pipeline_parallel_size", "3"], most_gpus_on_a_node=4)
+    # ...times the data parallel size only where Ray starts those ranks: vLLM keeps them on one node.
     assert n.spans_nodes(2, ["--data-parallel-size", "2", "--data-parallel-backend", "ray"], most_gpus_on_a_node=2)
-    assert not n.spans_nodes(2, ["-dp", "2"], most_gpus_on_a_node=4)
+    assert n.spans_nodes(2, ["-dp", "2", "-dpb=ray"], most_gpus_on_a_node=2)
+    assert not n.spans_nodes(2, ["-dp", "2"], most_gpus_on_a_node=2)
+    assert not n.spans_nodes(2, ["-dp", "2", "--data-parallel-backend", "mp"], most_gpus_on_a_node=2)
     assert n.spans_nodes(8, [], most_gpus_on_a_node=4)
     assert not n.spans_nodes(4, [], most_gpus_on_a_node=4)
     assert not n.spans_nodes(8, [], most_gpus_on_a_node=0)  # a CPU cluster has nothing to span

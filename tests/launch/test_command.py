@@ -135,8 +135,8 @@ def _qwen3_moe(tmp_path: Path) -> str:
 
 def test_moe_offload_keeps_cuda_graphs_up_to_the_batch_the_gpu_plans(tmp_path):
     # 13.5 GiB over 48 layers of 9 MiB experts (3 x 2048 x 768 x 2 bytes) = 32 slots per layer;
-    # top_k 8, so every expert of a batch of up to 4 tokens fits, and the GPU plans batches of up to
-    # 16 tokens (experts that find no slot read in place): those may run in a CUDA graph.
+    # top_k 8, so every expert of a batch of up to 4 tokens fits; the GPU plans batches of up to 64
+    # tokens (experts that find no slot read in place), and those of up to 16 run in CUDA graphs.
     profile = OffloadProfile(name="moe", moe_expert_offload=True, moe_gpu_cache_gib=13.5)
     model = _qwen3_moe(tmp_path)
     cmd = _build(ModelConfig(name="moe", model=model), profile)

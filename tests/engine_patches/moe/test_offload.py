@@ -352,3 +352,12 @@ def test_the_host_planner_fetches_nothing_ahead(model):
     offload = ExpertOffload(store, device="cpu", slots_per_layer=8, planner="host")
     assert _run_with_guesses(offload, weights, lambda ids: ids) < 1e-5
     assert offload.stats().ahead_experts == 0
+
+
+def test_the_eviction_rule_is_checked_and_is_lru_where_only_the_host_table_plans(model):
+    _, store = model
+    with pytest.raises(ValueError, match="cache_policy"):
+        ExpertOffload(store, device="cpu", slots_per_layer=TOP_K, cache_policy="lfu")
+    assert ExpertOffload(store, device="cpu", slots_per_layer=6, cache_policy="frequency").cache_policy == "frequency"
+    host_only = ExpertOffload(store, device="cpu", slots_per_layer=6, planner="host", cache_policy="frequency")
+    assert host_only.cache_policy == "lru"

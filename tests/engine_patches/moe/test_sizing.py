@@ -7,6 +7,7 @@ from engine_patches.moe.sizing import (
     device_planned_tokens,
     expert_offload_sizing,
     graph_tokens,
+    planned_tokens,
 )
 
 QWEN3_30B_A3B = dict(
@@ -71,3 +72,10 @@ def test_sizing_imports_no_torch():
 
     code = "import sys, engine_patches.moe.sizing; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_models_of_many_experts_keep_batches_of_16_tokens_on_the_gpu_planner():
+    assert planned_tokens(128, 8) == 64  # Qwen3-30B-A3B: the shape measured at 64 tokens
+    assert planned_tokens(64, 6) == 64 and planned_tokens(8, 2) == 64
+    assert planned_tokens(256, 8) == 16  # DeepSeek-V3: twice the planner's comparisons
+    assert planned_tokens(512, 10) == 16
