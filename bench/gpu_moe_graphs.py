@@ -142,25 +142,20 @@ class Engine:
         cmd = build_command(config, profile, engine_python=sys.executable, port=port, run_dir=self.run_dir)
         self.argv, self.notes = cmd.argv, cmd.notes
         env = {**os.environ, **cmd.env}
-        if args.stream_below_hit_rate:
-            patches = json.loads(env["VLLM_MANAGER_PATCHES"])
-            env["VLLM_MANAGER_PATCHES"] = json.dumps(
-                {**patches, "moe_stream_below_hit_rate": args.stream_below_hit_rate}
-            )
-        if in_place is not None:
-            env["VLLM_MANAGER_PATCHES"] = json.dumps(
-                {**json.loads(env["VLLM_MANAGER_PATCHES"]), "moe_in_place_tokens": in_place}
-            )
-        if "_freq" in case:
-            env["VLLM_MANAGER_PATCHES"] = json.dumps(
-                {**json.loads(env["VLLM_MANAGER_PATCHES"]), "moe_cache_policy": "frequency"}
-            )
         accuracy = guess_accuracy(case, args.guess_accuracy)
+        # The plugin settings a case changes, on top of those the manager wrote.
+        patches: dict[str, Any] = {}
+        if args.stream_below_hit_rate:
+            patches["moe_stream_below_hit_rate"] = args.stream_below_hit_rate
+        if in_place is not None:
+            patches["moe_in_place_tokens"] = in_place
+        if "_freq" in case:
+            patches["moe_cache_policy"] = "frequency"
         if accuracy is not None:
-            env["VLLM_MANAGER_PATCHES"] = json.dumps(
-                {**json.loads(env["VLLM_MANAGER_PATCHES"]), "moe_fetch_ahead": True}
-            )
+            patches["moe_fetch_ahead"] = True
             env["ENGINE_PATCHES_STANDIN_GUESS"] = str(accuracy)
+        if patches:
+            env["VLLM_MANAGER_PATCHES"] = json.dumps({**json.loads(env["VLLM_MANAGER_PATCHES"]), **patches})
         env.pop("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", None)
         if args.routing == "zipf":
             env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] = STANDIN

@@ -30,6 +30,7 @@ import torch
 
 from engine_patches.pinned import empty_pinned
 
+from .sizing import block
 from .store import is_pinned
 
 try:  # Triton is optional: the torch path below computes the same plan.
@@ -270,10 +271,10 @@ class DeviceSlotTables:
                 self.num_slots,
                 p,
                 topk_ids.shape[0],
-                BN=_pow2(n),
-                BE=_pow2(self.num_experts),
-                BS=_pow2(self.num_slots),
-                BP=_pow2(p),
+                BN=block(n),
+                BE=block(self.num_experts),
+                BS=block(self.num_slots),
+                BP=block(p),
                 AHEAD=ahead,
                 FREQ=self.policy == "frequency",
                 num_warps=4,
@@ -389,7 +390,3 @@ class DeviceSlotTables:
             self._last_read = self.counts.tolist()
             return self._last_read
         return self.host_counts.tolist() if self.host_counts is not None else self._last_read
-
-
-def _pow2(n: int) -> int:
-    return max(2, 1 << (int(n) - 1).bit_length())

@@ -66,14 +66,15 @@ PLANNER_PAIRS = 128 * 512
 SMALL_IN_PLACE_TOKENS = 16
 
 
+def block(n: int) -> int:
+    """The GPU planner kernel's block for ``n`` items: the power of two at or above it, at least 2."""
+    return max(2, 1 << (int(n) - 1).bit_length())
+
+
 def planned_tokens(num_experts: int, top_k: int) -> int:
     """The plugin's default ``moe_in_place_tokens`` for a model: 64, or 16 where the planner's
     comparisons of a 64-token batch would pass ``PLANNER_PAIRS``."""
-
-    def pow2(n: int) -> int:
-        return 1 << max(0, int(n) - 1).bit_length()
-
-    fits = pow2(num_experts) * pow2(IN_PLACE_TOKENS * max(1, top_k)) <= PLANNER_PAIRS
+    fits = block(num_experts) * block(IN_PLACE_TOKENS * max(1, top_k)) <= PLANNER_PAIRS
     return IN_PLACE_TOKENS if fits else SMALL_IN_PLACE_TOKENS
 
 
