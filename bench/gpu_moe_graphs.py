@@ -13,7 +13,8 @@ one engine at a time, each launched with the argv and environment the manager's 
   (``offload_NN_aheadAA``: AA %), is fetched on a side stream. ``offload_NN_inplaceTT`` plans batches
   of up to TT tokens on the GPU (the plugin's ``moe_in_place_tokens``, 64 by default) and captures
   graphs up to that size (``--max-cudagraph-capture-size TT``). A case with ``_freq`` in its name
-  evicts by decayed use counts (the plugin's ``moe_cache_policy: "frequency"``), not LRU.
+  evicts by decayed use counts (the plugin's ``moe_cache_policy: "frequency"``, its default since
+  2026-11-27), one with ``_lru`` the least recently used expert.
 - ``resident``: every expert on the GPU, CUDA graphs on (vLLM's defaults).
 - ``vllm_uva``: vLLM's own expert offload, ``--cpu-offload-gb <all expert GiB> --cpu-offload-params
   experts --offload-backend uva``: every expert stays in pinned host memory and vLLM's kernel
@@ -151,6 +152,8 @@ class Engine:
             patches["moe_in_place_tokens"] = in_place
         if "_freq" in case:
             patches["moe_cache_policy"] = "frequency"
+        if "_lru" in case:
+            patches["moe_cache_policy"] = "lru"
         if accuracy is not None:
             patches["moe_fetch_ahead"] = True
             env["ENGINE_PATCHES_STANDIN_GUESS"] = str(accuracy)
@@ -197,16 +200,18 @@ class Engine:
         prompts = PROMPTS[:batch]
         self.complete(prompts, short, ignore_eos=True)  # warm-up
         rates: list[float] = []
+        seconds: list[list[float]] = []  # [short, long] of each repeat, to tell a stall from a slow step
         dropped = 0
         for _ in range(repeats):
             t_short, _ = self.complete(prompts, short, ignore_eos=True)
             t_long, _ = self.complete(prompts, long, ignore_eos=True)
+            seconds.append([round(t_short, 3), round(t_long, 3)])
             if t_long <= t_short:  # a stall in the short run: no decode time to divide by
                 dropped += 1
                 continue
             rates.append(batch * (long - short) / (t_long - t_short))
         if not rates:
-            return {"dropped": dropped, "short": short, "long": long}
+            return {"dropped": dropped, "short": short, "long": long, "seconds": seconds}
         return {
             "tok_s": round(statistics.median(rates), 1),
             "per_seq_tok_s": round(statistics.median(rates) / batch, 1),
@@ -214,6 +219,7 @@ class Engine:
             "dropped": dropped,
             "short": short,
             "long": long,
+            "seconds": seconds,
         }
 
     def cache_snapshot(self) -> dict[str, Any] | None:

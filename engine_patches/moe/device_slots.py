@@ -30,14 +30,35 @@ import torch
 
 from engine_patches.pinned import empty_pinned
 
-from .sizing import block
+from .sizing import block, warm_up_tokens
 from .store import is_pinned
 
 try:  # Triton is optional: the torch path below computes the same plan.
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # Compiled once per combination of its blocks (the constexprs): the sizes and the tables' row
+    # addresses take no part in which variant runs, so planning one batch per block at start
+    # (``DeviceSlotTables.warm_up``) leaves nothing to compile while requests wait.
+    @triton.jit(
+        do_not_specialize=["n", "decay", "E", "S", "P", "T"],
+        do_not_specialize_on_alignment=[
+            "ids_ptr",
+            "expert_slot",
+            "slot_expert",
+            "last_used",
+            "clock",
+            "counts",
+            "ahead",
+            "freq",
+            "slot_ids_out",
+            "hit_ids_out",
+            "miss_ids_out",
+            "over_ids_out",
+            "load_e_out",
+            "load_s_out",
+        ],
+    )
     def _plan_kernel(
         ids_ptr,
         n,
@@ -249,7 +270,8 @@ class DeviceSlotTables:
         load_e = torch.empty(p, dtype=torch.int32, device=self.device)
         load_s = torch.empty(p, dtype=torch.int32, device=self.device)
         if self.use_triton:
-            ids = topk_ids.reshape(-1).contiguous()
+            # One dtype for every router (vLLM's are int32, some int64): one kernel variant fewer.
+            ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
             _plan_kernel[(1,)](
                 ids,
                 n,
@@ -289,6 +311,23 @@ class DeviceSlotTables:
         if layer == self.num_layers - 1 and self.host_counts is not None and self.host_counts is not self.counts:
             self.host_counts.copy_(self.counts, non_blocking=True)
         return DevicePlan(slot_ids, hit_ids, miss_ids, over_ids, load_e, load_s)
+
+    def warm_up(self, max_tokens: int, top_k: int, *, ahead: bool = False) -> list[int]:
+        """Plan one batch of each size of ``warm_up_tokens`` on a scratch table of one layer, so the
+        planner kernel is compiled for every batch it may plan before the first request; these
+        tables, their counts and their host mirror are left as they were. ``ahead``: also the
+        variant that plans a guess (``moe_fetch_ahead``). Returns the sizes planned."""
+        scratch = DeviceSlotTables(
+            1, self.num_experts, self.num_slots, self.device, use_triton=self.use_triton, policy=self.policy
+        )
+        sizes = warm_up_tokens(max_tokens, top_k)
+        for tokens in sizes:
+            ids = torch.arange(tokens * top_k, device=self.device, dtype=torch.int32) % self.num_experts
+            ids = ids.reshape(tokens, top_k)
+            scratch.plan(0, ids, overflow=True)
+            if ahead:
+                scratch.plan(0, ids, ahead=True)
+        return sizes
 
     def _plan_torch(self, layer, topk_ids, slot_ids, over_ids, load_e, load_s, ahead: bool) -> None:
         """The kernel's algorithm in torch ops (no host reads either): CPU and no-Triton path."""

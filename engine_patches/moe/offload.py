@@ -41,7 +41,7 @@ from .device_slots import HAVE_TRITON, CachePolicy, DevicePlan, DeviceSlotTables
 from .experts import ExpertsFn, auto_experts, split_experts, splits_cheaply
 from .fetch_experts import fetch_and_compute, fetches_in_kernel
 from .gather import CopyMethod, copy_expert_pairs_indexed, copy_experts
-from .sizing import slots_for_budget
+from .sizing import device_planned_tokens, slots_for_budget
 from .slots import ExpertSlotTable
 from .stats import ExpertCacheStats
 from .store import ExpertStore
@@ -317,6 +317,15 @@ class ExpertOffload:
         if self.mode == "copy_all":
             return self._forward_copy_all(layer, x, topk_weights, topk_ids, fn)
         return self._forward_cached(layer, x, topk_weights, topk_ids, fn)
+
+    def warm_up_planner(self, top_k: int, *, ahead: bool = False) -> list[int]:
+        """Compile the GPU planner for every batch size it may plan (``DeviceSlotTables.warm_up``),
+        so the first batch of a new size (17 to 64 tokens run outside CUDA graphs) does not wait
+        seconds for a compile. Returns the batch sizes planned; none without the device planner."""
+        if self._device is None or (self._cuda and torch.cuda.is_current_stream_capturing()):
+            return []  # inside a capture its launches would join the graph
+        most = device_planned_tokens(self.slots_per_layer, top_k, self.in_place_tokens)
+        return self._device.warm_up(most, top_k, ahead=ahead)
 
     def plans_on_device(self, topk_ids: torch.Tensor) -> bool:
         """Whether this batch runs without host reads (and so may be captured in a CUDA graph)."""

@@ -105,6 +105,25 @@ def device_planned_tokens(slots_per_layer: int, top_k: int, in_place_tokens: int
     return max(slots_per_layer // max(1, top_k), in_place_tokens)
 
 
+def warm_up_tokens(max_tokens: int, top_k: int) -> list[int]:
+    """One batch size (in tokens) per block of the GPU planner kernel, up to ``max_tokens``.
+
+    The kernel is compiled once per block of (token, k) entries (``block``), at its first launch of
+    that block. CUDA graph capture launches it for the captured sizes only; planning one batch of each
+    of these sizes at start compiles the rest (17 to 64 tokens, by default), so no request waits for a
+    compile. Each size is the largest of its block, at most ``max_tokens``."""
+    k = max(1, int(top_k))
+    last = block(max(1, int(max_tokens)) * k)
+    sizes: list[int] = []
+    b = block(k)
+    while b <= last:  # doubles: about log2(max_tokens) sizes
+        tokens = min(max(1, b // k), max_tokens)
+        if block(tokens * k) == b:
+            sizes.append(tokens)
+        b *= 2
+    return sizes
+
+
 def graph_tokens(slots_per_layer: int, top_k: int, in_place_tokens: int = IN_PLACE_TOKENS) -> int:
     """The largest batch (in tokens) captured in a CUDA graph: vLLM's ``max_cudagraph_capture_size``.
 

@@ -89,9 +89,17 @@ class _Runtime:
                 stream_view=view,
                 stream_below_hit_rate=stream_below,
                 in_place_tokens=in_place,
-                cache_policy=getattr(self.settings, "moe_cache_policy", "lru") or "lru",
+                cache_policy=getattr(self.settings, "moe_cache_policy", "frequency") or "frequency",
             )
             offload = self.offload
+            started = time.monotonic()
+            warmed = offload.warm_up_planner(top_k, ahead=bool(getattr(self.settings, "moe_fetch_ahead", False)))
+            if warmed:
+                log.info(
+                    "engine_patches: GPU expert planner ready for batches of %s tokens (%.1f s)",
+                    ", ".join(map(str, warmed)),
+                    time.monotonic() - started,
+                )
             self.publisher = Publisher(lambda: offload.stats(sync=False), PUBLISH_INTERVAL_S).start()
             if not self.store.pinned and torch.cuda.is_available():
                 log.warning(

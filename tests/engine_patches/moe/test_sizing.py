@@ -4,10 +4,12 @@ from engine_patches.moe.sizing import (
     GIB,
     GRAPH_TOKENS,
     IN_PLACE_TOKENS,
+    block,
     device_planned_tokens,
     expert_offload_sizing,
     graph_tokens,
     planned_tokens,
+    warm_up_tokens,
 )
 
 QWEN3_30B_A3B = dict(
@@ -79,3 +81,17 @@ def test_models_of_many_experts_keep_batches_of_16_tokens_on_the_gpu_planner():
     assert planned_tokens(64, 6) == 64 and planned_tokens(8, 2) == 64
     assert planned_tokens(256, 8) == 16  # DeepSeek-V3: twice the planner's comparisons
     assert planned_tokens(512, 10) == 16
+
+
+@pytest.mark.parametrize(("most", "top_k"), [(64, 8), (16, 8), (64, 6), (64, 1), (5, 4), (1, 8)])
+def test_the_planner_warm_up_reaches_every_kernel_variant_a_batch_can_need(most, top_k):
+    """A batch of a size the warm-up missed would compile the planner while requests wait."""
+    sizes = warm_up_tokens(most, top_k)
+    assert all(1 <= t <= most for t in sizes)
+    needed = {block(t * top_k) for t in range(1, most + 1)}
+    assert {block(t * top_k) for t in sizes} == needed
+    assert len(sizes) == len(needed)  # one batch per variant: a few launches at start
+
+
+def test_no_warm_up_where_the_planner_plans_nothing():
+    assert warm_up_tokens(0, 8) == []

@@ -110,10 +110,10 @@ def test_experts_are_fetched_ahead_only_for_the_next_layer_of_the_same_stack(nam
 def test_the_plugin_settings_choose_the_eviction_rule_and_the_batches_planned_on_the_gpu():
     import torch
 
-    class Frequency(_Settings):
-        moe_cache_policy = "frequency"
+    class Lru(_Settings):
+        moe_cache_policy = "lru"
 
-    for settings, policy, in_place in ((_Settings(), "lru", 64), (Frequency(), "frequency", 64)):
+    for settings, policy, in_place in ((_Settings(), "frequency", 64), (Lru(), "lru", 64)):
         runtime = moe_adapter._Runtime()
         runtime.settings = settings
         runtime.add_layer(torch.zeros(8, 6, 4), torch.zeros(8, 4, 3))
