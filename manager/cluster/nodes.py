@@ -138,19 +138,6 @@ def spans_nodes(tensor_parallel_size: int, extra_args: list[str], most_gpus_on_a
     return most_gpus_on_a_node > 0 and spread_gpus(tensor_parallel_size, extra_args) > most_gpus_on_a_node
 
 
-def short_of_gpus(name: str, needed: int, gpus_of_live_nodes: dict[str, int]) -> str | None:
-    """Why a model that spans nodes cannot start: the live nodes have fewer GPUs together than its
-    engine takes (vLLM's Ray executor would wait for them); None when they have enough."""
-    have = sum(gpus_of_live_nodes.values())
-    if have >= needed:
-        return None
-    each = ", ".join(f"{node}: {gpus}" for node, gpus in sorted(gpus_of_live_nodes.items()))
-    return (
-        f"{name} needs {needed} GPUs, spread over nodes, and the live nodes have {have} together ({each}): "
-        "start it once enough nodes are back, or lower its tensor (or pipeline, or data) parallel size"
-    )
-
-
 @dataclass(frozen=True)
 class Span:
     """Part of a model spread over nodes by vLLM's Ray executor: a node and the GPUs it holds there."""

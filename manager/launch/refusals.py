@@ -139,22 +139,32 @@ def check_expert_offload(extra_args: list[str], moe_offload: bool) -> None:
             )
 
 
-def check_gpus_known(config: ModelConfig, known: int | None, where: str, lost: tuple[str, ...] = ()) -> None:
-    """Refuse (422) a start that needs more GPUs than ``where`` has (``known``; None: not known). With
-    nodes of the cluster ``lost``, the start waits for them instead (WaitsForNodes): they may bring the
-    GPUs that are missing. Ray lists a lost node without its GPUs, so whether they would be enough is
-    not known; a node gone for good stays lost, and the message still names the smaller config."""
+def check_gpus_known(
+    config: ModelConfig,
+    known: int | None,
+    holder: str,
+    lost: tuple[str, ...] = (),
+    each: dict[str, int] | None = None,
+) -> None:
+    """Refuse (422) a start that needs more GPUs than there are (``known``; None: not known), on one
+    machine or on the live nodes of a Ray cluster together, a model spread over nodes included.
+    ``holder``: who has them, with its verb ("this machine has"); ``each``: a cluster's live nodes and
+    their GPUs, named in the message. With nodes of the cluster ``lost``, the start waits for them
+    instead (WaitsForNodes): they may bring the GPUs that are missing. Ray lists a lost node without
+    its GPUs, so whether they would be enough is not known; a node gone for good stays lost, and the
+    message still names the smaller config."""
     needed = engine_gpus(config.tensor_parallel_size, config.extra_args)
     if known is None or needed <= known:
         return
+    nodes = f" ({', '.join(f'{node}: {gpus}' for node, gpus in sorted(each.items()))})" if each else ""
     if lost:
         raise WaitsForNodes(
-            f"{config.name} needs {needed} GPUs and {where} have {known}, with node {', '.join(lost)} lost "
+            f"{config.name} needs {needed} GPUs and {holder} {known}{nodes}, with node {', '.join(lost)} lost "
             "(or lower tensor_parallel_size)",
             field="tensor_parallel_size",
         )
     raise Invalid(
-        f"{config.name} needs {needed} GPUs (tensor x pipeline x data parallel size) and {where} has {known}: "
+        f"{config.name} needs {needed} GPUs (tensor x pipeline x data parallel size) and {holder} {known}{nodes}: "
         "lower tensor_parallel_size (or the parallel sizes in extra_args)",
         field="tensor_parallel_size",
     )

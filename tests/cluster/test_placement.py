@@ -194,18 +194,24 @@ def test_a_model_larger_than_any_node_is_launched_with_vllms_ray_executor_in_the
 
 def test_a_model_that_spans_nodes_is_refused_when_the_live_nodes_lack_gpus_for_it_forced_or_not(tmp_path):
     """After a node holding some of its ranks is lost, a restart would have vLLM wait for GPUs that are
-    not there until the start times out: refused at once, with each live node's GPUs."""
+    not there until the start times out: refused at once, with each live node's GPUs; it waits for
+    the lost node, forced or not."""
     nodes = Nodes({"box2": None}, gpus=1)
     nodes.statuses_gpus = {"head": 1, "box2": 1}
+    nodes.lost = ["box3"]
     sup = _supervisor(tmp_path, nodes, head_refusal=None)
+    with session(sup.engine) as db:
+        db.add(ModelConfig(name="tp2", model="/m", tensor_parallel_size=2))
+        db.add(ModelConfig(name="tp4", model="/m", tensor_parallel_size=4))
+        db.commit()
     assert _place(sup, ModelConfig(name="tp2", model="/m", tensor_parallel_size=2)) == "head"
-    with pytest.raises(WaitsForNodes) as refused:  # a worker that crashed so starts again when a node is back
-        _place(sup, ModelConfig(name="tp4", model="/m", tensor_parallel_size=4))
-    assert "tp4 needs 4 GPUs, spread over nodes, and the live nodes have 2 together (box2: 1, head: 1)" in str(
-        refused.value.message
-    )
-    with session(sup.engine) as db, pytest.raises(Invalid, match="needs 4 GPUs"):
-        sup.starts.place(db, 1, ModelConfig(name="tp4", model="/m", tensor_parallel_size=4), None, force=True)
+    for force in (False, True):
+        with pytest.raises(WaitsForNodes) as refused:  # a worker that crashed so starts again when a node is back
+            sup._prepare(1, "tp4", 8100, [], force=force)
+        assert (
+            "tp4 needs 4 GPUs and the Ray cluster's live nodes have 2 (box2: 1, head: 1), with node box3 lost"
+            in str(refused.value.message)
+        )
 
 
 def test_the_news_of_a_lost_node_knows_which_stored_models_span_nodes(tmp_path):
@@ -229,7 +235,8 @@ def test_a_start_needing_more_gpus_than_the_live_nodes_have_waits_when_a_node_is
         db.add(ModelConfig(name="tp2", model="/m", tensor_parallel_size=2))
         db.commit()
     with pytest.raises(
-        WaitsForNodes, match="tp2 needs 2 GPUs and the Ray cluster's live nodes have 1, with node gpu-b lost"
+        WaitsForNodes,
+        match=r"tp2 needs 2 GPUs and the Ray cluster's live nodes have 1 \(head: 1\), with node gpu-b lost",
     ):
         sup._prepare(1, "tp2", 8100, [], force=False)
     nodes.lost = []  # no node lost: more GPUs than the cluster has is a config to change

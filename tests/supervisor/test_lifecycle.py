@@ -66,6 +66,9 @@ POLICY = Policy(
 )
 WHEN = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
 
+# How a start that waits for a lost node is refused (manager.launch.refusals.check_gpus_known).
+SHORT = "a needs 2 GPUs and the Ray cluster's live nodes have 1 (head: 1), with node b lost"
+
 
 def stopped(model: str = "a") -> Life:
     return Life(state=State.STOPPED, model=model, port=18000)
@@ -258,12 +261,9 @@ def test_a_crash_restart_the_live_nodes_cannot_hold_starts_again_when_a_node_is_
     """A model spanning two nodes, one of them lost: its restart is refused at once, and it starts
     again by itself when a node comes back."""
     life, _ = restarting()
-    life, _ = step(life, LaunchRefused(WaitsForNodes("a needs 2 GPUs, spread over nodes, and the live nodes have 1")))
+    life, _ = step(life, LaunchRefused(WaitsForNodes(SHORT)))
     assert life.state == State.FAILED and life.waits_for_node
-    assert life.last_error == (
-        "restart refused: a needs 2 GPUs, spread over nodes, and the live nodes have 1; "
-        "it starts again when a lost node is back"
-    )
+    assert life.last_error == (f"restart refused: {SHORT}; it starts again when a lost node is back")
     life, effects = step(life, NodeBack())
     assert [type(e) for e in effects] == [Launch] and effects[0].reason == "a lost node is back"
     assert not life.waits_for_node
@@ -286,11 +286,9 @@ def test_a_user_start_refused_after_its_download_for_want_of_a_node_starts_when_
     life, effects = step(stopped(), StartRequested())
     life, _ = step(life, NeedsDownload(effects[0], "org/model", 21.0))
     life, _ = step(life, Fetched(True, "", life.download_since or 0.0, 40.0))
-    life, _ = step(life, LaunchRefused(WaitsForNodes("a needs 2 GPUs, spread over nodes, and the live nodes have 1")))
+    life, _ = step(life, LaunchRefused(WaitsForNodes(SHORT)))
     assert life.state == State.FAILED and life.waits_for_node
-    assert life.last_error == (
-        "start refused: a needs 2 GPUs, spread over nodes, and the live nodes have 1; it starts when a lost node is back"
-    )
+    assert life.last_error == (f"start refused: {SHORT}; it starts when a lost node is back")
     life, effects = step(life, NodeBack())
     assert effects == [Launch("a", "a lost node is back", False)]
 
@@ -307,12 +305,9 @@ def rolling_back() -> tuple[Life, list]:
 def test_a_switch_roll_back_the_live_nodes_cannot_hold_starts_the_previous_config_when_a_node_is_back():
     life, effects = rolling_back()
     assert effects[-1] == Launch("a", "roll back after failed switch to b", False)
-    life, _ = step(life, LaunchRefused(WaitsForNodes("a needs 2 GPUs, spread over nodes, and the live nodes have 1")))
+    life, _ = step(life, LaunchRefused(WaitsForNodes(SHORT)))
     assert life.state == State.FAILED and life.waits_for_node and life.model == "a"
-    assert life.last_error.endswith(
-        "the roll back was refused: a needs 2 GPUs, spread over nodes, and the live nodes have 1; "
-        "a starts again when a lost node is back"
-    )
+    assert life.last_error.endswith(f"the roll back was refused: {SHORT}; a starts again when a lost node is back")
     life, effects = step(life, NodeBack())
     assert effects == [Launch("a", "a lost node is back", False)]  # the config it rolled back to, not b
     life, _ = step(life, launched(effects[0], pid=3, now=50.0))
@@ -343,7 +338,7 @@ def test_a_start_over_several_nodes_under_way_when_a_node_is_lost_is_ended_and_w
     life, effects = step(life, Killed(lost, 25.0))
     # Tried again at once, and not counted as a crash: a flapping node never uses up the restarts.
     assert effects == [Launch("a", lost, False)] and life.restart_count == 1
-    life, _ = step(life, LaunchRefused(WaitsForNodes("a needs 2 GPUs, spread over nodes, and the live nodes have 1")))
+    life, _ = step(life, LaunchRefused(WaitsForNodes(SHORT)))
     assert life.state == State.FAILED and life.waits_for_node
     life, effects = step(life, NodeBack())
     assert [type(e) for e in effects] == [Launch]
