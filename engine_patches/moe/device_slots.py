@@ -197,7 +197,8 @@ class DevicePlan:
 
 
 class DeviceSlotTables:
-    """LRU slot tables of every layer as GPU (or CPU) tensors, planned without host reads."""
+    """The slot tables of every layer as GPU (or CPU) tensors, planned without host reads; the expert
+    evicted is the least recently used one, or the least used one (``policy``)."""
 
     def __init__(
         self,
@@ -316,7 +317,10 @@ class DeviceSlotTables:
         """Plan one batch of each size of ``warm_up_tokens`` on a scratch table of one layer, so the
         planner kernel is compiled for every batch it may plan before the first request; these
         tables, their counts and their host mirror are left as they were. ``ahead``: also the
-        variant that plans a guess (``moe_fetch_ahead``). Returns the sizes planned."""
+        variant that plans a guess (``moe_fetch_ahead``). Returns the sizes planned; none on the torch
+        path, which compiles nothing."""
+        if not self.use_triton:
+            return []
         scratch = DeviceSlotTables(
             1, self.num_experts, self.num_slots, self.device, use_triton=self.use_triton, policy=self.policy
         )
@@ -327,6 +331,10 @@ class DeviceSlotTables:
             scratch.plan(0, ids, overflow=True)
             if ahead:
                 scratch.plan(0, ids, ahead=True)
+        # Each plan of the scratch's last (only) layer queued a copy into its pinned host mirror:
+        # done before the mirror is freed with the scratch.
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         return sizes
 
     def _plan_torch(self, layer, topk_ids, slot_ids, over_ids, load_e, load_s, ahead: bool) -> None:

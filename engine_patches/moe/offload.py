@@ -321,9 +321,11 @@ class ExpertOffload:
     def warm_up_planner(self, top_k: int, *, ahead: bool = False) -> list[int]:
         """Compile the GPU planner for every batch size it may plan (``DeviceSlotTables.warm_up``),
         so the first batch of a new size (17 to 64 tokens run outside CUDA graphs) does not wait
-        seconds for a compile. Returns the batch sizes planned; none without the device planner."""
+        seconds for a compile. Returns the batch sizes planned; none without the device planner, on
+        the torch path (nothing to compile), or inside a CUDA graph capture (its launches would join
+        the graph)."""
         if self._device is None or (self._cuda and torch.cuda.is_current_stream_capturing()):
-            return []  # inside a capture its launches would join the graph
+            return []
         most = device_planned_tokens(self.slots_per_layer, top_k, self.in_place_tokens)
         return self._device.warm_up(most, top_k, ahead=ahead)
 

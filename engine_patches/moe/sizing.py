@@ -112,8 +112,10 @@ def warm_up_tokens(max_tokens: int, top_k: int) -> list[int]:
     that block. CUDA graph capture launches it for the captured sizes only; planning one batch of each
     of these sizes at start compiles the rest (17 to 64 tokens, by default), so no request waits for a
     compile. Each size is the largest of its block, at most ``max_tokens``."""
+    if max_tokens < 1:
+        return []
     k = max(1, int(top_k))
-    last = block(max(1, int(max_tokens)) * k)
+    last = block(int(max_tokens) * k)
     sizes: list[int] = []
     b = block(k)
     while b <= last:  # doubles: about log2(max_tokens) sizes

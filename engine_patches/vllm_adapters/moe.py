@@ -93,7 +93,11 @@ class _Runtime:
             )
             offload = self.offload
             started = time.monotonic()
-            warmed = offload.warm_up_planner(top_k, ahead=bool(getattr(self.settings, "moe_fetch_ahead", False)))
+            try:
+                warmed = offload.warm_up_planner(top_k, ahead=bool(getattr(self.settings, "moe_fetch_ahead", False)))
+            except Exception as exc:  # the first batch of each size compiles it instead
+                log.warning("engine_patches: the GPU expert planner was not compiled ahead: %s", exc)
+                warmed = []
             if warmed:
                 log.info(
                     "engine_patches: GPU expert planner ready for batches of %s tokens (%.1f s)",

@@ -159,7 +159,8 @@ def check_gpus_known(
     nodes = f" ({', '.join(f'{node}: {gpus}' for node, gpus in sorted(each.items()))})" if each else ""
     if lost:
         raise WaitsForNodes(
-            f"{config.name} needs {needed} GPUs and {holder} {known}{nodes}, with node {', '.join(lost)} lost "
+            f"{config.name} needs {needed} GPUs and {holder} {known}{nodes}, with node{'s' if len(lost) > 1 else ''} "
+            f"{', '.join(lost)} lost "
             "(or lower tensor_parallel_size)",
             field="tensor_parallel_size",
         )

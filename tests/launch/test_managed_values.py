@@ -123,6 +123,8 @@ def test_a_start_needing_more_gpus_than_known_is_refused():
     )
     with pytest.raises(WaitsForNodes, match=re.escape(lost)):
         check_gpus_known(config, 4, "the Ray cluster's live nodes have", lost=("b",), each=live)
+    with pytest.raises(WaitsForNodes, match="with nodes b, c lost"):
+        check_gpus_known(config, 4, "the Ray cluster's live nodes have", lost=("b", "c"), each=live)
 
 
 def test_the_finished_argv_is_checked_for_code_loading():

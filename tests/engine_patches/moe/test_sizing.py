@@ -94,4 +94,4 @@ def test_the_planner_warm_up_reaches_every_kernel_variant_a_batch_can_need(most,
 
 
 def test_no_warm_up_where_the_planner_plans_nothing():
-    assert warm_up_tokens(0, 8) == []
+    assert warm_up_tokens(0, 8) == warm_up_tokens(0, 2) == warm_up_tokens(0, 1) == []

@@ -61,6 +61,10 @@ def main() -> None:
         policy: CachePolicy = "frequency" if experts in (16, 128) else "lru"  # both rules, on shapes of each
         kernel = DeviceSlotTables(layers, experts, slots, "cpu", use_triton=True, policy=policy)
         torch_ = DeviceSlotTables(layers, experts, slots, "cpu", use_triton=False, policy=policy)
+        # The warm-up at engine start plans on a scratch table: the plans below must match the torch
+        # planner's, which had none.
+        sizes = kernel.warm_up(most or slots // top_k, top_k, ahead=not most)
+        assert sizes and max(sizes) == (most or slots // top_k), sizes
         hot = torch.randperm(experts, generator=g)[: max(top_k, experts // 3)]
         src = torch.randn(experts, 3, 5, generator=g)
         for step in range(12 if most else 30):  # the interpreter is slow on the big shape
