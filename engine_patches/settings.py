@@ -13,6 +13,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
+from engine_patches.moe.sizing import CACHE_POLICIES, DEFAULT_CACHE_POLICY, CachePolicy
+
 ENV_VAR = "VLLM_MANAGER_PATCHES"
 GIB = 1 << 30
 
@@ -67,7 +69,7 @@ class PatchSettings:
     # Which expert the GPU planner evicts: "frequency" (the least used, counts decaying by 1 % a
     # batch), or "lru" (the least recently used). On the H200 under the routing stand-in, frequency
     # hit 82.5 % against 77.7 % at batch 1 and ran 16 % faster (bench/README.md).
-    moe_cache_policy: Literal["lru", "frequency"] = "frequency"
+    moe_cache_policy: CachePolicy = DEFAULT_CACHE_POLICY
 
     # Unknown keys seen while parsing; kept so the plugin can report them once.
     unknown_keys: tuple[str, ...] = field(default=(), compare=False)
@@ -81,7 +83,7 @@ class PatchSettings:
             )
         if self.pin_chunk_bytes <= 0:
             raise SettingsError(f"pin_chunk_bytes must be positive, got {self.pin_chunk_bytes}")
-        if self.moe_cache_policy not in ("lru", "frequency"):
+        if self.moe_cache_policy not in CACHE_POLICIES:
             raise SettingsError(f"moe_cache_policy must be 'lru' or 'frequency', got {self.moe_cache_policy!r}")
         if self.moe_in_place_tokens is not None and not 0 <= self.moe_in_place_tokens <= 64:
             raise SettingsError(f"moe_in_place_tokens must be between 0 and 64, got {self.moe_in_place_tokens}")

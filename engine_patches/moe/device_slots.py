@@ -24,13 +24,12 @@ batches do not count.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from engine_patches.pinned import empty_pinned
 
-from .sizing import block, warm_up_tokens
+from .sizing import CACHE_POLICIES, DEFAULT_CACHE_POLICY, CachePolicy, block, warm_up_tokens
 from .store import is_pinned
 
 try:  # Triton is optional: the torch path below computes the same plan.
@@ -164,11 +163,12 @@ try:  # Triton is optional: the torch path below computes the same plan.
             tl.store(ahead + e_r, 0, mask=e_ok)
 
     HAVE_TRITON = True
-except Exception:  # pragma: no cover - depends on the install
+    TRITON_MISSING = ""
+except Exception as exc:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
+    # Why not, for the warning an offload on CUDA logs: it then plans on the host.
+    TRITON_MISSING = f"{type(exc).__name__}: {exc}"
 
-
-CachePolicy = Literal["lru", "frequency"]
 # Each batch of a layer multiplies its experts' use counts by this (``policy="frequency"``): a memory
 # of about a hundred batches. Under the routing stand-in 0.999 hits a little more often (82.8 against
 # 81.9 %), but its popularity never changes, while a real router's moves with the text.
@@ -207,11 +207,11 @@ class DeviceSlotTables:
         num_slots: int,
         device: torch.device | str,
         use_triton: bool | None = None,
-        policy: CachePolicy = "lru",
+        policy: CachePolicy = DEFAULT_CACHE_POLICY,
     ) -> None:
         if not 1 <= num_slots <= num_experts:
             raise ValueError(f"num_slots must be in 1..{num_experts}, got {num_slots}")
-        if policy not in ("lru", "frequency"):
+        if policy not in CACHE_POLICIES:
             raise ValueError(f"the cache policy must be 'lru' or 'frequency', got {policy!r}")
         self.policy = policy
         self.device = torch.device(device)

@@ -31,20 +31,30 @@ Two modes, chosen per engine:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Literal, TypedDict
 
 import torch
 
-from .device_slots import HAVE_TRITON, CachePolicy, DevicePlan, DeviceSlotTables
+from .device_slots import HAVE_TRITON, TRITON_MISSING, DevicePlan, DeviceSlotTables
 from .experts import ExpertsFn, auto_experts, split_experts, splits_cheaply
 from .fetch_experts import fetch_and_compute, fetches_in_kernel
 from .gather import CopyMethod, copy_expert_pairs_indexed, copy_experts
-from .sizing import device_planned_tokens, slots_for_budget
+from .sizing import (
+    CACHE_POLICIES,
+    DEFAULT_CACHE_POLICY,
+    KERNEL_WARM_UP_TOKENS,
+    CachePolicy,
+    device_planned_tokens,
+    slots_for_budget,
+)
 from .slots import ExpertSlotTable
 from .stats import ExpertCacheStats
 from .store import ExpertStore
+
+log = logging.getLogger(__name__)
 
 OffloadMode = Literal["cached", "copy_all"]
 Planner = Literal["auto", "host", "device"]
@@ -83,13 +93,13 @@ class ExpertOffload:
         in_place_tokens: int = 0,
         ahead_programs: int = 24,
         ahead_priority: int = 0,
-        cache_policy: CachePolicy = "lru",
+        cache_policy: CachePolicy = DEFAULT_CACHE_POLICY,
     ) -> None:
         if not store.layers:
             raise ValueError("the expert store is empty: add every MoE layer before building the cache")
         if mode not in ("cached", "copy_all"):
             raise ValueError(f"moe_mode must be 'cached' or 'copy_all', got {mode!r}")
-        if cache_policy not in ("lru", "frequency"):
+        if cache_policy not in CACHE_POLICIES:
             raise ValueError(f"cache_policy must be 'lru' or 'frequency', got {cache_policy!r}")
         self.store = store
         self.pinned = store.pinned  # asked once: each ask is a CUDA call per tensor
@@ -151,6 +161,12 @@ class ExpertOffload:
                 raise ValueError(f"planner must be 'auto', 'host' or 'device', got {planner!r}")
             # On CUDA the device planner needs the Triton gather (the torch one reads back ids).
             possible = not self._cuda or HAVE_TRITON
+            if not possible and planner == "auto":
+                log.warning(
+                    "engine_patches: Triton is not usable (%s): expert batches are planned on the host, "
+                    "each layer reading the router's choices back, and decode runs outside CUDA graphs",
+                    TRITON_MISSING,
+                )
             if planner == "device" and not possible:
                 raise RuntimeError("planner='device' needs Triton on CUDA; use planner='host'")
             # ``cache_policy``: which expert the device planner evicts (the host table's is LRU).
@@ -328,6 +344,41 @@ class ExpertOffload:
             return []
         most = device_planned_tokens(self.slots_per_layer, top_k, self.in_place_tokens)
         return self._device.warm_up(most, top_k, ahead=ahead)
+
+    def warm_up_experts(
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        experts_fn: ExpertsFn,
+        in_place_fn: ExpertsFn | None = None,
+        most: int = KERNEL_WARM_UP_TOKENS,
+    ) -> tuple[int, int]:
+        """Run the expert kernels once for every batch size from 1 to ``most`` tokens, on zeros shaped
+        like ``x`` and ``topk_weights``, so that kernels compiled per batch size (vLLM's Triton
+        ``fused_moe_kernel``) compile while the engine starts, not at a request's first batch of a new
+        size. The pass over the cache slots (every planner), then the pass that reads experts in place
+        (up to the device planner's bound), with every entry skipped: no expert crosses the link. The
+        cache, its tables and its counts are not touched. Returns the largest size of each pass;
+        (0, 0) in copy_all mode or inside a CUDA graph capture."""
+        if self.mode != "cached" or most < 1 or (self._cuda and torch.cuda.is_current_stream_capturing()):
+            return 0, 0
+        k = topk_weights.shape[-1]
+        zeros = x.new_zeros((most, x.shape[-1]))
+        weights = topk_weights.new_zeros((most, k))
+        slot_ids = (torch.arange(most * k, device=x.device) % self.slots_per_layer).view(most, k)
+        w13, w2 = self._slots[0]
+        for tokens in range(1, most + 1):
+            experts_fn(zeros[:tokens], w13, w2, weights[:tokens], slot_ids[:tokens])
+        in_place = 0
+        if in_place_fn is not None and self.in_place_tokens > 0:
+            in_place = min(most, device_planned_tokens(self.slots_per_layer, k, self.in_place_tokens))
+            skipped = torch.full((in_place, k), -1, dtype=slot_ids.dtype, device=x.device)
+            v13, v2 = self._view(0)
+            for tokens in range(1, in_place + 1):
+                in_place_fn(zeros[:tokens], v13, v2, weights[:tokens], skipped[:tokens])
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+        return most, in_place
 
     def plans_on_device(self, topk_ids: torch.Tensor) -> bool:
         """Whether this batch runs without host reads (and so may be captured in a CUDA graph)."""

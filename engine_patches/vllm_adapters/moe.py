@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from engine_patches.moe.offload import ExpertOffload
-from engine_patches.moe.sizing import GIB, device_planned_tokens, planned_tokens
+from engine_patches.moe.sizing import DEFAULT_CACHE_POLICY, GIB, device_planned_tokens, planned_tokens
 from engine_patches.moe.stats import Publisher, publish
 from engine_patches.moe.store import ExpertStore
 
@@ -59,6 +59,7 @@ class _Runtime:
         self.forwards = 0
         self.published_at = 0.0
         self.publisher: Publisher | None = None
+        self.kernels_warmed = False
 
     def add_layer(self, w13: torch.Tensor, w2: torch.Tensor) -> int:
         if self.offload is not None:
@@ -89,7 +90,7 @@ class _Runtime:
                 stream_view=view,
                 stream_below_hit_rate=stream_below,
                 in_place_tokens=in_place,
-                cache_policy=getattr(self.settings, "moe_cache_policy", "frequency") or "frequency",
+                cache_policy=getattr(self.settings, "moe_cache_policy", None) or DEFAULT_CACHE_POLICY,
             )
             offload = self.offload
             started = time.monotonic()
@@ -124,6 +125,26 @@ class _Runtime:
                 device_planned_tokens(self.offload.slots_per_layer, top_k, self.offload.in_place_tokens),
             )
         return self.offload
+
+    def warm_up_kernels(self, x: torch.Tensor, topk_weights: torch.Tensor, experts_fn: Any, in_place_fn: Any) -> None:
+        """Once, at the first MoE layer call outside a capture (vLLM's profile run): compile vLLM's
+        expert kernel for every batch size up to 512 tokens (``ExpertOffload.warm_up_experts``). A
+        failure is logged and serving goes on: such a batch then compiles at its first step."""
+        self.kernels_warmed = True
+        assert self.offload is not None
+        started = time.monotonic()
+        try:
+            most, in_place = self.offload.warm_up_experts(x, topk_weights, experts_fn, in_place_fn)
+        except Exception as exc:
+            log.warning("engine_patches: the MoE expert kernels were not compiled ahead: %s", exc)
+            return
+        if most:
+            log.info(
+                "engine_patches: MoE expert kernels ready for batches of 1 to %d tokens%s (%.1f s)",
+                most,
+                f", read in place up to {in_place}" if in_place else "",
+                time.monotonic() - started,
+            )
 
     def after_forward(self, layer_index: int) -> None:
         if self.offload is None or layer_index != self.offload.num_layers - 1 or _capturing():
@@ -233,13 +254,14 @@ def _make_method_class(base: type) -> type:
                 )
             pending_shared = [shared_experts]
 
-            def kernel(h, w13, w2, weights, slot_ids, skip_by_map: bool):
+            def kernel(h, w13, w2, weights, slot_ids, skip_by_map: bool, warm_up: bool = False):
                 # vLLM's kernels want valid ids. A skipped entry gets weight 0 and either slot 0
                 # (a GPU slot: computing it costs little) or, with ``skip_by_map``, an id past the
                 # last expert that an expert map sends to -1, so the kernel reads no weights for
                 # it: in place, slot 0 would be an expert read from host memory on every step.
                 skip = slot_ids < 0
-                shared = pending_shared.pop() if pending_shared else None  # run it once
+                # The shared experts run once, with the layer's first pass; a warm-up runs none.
+                shared = pending_shared.pop() if pending_shared and not warm_up else None
                 num = w13.shape[0]
                 out = self.moe_kernel.apply(
                     hidden_states=h,
@@ -271,6 +293,13 @@ def _make_method_class(base: type) -> type:
             def in_place_fn(h, w13, w2, weights, expert_ids):
                 return kernel(h, w13, w2, weights, expert_ids, skips_by_map)
 
+            if not RUNTIME.kernels_warmed and x.is_cuda and not _capturing():
+                RUNTIME.warm_up_kernels(
+                    x,
+                    topk_weights,
+                    lambda *a: kernel(*a, False, True),
+                    lambda *a: kernel(*a, skips_by_map, True),
+                )
             out = offload.forward(
                 self.store_index,
                 x,

@@ -164,7 +164,7 @@ def test_many_batches_past_the_cache_keep_the_tables_consistent():
 
 
 def test_state_hands_over_between_host_and_device_tables_in_lru_order():
-    tables = DeviceSlotTables(1, E, 4, "cpu", use_triton=False)
+    tables = DeviceSlotTables(1, E, 4, "cpu", use_triton=False, policy="lru")
     for ids in ([5, 6], [7], [5]):
         tables.plan(0, torch.tensor([ids]))
     host = ExpertSlotTable(E, 4)

@@ -361,3 +361,38 @@ def test_the_eviction_rule_is_checked_and_is_lru_where_only_the_host_table_plans
     assert ExpertOffload(store, device="cpu", slots_per_layer=6, cache_policy="frequency").cache_policy == "frequency"
     host_only = ExpertOffload(store, device="cpu", slots_per_layer=6, planner="host", cache_policy="frequency")
     assert host_only.cache_policy == "lru"
+
+
+def test_the_expert_kernel_warm_up_runs_each_batch_size_once_and_leaves_the_cache_as_it_was(model):
+    """While the engine starts, vLLM's expert kernel runs once for every batch size it may get, so
+    none compiles while a request waits; the cache, its counts and its slots' weights stay as they
+    were, and the in-place pass reads no expert (every entry skipped)."""
+    weights, store = model
+    offload = ExpertOffload(store, device="cpu", slots_per_layer=6, stream_view=lambda t: t, in_place_tokens=8)
+    _run_many_batches(offload, weights, steps=5)
+    before = (offload.stats(), offload._device.export(0), [t.clone() for t in offload._slots[0]])
+    seen: dict[str, list[int]] = {"slots": [], "in place": []}
+
+    def recording(name):
+        def fn(h, w13, w2, w, ids):
+            seen[name].append(h.shape[0])
+            assert h.shape[0] == w.shape[0] == ids.shape[0] and ids.shape[1] == TOP_K
+            if name == "in place":
+                assert bool((ids == -1).all())  # nothing crosses the link
+                assert w13.shape[0] == E
+            else:
+                assert w13.shape[0] == 6 and int(ids.min()) >= 0 and int(ids.max()) < 6
+            return looped_experts(h, w13, w2, w, ids)
+
+        return fn
+
+    x = torch.randn(3, H)
+    w, _ = _routing(torch.Generator().manual_seed(5), 3)
+    assert offload.warm_up_experts(x, w, recording("slots"), recording("in place"), most=40) == (40, 8)
+    assert seen == {"slots": list(range(1, 41)), "in place": list(range(1, 9))}
+    after = (offload.stats(), offload._device.export(0), offload._slots[0])
+    assert after[0] == before[0] and after[1] == before[1]
+    assert all(torch.equal(a, b) for a, b in zip(after[2], before[2], strict=True))
+    assert _run_many_batches(offload, weights, seed=9, steps=5) < 1e-5
+    copy_all = ExpertOffload(store, device="cpu", mode="copy_all")
+    assert copy_all.warm_up_experts(x, w, recording("slots")) == (0, 0)
