@@ -137,7 +137,21 @@ def _lora_pool(settings: PatchSettings, allocator) -> list[str]:
 def _moe(settings: PatchSettings) -> list[str]:
     from engine_patches.vllm_adapters import moe
 
+    _one_triton_cache()
     return moe.install(settings)
+
+
+def _one_triton_cache() -> None:
+    """Give every start of the engine one Triton cache, unless its environment names one.
+
+    The offload compiles its kernels while the engine starts (the GPU planner's, vLLM's expert kernel
+    for every batch size): about 40 s on an H200 the first time. vLLM points Triton's cache at its
+    model's compile folder only in a start that compiles the model, not in one that loads the model
+    from its compile cache, so the second start on an H200 compiled them all again. Triton's own default
+    folder, named here, serves both kinds of start; vLLM keeps a cache folder its caller names."""
+    if not os.environ.get("TRITON_CACHE_DIR"):
+        home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(home, ".triton", "cache")
 
 
 def _routing_standin() -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -85,3 +86,27 @@ def test_moe_offload_calls_the_moe_adapter(fresh_plugin, monkeypatch):
     monkeypatch.setenv(ENV_VAR, json.dumps({"moe_offload": True, "moe_mode": "copy_all"}))
     plugin.register()
     assert calls == ["copy_all"] and "FusedMoE.moe" in plugin.installed_patches()
+
+
+def test_moe_offload_gives_every_start_one_triton_cache_unless_the_engine_names_one(
+    fresh_plugin, monkeypatch, tmp_path
+):
+    """A start that loads the model from vLLM's compile cache must find the offload's kernels that a
+    start which compiled the model put there: Triton's own default folder, named for both."""
+    monkeypatch.setattr("engine_patches.vllm_adapters.moe.install", lambda settings: ["FusedMoE.moe"])
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path))
+    monkeypatch.setenv("TRITON_CACHE_DIR", "")
+    monkeypatch.setenv(ENV_VAR, json.dumps({"moe_offload": True, "run_dir": str(tmp_path)}))
+    plugin.register()
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / ".triton" / "cache")
+
+    monkeypatch.setattr(plugin, "_installed", None)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/srv/kernels")  # the engine's own choice stays
+    plugin.register()
+    assert os.environ["TRITON_CACHE_DIR"] == "/srv/kernels"
+
+    monkeypatch.setattr(plugin, "_installed", None)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "")
+    monkeypatch.setenv(ENV_VAR, json.dumps({"moe_offload": False, "run_dir": str(tmp_path)}))
+    plugin.register()
+    assert os.environ["TRITON_CACHE_DIR"] == ""  # without the offload, vLLM's choice as before
