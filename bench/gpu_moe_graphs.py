@@ -14,7 +14,9 @@ one engine at a time, each launched with the argv and environment the manager's 
   of up to TT tokens on the GPU (the plugin's ``moe_in_place_tokens``, 64 by default) and captures
   graphs up to that size (``--max-cudagraph-capture-size TT``). A case with ``_freq`` in its name
   evicts by decayed use counts (the plugin's ``moe_cache_policy: "frequency"``, its default since
-  2026-11-27), one with ``_lru`` the least recently used expert.
+  2026-11-27), one with ``_lru`` the least recently used expert. One with ``_stage`` gathers the
+  experts of a batch past the cache that find no slot into a staging buffer and computes them there
+  (the plugin's ``moe_stage_overflow``), instead of reading them in place.
 - ``resident``: every expert on the GPU, CUDA graphs on (vLLM's defaults).
 - ``vllm_uva``: vLLM's own expert offload, ``--cpu-offload-gb <all expert GiB> --cpu-offload-params
   experts --offload-backend uva``: every expert stays in pinned host memory and vLLM's kernel
@@ -154,6 +156,8 @@ class Engine:
             patches["moe_cache_policy"] = "frequency"
         if "_lru" in case:
             patches["moe_cache_policy"] = "lru"
+        if "_stage" in case:
+            patches["moe_stage_overflow"] = True
         if accuracy is not None:
             patches["moe_fetch_ahead"] = True
             env["ENGINE_PATCHES_STANDIN_GUESS"] = str(accuracy)

@@ -70,6 +70,11 @@ class PatchSettings:
     # batch), or "lru" (the least recently used). On the H200 under the routing stand-in, frequency
     # hit 82.5 % against 77.7 % at batch 1 and ran 16 % faster (bench/README.md).
     moe_cache_policy: CachePolicy = DEFAULT_CACHE_POLICY
+    # Batches past the cache, planned on the GPU: gather the experts left without a slot into a
+    # staging buffer of one layer's experts less the slots (GPU memory on top of the cache) and compute
+    # them there, instead of reading them in place. Off: benchmark only until measured and counted
+    # by the planner.
+    moe_stage_overflow: bool = False
 
     # Unknown keys seen while parsing; kept so the plugin can report them once.
     unknown_keys: tuple[str, ...] = field(default=(), compare=False)

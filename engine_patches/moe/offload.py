@@ -68,6 +68,26 @@ class GatherTuning(TypedDict):
     programs: int
 
 
+def staging_plan(overflow_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where a batch's experts left without a cache slot go in the staging buffer, with no host read.
+
+    ``overflow_ids`` [T, k]: the expert of each entry that got no slot, -1 elsewhere. Each such expert
+    gets the staging row of its rank among them, in expert id order. Returns the staging row of each
+    entry (-1 elsewhere) and the copies to make, as fixed-size lists of one entry per expert: expert
+    ids and their rows, -1 for experts not left out. Fixed sizes keep it inside a CUDA graph."""
+    flat = overflow_ids.reshape(-1).long()
+    left_out = flat >= 0
+    present = torch.zeros(num_experts + 1, dtype=torch.long, device=overflow_ids.device)
+    present.index_fill_(0, torch.where(left_out, flat, num_experts), 1)  # row num_experts: the -1s
+    present = present[:num_experts]
+    rank = present.cumsum(0) - 1
+    experts = torch.arange(num_experts, device=overflow_ids.device)
+    load_experts = torch.where(present > 0, experts, -1).to(overflow_ids.dtype)
+    load_rows = torch.where(present > 0, rank, -1).to(overflow_ids.dtype)
+    rows = torch.where(left_out, rank[flat.clamp_min(0)], -1).to(overflow_ids.dtype).view_as(overflow_ids)
+    return rows, load_experts, load_rows
+
+
 class ExpertOffload:
     """GPU side of the expert store: cache slots (or staging buffers), copy stream, counters."""
 
@@ -94,6 +114,7 @@ class ExpertOffload:
         ahead_programs: int = 24,
         ahead_priority: int = 0,
         cache_policy: CachePolicy = DEFAULT_CACHE_POLICY,
+        stage_overflow: bool = False,
     ) -> None:
         if not store.layers:
             raise ValueError("the expert store is empty: add every MoE layer before building the cache")
@@ -150,6 +171,7 @@ class ExpertOffload:
         self.num_experts = num_experts
 
         self._device: DeviceSlotTables | None = None
+        self._staging: tuple[torch.Tensor, torch.Tensor] | None = None
         if mode == "cached":
             slots = slots_per_layer or num_experts
             if not 1 <= slots <= num_experts:
@@ -175,6 +197,13 @@ class ExpertOffload:
                 if planner != "host" and possible
                 else None
             )
+            # Device planner, a batch past the cache: its experts left without a slot are gathered
+            # into a staging buffer of one layer's size, less the slots (never more are left out),
+            # at the gather's speed, and computed there, instead of read in place by the expert
+            # kernels. The buffer is one for all layers: they run one after another on one stream.
+            if stage_overflow and self._device is not None and self.in_place_tokens > 0 and slots < num_experts:
+                first = store.layers[0]
+                self._staging = self._empty_like_rows(first.w13, first.w2, num_experts - slots)
             # True where the device tables changed since the host table last saw them.
             self._host_stale = [False] * len(store.layers)
             # Once a device plan was captured in a CUDA graph, replays change the device tables
@@ -237,7 +266,14 @@ class ExpertOffload:
     @property
     def gpu_cache_bytes(self) -> int:
         pairs = self._slots if self.mode == "cached" else self._buffers
-        return sum(t.numel() * t.element_size() for pair in pairs for t in pair)
+        return sum(t.numel() * t.element_size() for pair in pairs for t in pair) + self.staging_bytes
+
+    @property
+    def staging_bytes(self) -> int:
+        """GPU bytes of the staging buffer (``stage_overflow``); 0 without one."""
+        if self._staging is None:
+            return 0
+        return sum(t.numel() * t.element_size() for t in self._staging)
 
     # -- copies -------------------------------------------------------------------------------
 
@@ -370,7 +406,13 @@ class ExpertOffload:
         for tokens in range(1, most + 1):
             experts_fn(zeros[:tokens], w13, w2, weights[:tokens], slot_ids[:tokens])
         in_place = 0
-        if in_place_fn is not None and self.in_place_tokens > 0:
+        if self._staging is not None:  # the staging pass: its own expert count, its own compiles
+            in_place = min(most, device_planned_tokens(self.slots_per_layer, k, self.in_place_tokens))
+            rows = self._staging[0].shape[0]
+            staged = (torch.arange(in_place * k, device=x.device) % rows).view(in_place, k)
+            for tokens in range(1, in_place + 1):
+                experts_fn(zeros[:tokens], self._staging[0], self._staging[1], weights[:tokens], staged[:tokens])
+        elif in_place_fn is not None and self.in_place_tokens > 0:
             in_place = min(most, device_planned_tokens(self.slots_per_layer, k, self.in_place_tokens))
             skipped = torch.full((in_place, k), -1, dtype=slot_ids.dtype, device=x.device)
             v13, v2 = self._view(0)
@@ -400,6 +442,13 @@ class ExpertOffload:
         else:
             self._gather_now((src.w13, src.w2), dst, plan)
         out = fn(x, dst[0], dst[1], topk_weights, plan.slot_ids)
+        if self._staging is not None:
+            staged_ids, load_experts, load_rows = staging_plan(plan.overflow_ids, self.num_experts)
+            if self._cuda:
+                copy_expert_pairs_indexed((src.w13, src.w2), self._staging, load_experts, load_rows, **self._gather_kw)
+            else:
+                copy_expert_pairs_indexed((src.w13, src.w2), self._staging, load_experts, load_rows)
+            return out + fn(x, self._staging[0], self._staging[1], topk_weights, staged_ids)
         w13, w2 = self._view(layer)
         return out + in_place_fn(x, w13, w2, topk_weights, plan.overflow_ids)
 

@@ -91,6 +91,7 @@ class _Runtime:
                 stream_below_hit_rate=stream_below,
                 in_place_tokens=in_place,
                 cache_policy=getattr(self.settings, "moe_cache_policy", None) or DEFAULT_CACHE_POLICY,
+                stage_overflow=bool(getattr(self.settings, "moe_stage_overflow", False)),
             )
             offload = self.offload
             started = time.monotonic()

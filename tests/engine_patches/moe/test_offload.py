@@ -396,3 +396,52 @@ def test_the_expert_kernel_warm_up_runs_each_batch_size_once_and_leaves_the_cach
     assert _run_many_batches(offload, weights, seed=9, steps=5) < 1e-5
     copy_all = ExpertOffload(store, device="cpu", mode="copy_all")
     assert copy_all.warm_up_experts(x, w, recording("slots")) == (0, 0)
+
+
+@pytest.mark.parametrize("slots, policy", [(TOP_K, "lru"), (6, "frequency")])
+def test_experts_left_without_a_slot_can_be_staged_instead_of_read_in_place(model, slots, policy):
+    """With stage_overflow, a batch past the cache gathers its experts left without a slot into a
+    staging buffer (one layer's experts less the slots) and computes them there: the answers are the
+    plain MoE's, nothing is read in place, and the buffer's bytes count as GPU memory kept."""
+    weights, store = model
+
+    def never(*args):
+        raise AssertionError("an expert was read in place")
+
+    offload = ExpertOffload(
+        store,
+        device="cpu",
+        slots_per_layer=slots,
+        stream_view=lambda t: t,
+        in_place_tokens=8,
+        cache_policy=policy,
+        stage_overflow=True,
+    )
+    g = torch.Generator().manual_seed(21)
+    worst, staged_batches = 0.0, 0
+    for _ in range(20):
+        tokens = int(torch.randint(1, 9, (1,), generator=g))
+        x = torch.randn(tokens, H, generator=g)
+        for layer, (w13, w2) in enumerate(weights):
+            w, ids = _routing(g, tokens)
+            staged_batches += int(ids.unique().numel() > slots)
+            got = offload.forward(layer, x, w, ids, looped_experts, in_place_fn=never)
+            ref = reference_moe(x, w13, w2, w, ids)
+            worst = max(worst, float((got - ref).norm() / ref.norm()))
+            x = torch.tanh(got + x)
+    assert worst < 1e-5 and staged_batches > 10
+    one = store.layers[0].expert_bytes
+    assert offload.staging_bytes == (E - slots) * one
+    assert offload.gpu_cache_bytes == (LAYERS * slots + E - slots) * one
+    plain = ExpertOffload(store, device="cpu", slots_per_layer=slots, stream_view=lambda t: t, in_place_tokens=8)
+    assert plain.staging_bytes == 0 and plain.gpu_cache_bytes == LAYERS * slots * one
+
+
+def test_the_staging_plan_gives_each_left_out_expert_one_row_by_expert_id():
+    from engine_patches.moe.offload import staging_plan
+
+    overflow = torch.tensor([[9, -1, 3], [3, 12, -1]], dtype=torch.int32)
+    rows, experts, at = staging_plan(overflow, 16)
+    assert rows.tolist() == [[1, -1, 0], [0, 2, -1]]
+    assert [(int(e), int(r)) for e, r in zip(experts, at, strict=True) if e >= 0] == [(3, 0), (9, 1), (12, 2)]
+    assert experts.shape == (16,) and rows.dtype == overflow.dtype
