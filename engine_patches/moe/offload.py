@@ -186,7 +186,8 @@ class ExpertOffload:
             if not possible and planner == "auto":
                 log.warning(
                     "engine_patches: Triton is not usable (%s): expert batches are planned on the host, "
-                    "each layer reading the router's choices back, and decode runs outside CUDA graphs",
+                    "each layer reading the router's choices back, which a CUDA graph cannot hold: "
+                    "serve with --enforce-eager",
                     TRITON_MISSING,
                 )
             if planner == "device" and not possible:
@@ -254,9 +255,11 @@ class ExpertOffload:
         return cls(store, device=device, slots_per_layer=slots, **kwargs)
 
     def _empty_like_rows(self, w13: torch.Tensor, w2: torch.Tensor, rows: int):
+        # Zeros, not leftover memory: a skipped entry is computed from row 0 with weight 0 before any
+        # expert is copied there, and 0 x a NaN bit pattern would still be NaN in the output.
         return (
-            torch.empty((rows, *w13.shape[1:]), dtype=w13.dtype, device=self.device),
-            torch.empty((rows, *w2.shape[1:]), dtype=w2.dtype, device=self.device),
+            torch.zeros((rows, *w13.shape[1:]), dtype=w13.dtype, device=self.device),
+            torch.zeros((rows, *w2.shape[1:]), dtype=w2.dtype, device=self.device),
         )
 
     @property
@@ -393,7 +396,8 @@ class ExpertOffload:
         like ``x`` and ``topk_weights``, so that kernels compiled per batch size (vLLM's Triton
         ``fused_moe_kernel``) compile while the engine starts, not at a request's first batch of a new
         size. The pass over the cache slots (every planner), then the pass that reads experts in place
-        (up to the device planner's bound), with every entry skipped: no expert crosses the link. The
+        (up to the device planner's bound), with every entry skipped: no expert crosses the link where
+        the kernel skips by an expert map (else each call reads one). The
         cache, its tables and its counts are not touched. Returns the largest size of each pass;
         (0, 0) in copy_all mode or inside a CUDA graph capture."""
         if self.mode != "cached" or most < 1 or (self._cuda and torch.cuda.is_current_stream_capturing()):
@@ -412,7 +416,7 @@ class ExpertOffload:
             staged = (torch.arange(in_place * k, device=x.device) % rows).view(in_place, k)
             for tokens in range(1, in_place + 1):
                 experts_fn(zeros[:tokens], self._staging[0], self._staging[1], weights[:tokens], staged[:tokens])
-        elif in_place_fn is not None and self.in_place_tokens > 0:
+        elif in_place_fn is not None and self.in_place_tokens > 0 and self._device is not None:
             in_place = min(most, device_planned_tokens(self.slots_per_layer, k, self.in_place_tokens))
             skipped = torch.full((in_place, k), -1, dtype=slot_ids.dtype, device=x.device)
             v13, v2 = self._view(0)

@@ -78,15 +78,20 @@ def test_bad_shapes_are_refused():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_cuda_graph_replay_draws_new_routing_and_carries_the_state():
-    routing = ZipfReuseRouting(128, 8, layer=0, reuse=1.0)
+def test_a_cuda_graph_replay_routes_the_next_step():
+    routing = ZipfReuseRouting(128, 8, layer=0, reuse=0.0)
     routing.route(4, "cuda")  # eager first call makes the state, as vLLM's profiling run does
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         _, ids = routing.route(4, "cuda")
-    before = ids.clone()
-    graph.replay()
-    assert torch.equal(ids.sort(1).values, before.sort(1).values)  # reuse 1.0: the same experts kept
+    seen = []
+    for _ in range(3):
+        graph.replay()
+        seen.append(ids.clone().cpu())
+    step = routing._state(torch.device("cuda"))[1]
+    assert int(step) == 4  # the eager call and three replays: a capture runs nothing
+    assert not torch.equal(seen[0], seen[1]) and not torch.equal(seen[1], seen[2])  # new rows each step
+    assert torch.equal(seen[2], routing._trace[3].view(64, 8)[:4].cpu())  # the trace's step, read in the graph
 
 
 def test_vllm_routes_through_the_stand_in_only_when_its_switch_names_it(monkeypatch):
