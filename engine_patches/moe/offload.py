@@ -405,23 +405,23 @@ class ExpertOffload:
         k = topk_weights.shape[-1]
         zeros = x.new_zeros((most, x.shape[-1]))
         weights = topk_weights.new_zeros((most, k))
-        slot_ids = (torch.arange(most * k, device=x.device) % self.slots_per_layer).view(most, k)
+
+        def each_size(fn: ExpertsFn, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor) -> None:
+            for tokens in range(1, ids.shape[0] + 1):
+                fn(zeros[:tokens], w13, w2, weights[:tokens], ids[:tokens])
+
+        def spread(tokens: int, rows: int) -> torch.Tensor:  # valid ids over ``rows`` rows
+            return (torch.arange(tokens * k, device=x.device) % rows).view(tokens, k)
+
         w13, w2 = self._slots[0]
-        for tokens in range(1, most + 1):
-            experts_fn(zeros[:tokens], w13, w2, weights[:tokens], slot_ids[:tokens])
-        in_place = 0
+        each_size(experts_fn, w13, w2, spread(most, self.slots_per_layer))
+        in_place = min(most, device_planned_tokens(self.slots_per_layer, k, self.in_place_tokens))
         if self._staging is not None:  # the staging pass: its own expert count, its own compiles
-            in_place = min(most, device_planned_tokens(self.slots_per_layer, k, self.in_place_tokens))
-            rows = self._staging[0].shape[0]
-            staged = (torch.arange(in_place * k, device=x.device) % rows).view(in_place, k)
-            for tokens in range(1, in_place + 1):
-                experts_fn(zeros[:tokens], self._staging[0], self._staging[1], weights[:tokens], staged[:tokens])
+            each_size(experts_fn, *self._staging, spread(in_place, self._staging[0].shape[0]))
         elif in_place_fn is not None and self.in_place_tokens > 0 and self._device is not None:
-            in_place = min(most, device_planned_tokens(self.slots_per_layer, k, self.in_place_tokens))
-            skipped = torch.full((in_place, k), -1, dtype=slot_ids.dtype, device=x.device)
-            v13, v2 = self._view(0)
-            for tokens in range(1, in_place + 1):
-                in_place_fn(zeros[:tokens], v13, v2, weights[:tokens], skipped[:tokens])
+            each_size(in_place_fn, *self._view(0), torch.full((in_place, k), -1, dtype=torch.long, device=x.device))
+        else:
+            in_place = 0
         if self._cuda:
             torch.cuda.synchronize(self.device)
         return most, in_place
@@ -448,10 +448,8 @@ class ExpertOffload:
         out = fn(x, dst[0], dst[1], topk_weights, plan.slot_ids)
         if self._staging is not None:
             staged_ids, load_experts, load_rows = staging_plan(plan.overflow_ids, self.num_experts)
-            if self._cuda:
-                copy_expert_pairs_indexed((src.w13, src.w2), self._staging, load_experts, load_rows, **self._gather_kw)
-            else:
-                copy_expert_pairs_indexed((src.w13, src.w2), self._staging, load_experts, load_rows)
+            # The gather's tuning counts on CUDA only; off it, the same copy in torch.
+            copy_expert_pairs_indexed((src.w13, src.w2), self._staging, load_experts, load_rows, **self._gather_kw)
             return out + fn(x, self._staging[0], self._staging[1], topk_weights, staged_ids)
         w13, w2 = self._view(layer)
         return out + in_place_fn(x, w13, w2, topk_weights, plan.overflow_ids)

@@ -50,7 +50,7 @@ class ZipfReuseRouting:
         if not 0.0 <= reuse <= 1.0:
             raise ValueError(f"reuse must be in [0, 1], got {reuse}")
         self.num_experts, self.top_k, self.layer = num_experts, top_k, layer
-        self.alpha, self.reuse, self.rows = alpha, reuse, rows
+        self.alpha, self.reuse = alpha, reuse
         # On the host, whatever default device is set (vLLM builds the model under the GPU's).
         cpu = torch.device("cpu")
         gen = torch.Generator(device=cpu).manual_seed(seed * 1_000_003 + layer)
