@@ -423,25 +423,19 @@ class DeviceSlotTables:
         self.clock[layer] = len(lru_pairs)
         self.ahead[layer] = 0  # the host table judged nothing: what was loaded ahead is plain cache now
 
-    def stage_candidates(
-        self, layer: int, rows: int, most: torch.Tensor | None = None, prefer: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def stage_candidates(self, layer: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The experts of ``layer`` to stage ahead in a buffer of ``rows`` rows: those not in its cache,
-        those ``prefer`` marks (the layer's last batch used them, say) first, then the most used (use
-        counts; expert order under LRU), at most ``most`` (a device scalar) of them, read now, before
-        the layer's next plan changes its slots. Returns the experts per row (-1: row left empty) and
-        each expert's row (-1: not staged), fixed-size, with no host read."""
+        the most used first (use counts; expert order under LRU), read now, before the layer's next
+        plan changes its slots. Returns the experts per row (-1: row left empty) and each expert's row
+        (-1: not staged), fixed-size, with no host read."""
         held = self.expert_slot[layer] >= 0
-        # Held experts sort last; among the others, the preferred, then the higher use count first
-        # (a stable sort). Decayed use counts stay below 1 / (1 - FREQUENCY_DECAY) = 100.
-        score = self.freq[layer] if prefer is None else self.freq[layer] + 1000.0 * prefer
-        key = torch.where(held, float("inf"), -score)
+        # Held experts sort last; among the others, the higher use count first (a stable sort).
+        key = torch.where(held, float("inf"), -self.freq[layer])
         order = torch.sort(key, stable=True).indices[:rows]
-        row = torch.arange(order.numel(), dtype=torch.int32, device=self.device)
-        left = held[order] if most is None else held[order] | (row >= most)
-        experts = torch.where(left, -1, order).to(torch.int32)
+        experts = torch.where(held[order], -1, order).to(torch.int32)
         row_of = torch.full((self.num_experts,), -1, dtype=torch.int32, device=self.device)
-        row_of.scatter_(0, order, torch.where(left, -1, row))
+        row_of.scatter_(0, order, torch.arange(order.numel(), dtype=torch.int32, device=self.device))
+        row_of.masked_fill_(held, -1)
         return experts, row_of
 
     def count_staged(self, layer: int, staged: torch.Tensor, used: torch.Tensor) -> None:

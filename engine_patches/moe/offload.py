@@ -237,14 +237,6 @@ class ExpertOffload:
                     self._empty_like_rows(first.w13, first.w2, num_experts - slots) for _ in range(buffers)
                 ]
                 self._stage_rows = torch.arange(num_experts - slots, dtype=torch.int32, device=self.device)
-                # Per layer, how many experts its last batch past the cache left without a slot, and
-                # which experts it used: staging ahead takes that many of the experts out of the
-                # cache, those the last batch used first (a decode batch keeps much of its routing
-                # from step to step), then the most used. Staging all of them, a Zipf-routed batch
-                # of 64 tokens used 78 % on the H200 (bench/README.md). Until a layer's first such
-                # batch, the whole buffer.
-                self._left_out = torch.full((len(store.layers),), num_experts - slots, device=self.device)
-                self._last_used = torch.zeros((len(store.layers), num_experts), device=self.device)
             # True where the device tables changed since the host table last saw them.
             self._host_stale = [False] * len(store.layers)
             # Once a device plan was captured in a CUDA graph, replays change the device tables
@@ -411,7 +403,7 @@ class ExpertOffload:
                     self._fetch_ahead(layer + 1, guess_next(x))
 
             if self._device is not None and not self._device.fits(topk_ids):
-                stage = self._stage_target(layer, topk_ids) if stage_next else None
+                stage = stage_next and self._stages_ahead(layer, topk_ids)
                 return self._forward_device_in_place(
                     layer, x, topk_weights, topk_ids, fn, in_place_fn or fn, ahead, stage
                 )
@@ -482,22 +474,16 @@ class ExpertOffload:
             return False
         return self._device.fits(topk_ids) or topk_ids.shape[0] <= self.in_place_tokens
 
-    def _stage_target(self, layer: int, topk_ids: torch.Tensor) -> int | None:
-        """The layer whose experts this batch of ``layer`` stages ahead: the next one, or after the
-        last layer the first one, for the next step (outside CUDA graphs: a graph ends with its
-        step); None for a batch too small, or with one staging buffer. A shape check, no sync."""
-        if not self._staging or topk_ids.shape[0] < stage_ahead_tokens(self.num_experts, topk_ids.shape[1]):
-            return None
-        target = layer + 1
-        if target == self.num_layers:
-            if self._cuda and torch.cuda.is_current_stream_capturing():
-                return None
-            target = 0
-        count = len(self._staging)
-        return target if target % count != layer % count else None  # never the buffer about to be read
+    def _stages_ahead(self, layer: int, topk_ids: torch.Tensor) -> bool:
+        """Whether this batch of ``layer`` stages the next layer's experts ahead (a shape check)."""
+        return (
+            bool(self._staging)
+            and layer + 1 < self.num_layers
+            and topk_ids.shape[0] >= stage_ahead_tokens(self.num_experts, topk_ids.shape[1])
+        )
 
     def _forward_device_in_place(
-        self, layer, x, topk_weights, topk_ids, fn, in_place_fn, ahead, stage_next: int | None
+        self, layer, x, topk_weights, topk_ids, fn, in_place_fn, ahead, stage_next: bool
     ) -> torch.Tensor:
         """A batch that may need more experts than the slots hold, planned on the device: the
         missing experts that find a free slot are gathered into it, the rest read in place, or
@@ -505,8 +491,8 @@ class ExpertOffload:
         plan = self._plan_on_device(layer, topk_ids, overflow=True)
         if ahead is not None:
             ahead()
-        if stage_next is not None:  # before this layer's own copies and math, so the link goes on
-            self._stage_ahead(stage_next)
+        if stage_next:  # before this layer's own copies and math, so the link goes on
+            self._stage_ahead(layer + 1)
         staged = self._join_ahead(layer, keep_staged=True)
         src, dst = self.store.layers[layer], self._slots[layer]
         if self._cuda:
@@ -519,11 +505,7 @@ class ExpertOffload:
             w13, w2 = self._view(layer)
             return out + in_place_fn(x, w13, w2, topk_weights, plan.overflow_ids)
         buf = self._staging[layer % len(self._staging)]
-        self._left_out[layer].copy_(distinct_experts(plan.overflow_ids, self.num_experts))
-        used = self._last_used[layer]
-        used.zero_().index_fill_(0, topk_ids.reshape(-1).long(), 1.0)
         if staged is None:  # staged here and now: the layer waits for the gather
-            self._free_buffer_of(layer)
             staged_ids, load_experts, load_rows = staging_plan(plan.overflow_ids, self.num_experts)
             # The gather's tuning counts on CUDA only; off it, the same copy in torch.
             copy_expert_pairs_indexed((src.w13, src.w2), buf, load_experts, load_rows, **self._gather_kw)
@@ -573,10 +555,8 @@ class ExpertOffload:
         """Start gathering ``layer``'s experts left out of its cache into its staging buffer, on the
         side stream; ``layer``'s forward takes them from there (``_join_ahead``)."""
         assert self._device is not None  # staging comes with the device planner
-        self._free_buffer_of(layer)
         buf = self._staging[layer % len(self._staging)]
-        rows = buf[0].shape[0]
-        experts, row_of = self._device.stage_candidates(layer, rows, self._left_out[layer], self._last_used[layer])
+        experts, row_of = self._device.stage_candidates(layer, buf[0].shape[0])
         count = (experts >= 0).sum()
         weights = (self.store.layers[layer].w13, self.store.layers[layer].w2)
         ready = None
@@ -623,27 +603,13 @@ class ExpertOffload:
         pending = self._ahead_pending.pop(layer, None)
         if pending is not None:
             self._wait(pending[0])  # timed, the time the layer sat waiting on it counts as exposed
-        if keep_staged:
-            return self._staged_pending.pop(layer, None)
-        self._drop_staged(layer)
-        return None
-
-    def _drop_staged(self, layer: int) -> None:
-        """Give up ``layer``'s experts staged ahead, if any: the compute stream waits for their
-        gather (its buffer may be written next), and they count as wasted."""
         staged = self._staged_pending.pop(layer, None)
-        if staged is None:
-            return
+        if staged is None or keep_staged:
+            return staged
         self._wait(staged.ready)
         assert self._device is not None  # staging comes with the device planner
         self._device.count_staged(layer, staged.count, torch.zeros_like(staged.count))
-
-    def _free_buffer_of(self, layer: int) -> None:
-        """Before ``layer``'s staging buffer is written: drop what another layer staged there and did
-        not use (a model whose layers do not run in store order, such as a speculative decoder's)."""
-        count = len(self._staging)
-        for other in [o for o in self._staged_pending if o != layer and o % count == layer % count]:
-            self._drop_staged(other)
+        return None
 
     def _view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Device views of ``layer``'s host experts, for the expert kernels to read in place."""

@@ -339,13 +339,10 @@ _NEXT_IN_STACK: dict[int, bool] = {}  # store index -> whether the next MoE laye
 def _may_stage_next(store_index: int) -> bool:
     """Whether the MoE layer at ``store_index`` may stage the next one's experts ahead
     (``moe_stage_overflow``): the next runs in the same forward, and where this one is captured in a
-    CUDA graph, the graph holds the whole step. The last layer may stage the first one's for the
-    next step (the offload does so outside graphs only)."""
+    CUDA graph, the graph holds the whole step."""
     if not getattr(RUNTIME.settings, "moe_stage_overflow", False) or not _whole_step_in_one_graph():
         return False
     nxt = store_index + 1
-    if RUNTIME.offload is not None and nxt == RUNTIME.offload.num_layers:
-        return True
     if nxt not in _LAYERS:  # not loaded yet: ask again at the next call
         return False
     if store_index not in _NEXT_IN_STACK:
