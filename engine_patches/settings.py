@@ -71,11 +71,10 @@ class PatchSettings:
     # hit 82.5 % against 77.7 % at batch 1 and ran 16 % faster (bench/README.md).
     moe_cache_policy: CachePolicy = DEFAULT_CACHE_POLICY
     # Batches past the cache, planned on the GPU: gather the experts left without a slot into a
-    # staging buffer of one layer's experts less the slots and compute them there, instead of reading
-    # them in place. A batch that uses nearly all of a layer's experts (36 tokens or more at 128
-    # experts and top-8: sizing.stage_ahead_tokens) stages the next layer's while this one computes.
-    # Two buffers (1.8 GiB at the Qwen3-30B-A3B shape), GPU memory on top of the cache that the
-    # manager's planner does not count, so off by default (bench/README.md has the figures).
+    # staging buffer of one layer's experts less the slots (GPU memory on top of the cache) and compute
+    # them there, instead of reading them in place. Off: on an H200 it made batch 64 about 4 % faster
+    # and batch 32 no faster, for 0.9 GiB at the Qwen3-30B-A3B shape (bench/README.md), and the
+    # manager's planner does not count that memory.
     moe_stage_overflow: bool = False
 
     # Unknown keys seen while parsing; kept so the plugin can report them once.

@@ -175,10 +175,9 @@ except Exception as exc:  # pragma: no cover - depends on the install
 FREQUENCY_DECAY = 0.99
 
 # What the device counts per layer, in this column order: experts found resident, experts missing,
-# tokens, missing experts left without a slot, experts loaded ahead (on a guess, or staged for a large
-# batch), of those the ones the layer's next real batch used or did not use, and the experts left
-# without a slot that were found staged ahead (so not read in place).
-COUNTS = ("hits", "misses", "tokens", "in_place", "ahead", "ahead_used", "ahead_wasted", "staged_used")
+# tokens, missing experts read in place (no slot), experts loaded ahead on a guess, and of those the
+# ones the layer's next real batch used or did not use.
+COUNTS = ("hits", "misses", "tokens", "in_place", "ahead", "ahead_used", "ahead_wasted")
 
 
 @dataclass
@@ -422,29 +421,6 @@ class DeviceSlotTables:
         self.last_used[layer].copy_(lu)
         self.clock[layer] = len(lru_pairs)
         self.ahead[layer] = 0  # the host table judged nothing: what was loaded ahead is plain cache now
-
-    def stage_candidates(self, layer: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The experts of ``layer`` to stage ahead in a buffer of ``rows`` rows: those not in its cache,
-        the most used first (use counts; expert order under LRU), read now, before the layer's next
-        plan changes its slots. Returns the experts per row (-1: row left empty) and each expert's row
-        (-1: not staged), fixed-size, with no host read."""
-        held = self.expert_slot[layer] >= 0
-        # Held experts sort last; among the others, the higher use count first (a stable sort).
-        key = torch.where(held, float("inf"), -self.freq[layer])
-        order = torch.sort(key, stable=True).indices[:rows]
-        experts = torch.where(held[order], -1, order).to(torch.int32)
-        row_of = torch.full((self.num_experts,), -1, dtype=torch.int32, device=self.device)
-        row_of.scatter_(0, order, torch.arange(order.numel(), dtype=torch.int32, device=self.device))
-        row_of.masked_fill_(held, -1)
-        return experts, row_of
-
-    def count_staged(self, layer: int, staged: torch.Tensor, used: torch.Tensor) -> None:
-        """Count ``staged`` experts loaded ahead into ``layer``'s staging rows, ``used`` of them by the
-        batch (found there instead of read in place), the rest wasted (device scalars, no host read)."""
-        delta = torch.stack((staged, used, staged - used, used)).to(self.counts.dtype)
-        self.counts[layer, 4:8] += delta
-        if layer == self.num_layers - 1 and self.host_counts is not None and self.host_counts is not self.counts:
-            self.host_counts.copy_(self.counts, non_blocking=True)
 
     def reset_counts(self) -> None:
         self.counts.zero_()

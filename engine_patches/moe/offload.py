@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal, TypedDict
 
 import torch
@@ -50,7 +49,6 @@ from .sizing import (
     CachePolicy,
     device_planned_tokens,
     slots_for_budget,
-    stage_ahead_tokens,
 )
 from .slots import ExpertSlotTable
 from .stats import ExpertCacheStats
@@ -68,24 +66,6 @@ class GatherTuning(TypedDict):
     block: int
     num_warps: int
     programs: int
-
-
-@dataclass
-class StagedAhead:
-    """A layer's experts staged ahead in its staging buffer, the gather maybe still running."""
-
-    ready: torch.cuda.Event | None  # the gather's end; None: done already (off CUDA)
-    row_of: torch.Tensor  # [E] int32: each expert's row in the buffer, -1 where not staged
-    experts: torch.Tensor  # [rows] int32: the expert of each row, -1 where left empty
-    count: torch.Tensor  # device scalar: how many experts were staged
-
-
-def distinct_experts(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """How many different experts ``ids`` (-1: none) names: a device scalar, no host read."""
-    flat = ids.reshape(-1).long()
-    present = torch.zeros(num_experts + 1, dtype=torch.bool, device=ids.device)
-    present.index_fill_(0, torch.where(flat >= 0, flat, num_experts), True)
-    return present[:num_experts].sum()
 
 
 def staging_plan(overflow_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -135,7 +115,6 @@ class ExpertOffload:
         ahead_priority: int = 0,
         cache_policy: CachePolicy = DEFAULT_CACHE_POLICY,
         stage_overflow: bool = False,
-        stage_ahead_programs: int = 64,
     ) -> None:
         if not store.layers:
             raise ValueError("the expert store is empty: add every MoE layer before building the cache")
@@ -179,8 +158,6 @@ class ExpertOffload:
         # layer -> (event, plan) of a fetch ahead not yet waited for; the plan's tensors are kept
         # until then, so the allocator cannot hand them out while the side stream reads them.
         self._ahead_pending: dict[int, tuple[torch.cuda.Event | None, DevicePlan]] = {}
-        # layer -> its experts staged ahead (``stage_overflow``), not yet used by its forward.
-        self._staged_pending: dict[int, StagedAhead] = {}
         self._streamed_calls = self._streamed_bytes = 0
         self._cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device) if self._cuda else None
@@ -194,9 +171,7 @@ class ExpertOffload:
         self.num_experts = num_experts
 
         self._device: DeviceSlotTables | None = None
-        # Staging buffers (``stage_overflow``): one per layer parity, so that layer L+1's experts can
-        # be staged while layer L computes from its own; none without the setting.
-        self._staging: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._staging: tuple[torch.Tensor, torch.Tensor] | None = None
         if mode == "cached":
             slots = slots_per_layer or num_experts
             if not 1 <= slots <= num_experts:
@@ -226,17 +201,10 @@ class ExpertOffload:
             # Device planner, a batch past the cache: its experts left without a slot are gathered
             # into a staging buffer of one layer's size, less the slots (never more are left out),
             # at the gather's speed, and computed there, instead of read in place by the expert
-            # kernels. A batch large enough to use nearly all of a layer's experts
-            # (``stage_ahead_tokens``) stages the next layer's while this one computes, on a side
-            # stream, so the link never waits for a layer's attention and math: two buffers, one per
-            # layer parity (one for a single layer). Smaller batches stage their own, then compute.
+            # kernels. The buffer is one for all layers: they run one after another on one stream.
             if stage_overflow and self._device is not None and self.in_place_tokens > 0 and slots < num_experts:
                 first = store.layers[0]
-                buffers = 2 if len(store.layers) > 1 else 1
-                self._staging = [
-                    self._empty_like_rows(first.w13, first.w2, num_experts - slots) for _ in range(buffers)
-                ]
-                self._stage_rows = torch.arange(num_experts - slots, dtype=torch.int32, device=self.device)
+                self._staging = self._empty_like_rows(first.w13, first.w2, num_experts - slots)
             # True where the device tables changed since the host table last saw them.
             self._host_stale = [False] * len(store.layers)
             # Once a device plan was captured in a CUDA graph, replays change the device tables
@@ -251,11 +219,6 @@ class ExpertOffload:
             if ahead_programs < 1:
                 raise ValueError(f"ahead_programs must be >= 1, got {ahead_programs}")
             self._ahead_kw = GatherTuning(block=gather_block, num_warps=gather_warps, programs=ahead_programs)
-            # Staging ahead moves most of a step's bytes, so its gather must run at the link's speed,
-            # yet leave SMs to the layer computing beside it: 64 programs do both (bench/README.md).
-            if stage_ahead_programs < 1:
-                raise ValueError(f"stage_ahead_programs must be >= 1, got {stage_ahead_programs}")
-            self._stage_kw = GatherTuning(block=gather_block, num_warps=gather_warps, programs=stage_ahead_programs)
         else:
             first = store.layers[0]
             for lay in store.layers:
@@ -310,8 +273,10 @@ class ExpertOffload:
 
     @property
     def staging_bytes(self) -> int:
-        """GPU bytes of the staging buffers (``stage_overflow``); 0 without them."""
-        return sum(t.numel() * t.element_size() for pair in self._staging for t in pair)
+        """GPU bytes of the staging buffer (``stage_overflow``); 0 without one."""
+        if self._staging is None:
+            return 0
+        return sum(t.numel() * t.element_size() for t in self._staging)
 
     # -- copies -------------------------------------------------------------------------------
 
@@ -382,7 +347,6 @@ class ExpertOffload:
         own_math: bool = False,
         in_place_fn: ExpertsFn | None = None,
         guess_next: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        stage_next: bool = False,
     ) -> torch.Tensor:
         """The MoE output of ``layer`` for hidden states ``x`` [T, H] routed by ``topk_ids`` [T, k].
 
@@ -390,10 +354,8 @@ class ExpertOffload:
         runtime may use its own kernels instead (the fetch path). ``in_place_fn``: the experts
         function for the pass over host memory (expert ids, -1 skipped); ``experts_fn`` if None.
         ``guess_next``: ``x`` -> guessed expert ids [T, k] of the next layer, whose experts are then
-        fetched ahead while this layer computes. ``stage_next``: a batch large enough
-        (``stage_ahead_tokens``) may stage the next layer's experts left out of its cache while this
-        layer computes (``stage_overflow``). For both, where the step runs in a CUDA graph, the graph
-        must hold the next layer's forward too (a full graph, not one piece per layer): it waits there."""
+        fetched ahead while this layer computes. Where the step runs in a CUDA graph, the graph must
+        hold the next layer's forward too (a full graph, not one piece per layer): it waits there."""
         fn = experts_fn or self.experts_fn
         if self.plans_on_device(topk_ids):  # counts its tokens on the device; waits after its own fetch ahead
             ahead = None
@@ -403,10 +365,7 @@ class ExpertOffload:
                     self._fetch_ahead(layer + 1, guess_next(x))
 
             if self._device is not None and not self._device.fits(topk_ids):
-                stage = stage_next and self._stages_ahead(layer, topk_ids)
-                return self._forward_device_in_place(
-                    layer, x, topk_weights, topk_ids, fn, in_place_fn or fn, ahead, stage
-                )
+                return self._forward_device_in_place(layer, x, topk_weights, topk_ids, fn, in_place_fn or fn, ahead)
             return self._forward_device(layer, x, topk_weights, topk_ids, fn, own_math or fn is auto_experts, ahead)
         self._join_ahead(layer)
         self._tokens_in += x.shape[0]
@@ -457,12 +416,11 @@ class ExpertOffload:
         w13, w2 = self._slots[0]
         each_size(experts_fn, w13, w2, spread(most, self.slots_per_layer))
         in_place = min(most, device_planned_tokens(self.slots_per_layer, k, self.in_place_tokens))
-        if self._staging:  # the staging pass: its own expert count, its own compiles
-            each_size(experts_fn, *self._staging[0], spread(in_place, self._staging[0][0].shape[0]))
-        # The in-place pass, every entry skipped; with staging, it reads what was not staged ahead.
-        if in_place_fn is not None and self.in_place_tokens > 0 and self._device is not None:
+        if self._staging is not None:  # the staging pass: its own expert count, its own compiles
+            each_size(experts_fn, *self._staging, spread(in_place, self._staging[0].shape[0]))
+        elif in_place_fn is not None and self.in_place_tokens > 0 and self._device is not None:
             each_size(in_place_fn, *self._view(0), torch.full((in_place, k), -1, dtype=torch.long, device=x.device))
-        elif not self._staging:
+        else:
             in_place = 0
         if self._cuda:
             torch.cuda.synchronize(self.device)
@@ -474,26 +432,13 @@ class ExpertOffload:
             return False
         return self._device.fits(topk_ids) or topk_ids.shape[0] <= self.in_place_tokens
 
-    def _stages_ahead(self, layer: int, topk_ids: torch.Tensor) -> bool:
-        """Whether this batch of ``layer`` stages the next layer's experts ahead (a shape check)."""
-        return (
-            bool(self._staging)
-            and layer + 1 < self.num_layers
-            and topk_ids.shape[0] >= stage_ahead_tokens(self.num_experts, topk_ids.shape[1])
-        )
-
-    def _forward_device_in_place(
-        self, layer, x, topk_weights, topk_ids, fn, in_place_fn, ahead, stage_next: bool
-    ) -> torch.Tensor:
+    def _forward_device_in_place(self, layer, x, topk_weights, topk_ids, fn, in_place_fn, ahead) -> torch.Tensor:
         """A batch that may need more experts than the slots hold, planned on the device: the
-        missing experts that find a free slot are gathered into it, the rest read in place, or
-        taken from the staging buffer."""
+        missing experts that find a free slot are gathered into it, the rest read in place."""
         plan = self._plan_on_device(layer, topk_ids, overflow=True)
         if ahead is not None:
             ahead()
-        if stage_next:  # before this layer's own copies and math, so the link goes on
-            self._stage_ahead(layer + 1)
-        staged = self._join_ahead(layer, keep_staged=True)
+        self._join_ahead(layer)
         src, dst = self.store.layers[layer], self._slots[layer]
         if self._cuda:
             copy_expert_pairs_indexed((src.w13, src.w2), dst, plan.load_experts, plan.load_slots, **self._gather_kw)
@@ -501,26 +446,13 @@ class ExpertOffload:
         else:
             self._gather_now((src.w13, src.w2), dst, plan)
         out = fn(x, dst[0], dst[1], topk_weights, plan.slot_ids)
-        if not self._staging:
-            w13, w2 = self._view(layer)
-            return out + in_place_fn(x, w13, w2, topk_weights, plan.overflow_ids)
-        buf = self._staging[layer % len(self._staging)]
-        if staged is None:  # staged here and now: the layer waits for the gather
+        if self._staging is not None:
             staged_ids, load_experts, load_rows = staging_plan(plan.overflow_ids, self.num_experts)
             # The gather's tuning counts on CUDA only; off it, the same copy in torch.
-            copy_expert_pairs_indexed((src.w13, src.w2), buf, load_experts, load_rows, **self._gather_kw)
-            return out + fn(x, buf[0], buf[1], topk_weights, staged_ids)
-        # Staged ahead: the entries whose expert has a row are computed there, any other left out
-        # (the cache was not yet full when the rows were chosen) is read in place.
-        over = plan.overflow_ids
-        rows = torch.where(over >= 0, staged.row_of[over.clamp_min(0).long()], -1)
-        found = torch.where(rows >= 0, over, -1)
-        assert self._device is not None  # planned on the device
-        self._device.count_staged(layer, staged.count, distinct_experts(found, self.num_experts))
-        self._wait(staged.ready)
-        out = out + fn(x, buf[0], buf[1], topk_weights, rows)
+            copy_expert_pairs_indexed((src.w13, src.w2), self._staging, load_experts, load_rows, **self._gather_kw)
+            return out + fn(x, self._staging[0], self._staging[1], topk_weights, staged_ids)
         w13, w2 = self._view(layer)
-        return out + in_place_fn(x, w13, w2, topk_weights, torch.where(rows >= 0, -1, over))
+        return out + in_place_fn(x, w13, w2, topk_weights, plan.overflow_ids)
 
     def _plan_on_device(
         self, layer: int, topk_ids: torch.Tensor, *, overflow: bool = False, ahead: bool = False
@@ -546,42 +478,14 @@ class ExpertOffload:
             self._ahead_pending[layer] = (None, plan)
             return
         timed = self.measure and not torch.cuda.is_current_stream_capturing()
-        ready = self._gather_on_side(
-            self._ahead_stream, weights, dst, plan.load_experts, plan.load_slots, self._ahead_kw, timed
-        )
+        ready = self._gather_on_side(self._ahead_stream, weights, dst, plan, self._ahead_kw, timed)
         self._ahead_pending[layer] = (ready, plan)
 
-    def _stage_ahead(self, layer: int) -> None:
-        """Start gathering ``layer``'s experts left out of its cache into its staging buffer, on the
-        side stream; ``layer``'s forward takes them from there (``_join_ahead``)."""
-        assert self._device is not None  # staging comes with the device planner
-        buf = self._staging[layer % len(self._staging)]
-        experts, row_of = self._device.stage_candidates(layer, buf[0].shape[0])
-        count = (experts >= 0).sum()
-        weights = (self.store.layers[layer].w13, self.store.layers[layer].w2)
-        ready = None
-        if self._cuda:
-            timed = self.measure and not torch.cuda.is_current_stream_capturing()
-            ready = self._gather_on_side(
-                self._ahead_stream, weights, buf, experts, self._stage_rows, self._stage_kw, timed
-            )
-        else:
-            copy_expert_pairs_indexed(weights, buf, experts, self._stage_rows)
-        self._staged_pending[layer] = StagedAhead(ready, row_of, experts, count)
-
     def _gather_on_side(
-        self,
-        side: torch.cuda.Stream | None,
-        weights,
-        dst,
-        experts: torch.Tensor,
-        rows: torch.Tensor,
-        tuning: GatherTuning,
-        timed: bool,
+        self, side: torch.cuda.Stream | None, weights, dst, plan: DevicePlan, tuning: GatherTuning, timed: bool
     ) -> torch.cuda.Event:
-        """Start gathering ``experts`` into ``rows`` of ``dst`` on ``side``, after the work queued so
-        far on the compute stream (the plan, and earlier reads of the rows it overwrites); returns
-        its end event."""
+        """Start ``plan``'s gather on ``side``, after the work queued so far on the compute stream
+        (the plan, and earlier reads of the slots it overwrites); returns its end event."""
         main = torch.cuda.current_stream(self.device)
         assert side is not None  # made in __init__ on CUDA
         side.wait_stream(main)
@@ -589,27 +493,18 @@ class ExpertOffload:
             start = torch.cuda.Event(enable_timing=True) if timed else None
             if start is not None:
                 start.record(side)
-            copy_expert_pairs_indexed(weights, dst, experts, rows, **tuning)
+            copy_expert_pairs_indexed(weights, dst, plan.load_experts, plan.load_slots, **tuning)
             ready = torch.cuda.Event(enable_timing=timed)
             ready.record(side)
         if start is not None:
             self._copy_events.append((start, ready))
         return ready
 
-    def _join_ahead(self, layer: int, *, keep_staged: bool = False) -> StagedAhead | None:
-        """The compute stream waits for ``layer``'s fetch ahead, if one was started. Its experts
-        staged ahead are returned with ``keep_staged`` (their gather not waited for); otherwise the
-        stream waits for it too and they count as wasted."""
+    def _join_ahead(self, layer: int) -> None:
+        """The compute stream waits for ``layer``'s fetch ahead, if one was started."""
         pending = self._ahead_pending.pop(layer, None)
         if pending is not None:
             self._wait(pending[0])  # timed, the time the layer sat waiting on it counts as exposed
-        staged = self._staged_pending.pop(layer, None)
-        if staged is None or keep_staged:
-            return staged
-        self._wait(staged.ready)
-        assert self._device is not None  # staging comes with the device planner
-        self._device.count_staged(layer, staged.count, torch.zeros_like(staged.count))
-        return None
 
     def _view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Device views of ``layer``'s host experts, for the expert kernels to read in place."""
@@ -663,9 +558,7 @@ class ExpertOffload:
         # the plan and for earlier reads of the slots it overwrites (both on the main stream).
         # The plan's tensors outlive the copy: the main stream waits for the side stream before
         # this function returns, so the allocator cannot hand them out while the gather reads.
-        ready = self._gather_on_side(
-            self._copy_stream, weights, dst, plan.load_experts, plan.load_slots, self._gather_kw, timed
-        )
+        ready = self._gather_on_side(self._copy_stream, weights, dst, plan, self._gather_kw, timed)
         return split_experts(
             fn, x, dst[0], dst[1], topk_weights, plan.hit_slot_ids, plan.miss_slot_ids, lambda: self._wait(ready)
         )
@@ -779,7 +672,7 @@ class ExpertOffload:
                 # Misses are copied into a slot or, where none was free, read in place by the
                 # kernels; experts loaded ahead were copied too, used or not.
                 moved += (c[1] - c[3] + c[4]) * lay.expert_bytes
-                streamed += (c[3] - c[7]) * lay.expert_bytes  # those found staged ahead: in c[4]
+                streamed += c[3] * lay.expert_bytes
                 ahead, ahead_used, ahead_wasted = ahead + c[4], ahead_used + c[5], ahead_wasted + c[6]
                 ahead_bytes += c[4] * lay.expert_bytes
                 wasted_bytes += c[6] * lay.expert_bytes

@@ -6,7 +6,6 @@ function sizes the real cache (``ExpertOffload``), so the plan and the engine ag
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -110,25 +109,6 @@ def device_planned_tokens(slots_per_layer: int, top_k: int, in_place_tokens: int
     of up to ``in_place_tokens`` tokens (the experts that find no slot read in place). A CUDA graph
     may hold only such batches."""
     return max(slots_per_layer // max(1, top_k), in_place_tokens)
-
-
-# A batch stages the next layer's experts ahead (``moe_stage_overflow``) when it is expected to use at
-# least this share of the experts not in that layer's cache: every one of them is fetched.
-STAGE_AHEAD_SHARE = 0.9
-
-
-def stage_ahead_tokens(num_experts: int, top_k: int, share: float = STAGE_AHEAD_SHARE) -> int:
-    """The smallest batch (in tokens) that stages all of the next layer's experts left out of its cache
-    while the current layer computes: one whose tokens, routed evenly, are expected to use at least
-    ``share`` of a layer's experts, 1 - (1 - top_k/num_experts)^tokens. Skewed routing uses fewer, so
-    the real share is lower; the stats channel counts the experts staged and not used as wasted.
-    36 tokens for 128 experts and top-8."""
-    if not 0.0 < share < 1.0:
-        raise ValueError(f"share must be in (0, 1), got {share}")
-    if top_k >= num_experts:
-        return 1
-    missed = 1.0 - top_k / num_experts  # the chance one token leaves a given expert unused
-    return max(1, math.ceil(math.log(1.0 - share) / math.log(missed)))
 
 
 def warm_up_tokens(max_tokens: int, top_k: int) -> list[int]:

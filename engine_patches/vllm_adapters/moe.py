@@ -310,7 +310,6 @@ def _make_method_class(base: type) -> type:
                 own_math=own_kernels_fit(self, layer, x, shared_experts),
                 in_place_fn=in_place_fn,
                 guess_next=_next_layer_guess(self.store_index, topk_ids.shape[1]),
-                stage_next=_may_stage_next(self.store_index),
             )
             RUNTIME.after_forward(self.store_index)
             return out
@@ -331,23 +330,6 @@ def _next_layer_guess(store_index: int, top_k: int) -> Any:
     if store_index not in _GUESSES:
         _GUESSES[store_index] = _guess_after(store_index, top_k)
     return _GUESSES[store_index]
-
-
-_NEXT_IN_STACK: dict[int, bool] = {}  # store index -> whether the next MoE layer follows it in one forward
-
-
-def _may_stage_next(store_index: int) -> bool:
-    """Whether the MoE layer at ``store_index`` may stage the next one's experts ahead
-    (``moe_stage_overflow``): the next runs in the same forward, and where this one is captured in a
-    CUDA graph, the graph holds the whole step."""
-    if not getattr(RUNTIME.settings, "moe_stage_overflow", False) or not _whole_step_in_one_graph():
-        return False
-    nxt = store_index + 1
-    if nxt not in _LAYERS:  # not loaded yet: ask again at the next call
-        return False
-    if store_index not in _NEXT_IN_STACK:
-        _NEXT_IN_STACK[store_index] = _next_in_stack(_LAYERS[store_index][1], _LAYERS[nxt][1])
-    return _NEXT_IN_STACK[store_index]
 
 
 def _guess_after(store_index: int, top_k: int) -> Any:

@@ -431,69 +431,10 @@ def test_experts_left_without_a_slot_can_be_staged_instead_of_read_in_place(mode
             x = torch.tanh(got + x)
     assert worst < 1e-5 and staged_batches > 10
     one = store.layers[0].expert_bytes
-    # Two buffers: while one layer computes from its own, the next layer's can be staged.
-    assert offload.staging_bytes == 2 * (E - slots) * one
-    assert offload.gpu_cache_bytes == (LAYERS * slots + 2 * (E - slots)) * one
+    assert offload.staging_bytes == (E - slots) * one
+    assert offload.gpu_cache_bytes == (LAYERS * slots + E - slots) * one
     plain = ExpertOffload(store, device="cpu", slots_per_layer=slots, stream_view=lambda t: t, in_place_tokens=8)
     assert plain.staging_bytes == 0 and plain.gpu_cache_bytes == LAYERS * slots * one
-
-
-@pytest.mark.parametrize("policy", ["lru", "frequency"])
-def test_a_batch_using_nearly_every_expert_stages_the_next_layers_while_this_one_computes(model, policy):
-    """With stage_overflow and stage_next, a batch of at least stage_ahead_tokens tokens stages the
-    next layer's experts left out of its cache before this layer computes. Once the cache is full every
-    expert left without a slot is found staged: nothing is read in place, the answers stay the plain
-    MoE's, and the stats count the staged experts as loaded ahead, used or wasted, and as read in place
-    only what the kernels really read there."""
-    from engine_patches.moe.sizing import stage_ahead_tokens
-
-    weights, store = model
-    many = stage_ahead_tokens(E, TOP_K)
-    read_in_place: list[int] = []  # distinct experts each in-place pass read
-
-    def in_place(x, w13, w2, w, ids):
-        read_in_place.append(int(ids[ids >= 0].unique().numel()))
-        return looped_experts(x, w13, w2, w, ids)
-
-    offload = ExpertOffload(
-        store,
-        device="cpu",
-        slots_per_layer=6,
-        stream_view=lambda t: t,
-        in_place_tokens=many + 2,
-        cache_policy=policy,
-        stage_overflow=True,
-    )
-    g = torch.Generator().manual_seed(5)
-    worst = 0.0
-
-    def step(tokens: int) -> None:
-        nonlocal worst
-        x = torch.randn(tokens, H, generator=g)
-        for layer, (w13, w2) in enumerate(weights):
-            w, ids = _routing(g, tokens)
-            got = offload.forward(layer, x, w, ids, looped_experts, in_place_fn=in_place, stage_next=True)
-            ref = reference_moe(x, w13, w2, w, ids)
-            worst = max(worst, float((got - ref).norm() / ref.norm()))
-            x = torch.tanh(got + x)
-
-    step(many)  # fills every cache; layer 0 stages its own
-    offload.reset_stats()
-    read_in_place.clear()
-    for _ in range(6):
-        step(int(torch.randint(many, many + 3, (1,), generator=g)))
-    s = offload.stats()
-    assert worst < 1e-5
-    assert read_in_place and not any(read_in_place)  # layers 1 and 2 found all theirs staged
-    one = store.layers[0].expert_bytes
-    # Layers 1 and 2 staged all E - 6 experts left out of their caches at each of the 6 steps.
-    assert s.ahead_experts == 6 * 2 * (E - 6) and s.ahead_bytes == s.ahead_experts * one
-    assert s.ahead_used + s.ahead_wasted == s.ahead_experts and s.ahead_used > s.ahead_wasted
-    assert s.streamed_bytes > 0  # layer 0 stages its own, the same bytes as reading them in place
-    staged_before = s.ahead_experts
-    step(many - 1)  # too few tokens to stage ahead: each layer stages its own
-    assert offload.stats().ahead_experts == staged_before
-    assert worst < 1e-5
 
 
 def test_the_staging_plan_gives_each_left_out_expert_one_row_by_expert_id():
