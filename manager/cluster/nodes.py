@@ -88,6 +88,18 @@ def current_nodes(nodes: list[RayNode]) -> dict[str, RayNode]:
     return by_name
 
 
+def keep_vanished(current: dict[str, RayNode], known: dict[str, RayNode], listed: set[str]) -> dict[str, RayNode]:
+    """``current`` with the ``known`` nodes whose Ray node id is no longer ``listed`` in ``ray.nodes()``
+    at all (the head's node table restarted or dropped them) kept as dead entries, without their
+    resources, as Ray lists a dead node: they stay lost until a node of that name joins again, and the
+    workers stored there wait for them instead of being forgotten."""
+    kept = dict(current)
+    for name, node in known.items():
+        if name not in kept and node.node_id not in listed:
+            kept[name] = RayNode(node.node_id, node.hostname, node.address, alive=False, labels=node.labels)
+    return kept
+
+
 def matching(nodes: dict[str, RayNode], wanted: str) -> list[str]:
     """Names of the nodes a config's ``node`` picks: a name, hostname, address, Ray node id (or its
     first 8+ characters), a custom resource, or a label value."""

@@ -247,10 +247,13 @@ class RayCluster:
         """Read the node table, make sure each live node has its agent, sample every node through it,
         and return the nodes whose state changed."""
         ray = self._ray
-        current = n.current_nodes(n.from_ray(ray.nodes()))
+        listed = n.from_ray(ray.nodes())
         now = time.monotonic()
         with self._lock:
             known = dict(self._nodes)
+        current = n.keep_vanished(
+            n.current_nodes(listed), {name: s.ray for name, s in known.items()}, {node.node_id for node in listed}
+        )
         statuses: dict[str, NodeStatus] = {}
         for name, node in current.items():
             status = known.get(name)

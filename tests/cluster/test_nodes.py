@@ -31,6 +31,24 @@ def test_a_box_whose_raylet_came_back_is_the_live_node_under_its_name():
     assert list(current) == ["box2"] and current["box2"].node_id == "e" * 56
 
 
+def test_a_node_gone_from_rays_table_stays_lost_without_its_gpus_until_it_joins_again():
+    box2 = n.from_ray([_entry("b" * 56, label="box2", GPU=2.0)])[0]
+    head = n.from_ray([_entry("h" * 56, label="head", GPU=1.0)])
+    known = {"head": head[0], "box2": box2}
+    current = n.keep_vanished(n.current_nodes(head), known, {"h" * 56})
+    assert sorted(current) == ["box2", "head"]
+    gone = current["box2"]
+    assert not gone.alive and gone.gpus == 0 and n.node_name(gone) == "box2"
+    assert n.state_of(gone.alive, 0.0, 0.0, 5.0) == n.NodeState.LOST
+    # Listed again (a new raylet under the same name): the live entry, not the kept one.
+    back = n.from_ray([_entry("h" * 56, label="head"), _entry("c" * 56, label="box2", GPU=2.0)])
+    again = n.keep_vanished(n.current_nodes(back), current, {"h" * 56, "c" * 56})
+    assert again["box2"].alive and again["box2"].node_id == "c" * 56
+    # Still listed by Ray, as dead: its own entry stands.
+    listed = n.from_ray([_entry("h" * 56, label="head"), _entry("b" * 56, label="box2", alive=False)])
+    assert n.keep_vanished(n.current_nodes(listed), known, {"h" * 56, "b" * 56})["box2"].node_id == "b" * 56
+
+
 def test_two_live_raylets_on_one_host_without_labels_are_kept_apart():
     current = n.current_nodes(n.from_ray([_entry("1" * 56, host="vm"), _entry("2" * 56, host="vm")]))
     assert sorted(current) == ["vm-111111", "vm-222222"]
