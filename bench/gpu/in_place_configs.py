@@ -36,6 +36,8 @@ def main() -> None:
     from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts
     from vllm.utils.torch_utils import get_accelerator_view_from_cpu_tensor
 
+    from engine_patches.vllm_adapters.moe import _skip_map
+
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     host = []
@@ -45,8 +47,7 @@ def main() -> None:
         host.append(t)
     w13, w2 = (get_accelerator_view_from_cpu_tensor(t) for t in host)
     expert_bytes = (host[0][0].numel() + host[1][0].numel()) * 2
-    skip_map = torch.arange(E + 1, dtype=torch.int32, device=dev)
-    skip_map[E] = -1
+    skip_map = _skip_map(E, dev)  # the plugin's own: id E maps to -1, "not here"
 
     def timed(fn, repeats: int) -> float:
         fn()
