@@ -50,6 +50,7 @@ try:  # Triton is optional: the torch path below computes the same plan.
             "counts",
             "ahead",
             "freq",
+            "mark",
             "slot_ids_out",
             "hit_ids_out",
             "miss_ids_out",
@@ -69,6 +70,7 @@ try:  # Triton is optional: the torch path below computes the same plan.
         ahead,
         freq,
         decay,
+        mark,
         slot_ids_out,
         hit_ids_out,
         miss_ids_out,
@@ -86,14 +88,21 @@ try:  # Triton is optional: the torch path below computes the same plan.
         AHEAD: tl.constexpr,
         FREQ: tl.constexpr,
     ):
-        # One program plans one layer. Every set operation is a small all-pairs comparison
-        # ([BE, BN], [BS, BS], ...): for E, S <= 256 that is cheaper than any sort.
+        # One program plans one layer. What is asked per entry or per slot of an expert is looked up in
+        # ``mark`` (one int per expert, this layer's scratch row): written, then read after a barrier,
+        # so the work grows with entries + experts. Only the victim order and the slot picks compare
+        # all pairs ([BS, BS] and [BE, BS]: slots are few).
         n_r = tl.arange(0, BN)
         ids = tl.load(ids_ptr + n_r, mask=n_r < n, other=-2).to(tl.int32)
         ids = tl.where(ids < 0, -2, ids)  # -1 (skip) and padding match no expert and no empty slot
+        valid = ids >= 0
         e_r = tl.arange(0, BE)
         e_ok = e_r < E
-        need = (tl.sum((ids[None, :] == e_r[:, None]).to(tl.int32), axis=1) > 0) & e_ok
+        tl.store(mark + e_r, 0, mask=e_ok)
+        tl.debug_barrier()
+        tl.store(mark + ids, 1 + 0 * ids, mask=valid)
+        tl.debug_barrier()
+        need = (tl.load(mark + e_r, mask=e_ok, other=0) > 0) & e_ok
         es = tl.load(expert_slot + e_r, mask=e_ok, other=-1)
         hit = need & (es >= 0)
         miss = need & (es < 0)
@@ -101,7 +110,7 @@ try:  # Triton is optional: the torch path below computes the same plan.
         s_ok = s_r < S
         se = tl.load(slot_expert + s_r, mask=s_ok, other=-1)
         lu = tl.load(last_used + s_r, mask=s_ok, other=0)
-        held = tl.sum((se[:, None] == ids[None, :]).to(tl.int32), axis=1) > 0
+        held = tl.load(mark + se, mask=s_ok & (se >= 0), other=0) > 0
         # Victim order: slots holding no needed expert first, oldest use first, lower slot first.
         cls = tl.where(s_ok, held.to(tl.int32), 2)
         cls_a, cls_b = cls[None, :], cls[:, None]
@@ -112,8 +121,8 @@ try:  # Triton is optional: the torch path below computes the same plan.
             if not AHEAD:  # a guess is no use
                 f = f * decay + need.to(tl.float32)
                 tl.store(freq + e_r, f, mask=e_ok)
-            key = tl.sum(tl.where(se[:, None] == e_r[None, :], f[None, :], 0.0), axis=1)
-            key = tl.where(se >= 0, key, -1.0)
+                tl.debug_barrier()
+            key = tl.load(freq + se, mask=s_ok & (se >= 0), other=-1.0)
             key_a, key_b = key[None, :], key[:, None]
             older = (key_a < key_b) | ((key_a == key_b) & older)
         before = (cls_a < cls_b) | ((cls_a == cls_b) & older)
@@ -136,14 +145,20 @@ try:  # Triton is optional: the torch path below computes the same plan.
         tl.store(expert_slot + e_r, new_slot, mask=fit)
         tl.store(slot_expert + new_slot, e_r, mask=fit)
         tl.store(last_used + slot_now, tick + 0 * slot_now.to(tl.int64), mask=need & (slot_now >= 0))
-        match = ids[:, None] == e_r[None, :]
-        sid = tl.sum(tl.where(match, slot_now[None, :] + 1, 0), axis=1) - 1
+        # Each needed expert's outcome, looked up by every entry: (slot + 1) * 4, + 1 if it is being
+        # copied in now, + 2 if it is read in place. The barrier first: every read of ``mark`` above
+        # is done before it is written again.
+        tl.debug_barrier()
+        tl.store(mark + e_r, (slot_now + 1) * 4 + fit.to(tl.int32) + 2 * over.to(tl.int32), mask=need)
+        tl.debug_barrier()
+        code = tl.load(mark + ids, mask=valid, other=0)
+        sid = code // 4 - 1  # -1 for a skipped entry (code 0) and for one read in place
         tl.store(slot_ids_out + n_r, sid, mask=n_r < n)
         # The same ids split by whether the entry's expert is being copied in right now.
-        loading = tl.sum((match & fit[None, :]).to(tl.int32), axis=1) > 0
+        loading = (code % 2) == 1
         tl.store(hit_ids_out + n_r, tl.where(loading, -1, sid), mask=n_r < n)
         tl.store(miss_ids_out + n_r, tl.where(loading, sid, -1), mask=n_r < n)
-        in_place = tl.sum((match & over[None, :]).to(tl.int32), axis=1) > 0
+        in_place = ((code // 2) % 2) == 1
         tl.store(over_ids_out + n_r, tl.where(in_place, ids, -1), mask=n_r < n)
         p_r = tl.arange(0, BP)
         at = (miss_rank[None, :] == p_r[:, None]) & fit[None, :]
@@ -233,6 +248,8 @@ class DeviceSlotTables:
         self.ahead = torch.zeros(num_layers, num_experts, dtype=torch.int32, device=self.device)
         # Decayed use counts per expert (``policy="frequency"``; kept, unused, under LRU).
         self.freq = torch.zeros(num_layers, num_experts, dtype=torch.float32, device=self.device)
+        # The planner kernel's scratch: one int per expert and layer (lookups by expert id).
+        self.mark = torch.zeros(num_layers, num_experts, dtype=torch.int32, device=self.device)
         # A host copy of the counts, refreshed after the last layer's plan of every step (one small
         # copy, captured in the graph too), so a stats thread can read them with no CUDA call: a
         # replayed step runs no Python that could publish them.
@@ -284,6 +301,7 @@ class DeviceSlotTables:
                 self.ahead[layer],
                 self.freq[layer],
                 FREQUENCY_DECAY,
+                self.mark[layer],
                 slot_ids,
                 hit_ids,
                 miss_ids,

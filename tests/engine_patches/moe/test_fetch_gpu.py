@@ -126,3 +126,32 @@ def test_experts_fetched_ahead_on_the_side_stream_inside_a_cuda_graph():
     s = ahead.stats()
     assert s.ahead_experts > 0 and s.ahead_used > 0
     assert s.misses < plain.stats().misses  # layer 1 found most of its experts fetched ahead
+
+
+@pytest.mark.parametrize("policy", ["lru", "frequency"])
+def test_the_planner_kernel_plans_what_the_torch_planner_plans_on_the_gpu(policy):
+    """The Triton planner on the GPU (its lookups through a scratch row written and read across
+    barriers, which the interpreter runs one after another) against the torch planner: the same
+    plans and the same tables, at the Qwen3-30B-A3B shape with batches of up to 64 tokens."""
+    from engine_patches.moe.device_slots import DeviceSlotTables
+
+    experts, slots, top_k, layers = 128, 32, 8, 2
+    kernel = DeviceSlotTables(layers, experts, slots, "cuda", use_triton=True, policy=policy)
+    torch_ = DeviceSlotTables(layers, experts, slots, "cuda", use_triton=False, policy=policy)
+    g = torch.Generator().manual_seed(11)
+    hot = torch.randperm(experts, generator=g)[:40]
+    for step in range(200):
+        tokens = int(torch.randint(1, 65, (1,), generator=g))
+        pool = hot if step % 3 else torch.arange(experts)
+        ids = torch.stack([pool[torch.randperm(len(pool), generator=g)[:top_k]] for _ in range(tokens)])
+        if step % 7 == 3:
+            ids[0, -1] = -1
+        ids = ids.cuda()
+        layer, ahead = step % layers, step % 5 == 2
+        a = kernel.plan(layer, ids, overflow=True, ahead=ahead)
+        b = torch_.plan(layer, ids, overflow=True, ahead=ahead)
+        for name in ("slot_ids", "hit_slot_ids", "miss_slot_ids", "overflow_ids", "load_experts", "load_slots"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), (name, step)
+        for name in ("expert_slot", "slot_expert", "last_used", "clock", "counts", "ahead"):
+            assert torch.equal(getattr(kernel, name), getattr(torch_, name)), (name, step)
+        assert torch.allclose(kernel.freq, torch_.freq, rtol=1e-5, atol=1e-6), step
