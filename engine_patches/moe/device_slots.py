@@ -94,8 +94,10 @@ try:  # Triton is optional: the torch path below computes the same plan.
         # all pairs ([BS, BS] and [BE, BS]: slots are few).
         n_r = tl.arange(0, BN)
         ids = tl.load(ids_ptr + n_r, mask=n_r < n, other=-2).to(tl.int32)
-        ids = tl.where(ids < 0, -2, ids)  # -1 (skip) and padding match no expert and no empty slot
-        valid = ids >= 0
+        # -1 (skip) and padding match no expert and no empty slot; nor does an id past the last
+        # expert, which must not reach ``mark`` (the next layer's row lies there).
+        valid = (ids >= 0) & (ids < E)
+        ids = tl.where(valid, ids, -2)
         e_r = tl.arange(0, BE)
         e_ok = e_r < E
         tl.store(mark + e_r, 0, mask=e_ok)
