@@ -435,7 +435,20 @@ def link_bounds(results: dict[str, Any], cfg: dict[str, Any], args: argparse.Nam
             d["x_link_bound"] = round(d["link_bound_tok_s"] / d["tok_s"], 3) if per_token else None
 
 
-def main() -> int:
+def uva_args(all_expert_bytes: int) -> list[str]:
+    """vLLM's own expert offload of every expert (``vllm_uva``): it offloads parameters until this is reached."""
+    return [
+        "--cpu-offload-gb",
+        f"{all_expert_bytes / GiB + 0.01:.2f}",
+        "--cpu-offload-params",
+        "experts",
+        "--offload-backend",
+        "uva",
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """This bench's options; ``Engine`` reads its engine settings from the parsed namespace."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/gpu-moe-graphs-out")))
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-moe-graphs"))
@@ -472,7 +485,11 @@ def main() -> int:
         default=0.0,
         help="the plugin's moe_stream_below_hit_rate for the offload cases (0: off, as by default)",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     # `timeout` ends a run with SIGTERM: the engine in hand is then stopped as at a normal end (it runs in
     # its own session, so nothing else would stop it, and the next check would find its GPU full).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -481,15 +498,7 @@ def main() -> int:
 
     cfg = make_model(args.work / "model", args.layers, args.config)
     all_experts = expert_bytes(cfg)
-    uva_gib = all_experts / GiB + 0.01  # every expert: vLLM offloads parameters until this is reached
-    args.uva_args = [
-        "--cpu-offload-gb",
-        f"{uva_gib:.2f}",
-        "--cpu-offload-params",
-        "experts",
-        "--offload-backend",
-        "uva",
-    ]
+    args.uva_args = uva_args(all_experts)
     results: dict[str, Any] = {
         "model": f"{cfg['model_type']} {args.config.stem} shape, {args.layers} layers, dummy weights, bf16",
         "routing": "stand-in: Zipf(1.0) per layer, reuse 0.5" if args.routing == "zipf" else "the model's own",

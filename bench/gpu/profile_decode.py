@@ -41,6 +41,8 @@ import gpu_moe_graphs as moe  # noqa: E402
 
 WAITS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaStreamWaitEvent")
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+GAP_EDGES_US = (5, 20, 100, 1000)
+GAP_BUCKETS = ("<5us", "5-20us", "20-100us", "100us-1ms", ">1ms")
 
 
 def load_trace(path: Path) -> list[dict[str, Any]]:
@@ -148,25 +150,13 @@ def summarise(events: list[dict[str, Any]], steps: int, gap_us: float) -> dict[s
             for k, v in rows
         ]
 
-    hist: collections.Counter[str] = collections.Counter()
-    for start, end in gaps:
-        length = end - start
-        bucket = (
-            "<5us"
-            if length < 5
-            else "5-20us"
-            if length < 20
-            else "20-100us"
-            if length < 100
-            else "100us-1ms"
-            if length < 1000
-            else ">1ms"
-        )
-        hist[bucket] += 1
+    hist = collections.Counter(GAP_BUCKETS[bisect.bisect_right(GAP_EDGES_US, end - start)] for start, end in gaps)
     window = last - first
     return {
         "steps": steps,
-        "forward_cpu_ms_per_step": round(sum(float(e.get("dur", 0)) for e in forwards) / steps / 1e3, 3),
+        "forward_cpu_ms_per_step": (
+            round(sum(float(e.get("dur", 0)) for e in forwards) / steps / 1e3, 3) if forwards else None
+        ),
         "window_ms_per_step": round(window / steps / 1e3, 3),
         "gpu_busy_ms_per_step": round(busy / steps / 1e3, 3),
         "gpu_idle_ms_per_step": round((window - busy) / steps / 1e3, 3),
@@ -210,30 +200,15 @@ def main() -> int:
 
     cfg = moe.make_model(args.work / "model", args.layers, moe.FIXTURE)
     all_experts = moe.expert_bytes(cfg)
-    # What gpu_moe_graphs.Engine reads of its arguments, with its defaults.
-    engine_ns = argparse.Namespace(
-        work=args.work,
-        max_model_len=2048,
-        max_num_seqs=64,
-        utilization=0.85,
-        tensor_parallel_size=1,
-        engine_args=[
-            *args.engine_args,
-            "--profiler-config",
-            json.dumps({"profiler": "torch", "torch_profiler_dir": str(traces), "torch_profiler_with_stack": False}),
-        ],
-        uva_args=[
-            "--cpu-offload-gb",
-            f"{all_experts / moe.GiB + 0.01:.2f}",
-            "--cpu-offload-params",
-            "experts",
-            "--offload-backend",
-            "uva",
-        ],
-        stream_below_hit_rate=0.0,
-        guess_accuracy=0.8,
-        routing="zipf",
-    )
+    # The engine settings gpu_moe_graphs.Engine reads, at that bench's defaults, plus the profiler.
+    engine_ns = moe.build_parser().parse_args([])
+    engine_ns.work = args.work
+    engine_ns.uva_args = moe.uva_args(all_experts)
+    engine_ns.engine_args = [
+        *args.engine_args,
+        "--profiler-config",
+        json.dumps({"profiler": "torch", "torch_profiler_dir": str(traces), "torch_profiler_with_stack": False}),
+    ]
     fraction = moe.cache_fraction(args.case, args.cache_fraction)
     gib = round(fraction * all_experts / moe.GiB, 4) if fraction is not None else None
     results: dict[str, Any] = {"case": args.case, "cache_gib": gib, "layers": args.layers, "batches": {}}
